@@ -1,5 +1,146 @@
-"""uni: an asynchronous tensor runtime with lease-based data acquisition."""
+"""uni: an asynchronous tensor runtime with lease-based data acquisition.
 
-from uni._errors import (
-    CudaError as CudaError,
-)
+Metadata (extents, mapping, accessor) is complete before data is reachable; data is reached
+through explicit read/write leases; fixed operations walk an ordered list of backends.
+"""
+
+from uni import concepts as concepts
+from uni import storage as storage
+from uni._accessor import CUDA as CUDA
+from uni._accessor import HOST as HOST
+from uni._accessor import ConjugateAccessor as ConjugateAccessor
+from uni._accessor import ConstAccessor as ConstAccessor
+from uni._accessor import DefaultAccessor as DefaultAccessor
+from uni._accessor import Domain as Domain
+from uni._accessor import HostHandle as HostHandle
+from uni._accessor import ScaledAccessor as ScaledAccessor
+from uni._accessor import TransformAccessor as TransformAccessor
+from uni._acquire import PendingAcquisition as PendingAcquisition
+from uni._acquire import acquire_cuda_read_access_async as acquire_cuda_read_access_async
+from uni._acquire import acquire_cuda_read_access_sync as acquire_cuda_read_access_sync
+from uni._acquire import acquire_cuda_write_access_async as acquire_cuda_write_access_async
+from uni._acquire import acquire_cuda_write_access_sync as acquire_cuda_write_access_sync
+from uni._acquire import acquire_host_read_access_async as acquire_host_read_access_async
+from uni._acquire import acquire_host_read_access_sync as acquire_host_read_access_sync
+from uni._acquire import acquire_host_write_access_async as acquire_host_write_access_async
+from uni._acquire import acquire_host_write_access_sync as acquire_host_write_access_sync
+from uni._dtypes import SUPPORTED_DTYPES as SUPPORTED_DTYPES
+from uni._dtypes import bool_ as bool_
+from uni._dtypes import complex64 as complex64
+from uni._dtypes import complex128 as complex128
+from uni._dtypes import float32 as float32
+from uni._dtypes import float64 as float64
+from uni._dtypes import int32 as int32
+from uni._dtypes import int64 as int64
+from uni._errors import CudaError as CudaError
+from uni._errors import DomainError as DomainError
+from uni._errors import DTypeError as DTypeError
+from uni._errors import KernelDispatchError as KernelDispatchError
+from uni._errors import LayoutError as LayoutError
+from uni._errors import LeaseConflictError as LeaseConflictError
+from uni._errors import LeaseError as LeaseError
+from uni._errors import LeaseReleasedError as LeaseReleasedError
+from uni._errors import LeaseTimeoutError as LeaseTimeoutError
+from uni._errors import PoisonedError as PoisonedError
+from uni._errors import ShapeError as ShapeError
+from uni._errors import UniError as UniError
+from uni._errors import WouldBlockError as WouldBlockError
+from uni._extents import Extents as Extents
+from uni._extents import dynamic_extent as dynamic_extent
+from uni._lease import ReadMdspanLease as ReadMdspanLease
+from uni._lease import ReadTensorLease as ReadTensorLease
+from uni._lease import WriteMdspanLease as WriteMdspanLease
+from uni._lease import WriteTensorLease as WriteTensorLease
+from uni._mapping import layout_left as layout_left
+from uni._mapping import layout_right as layout_right
+from uni._mapping import layout_stride as layout_stride
+from uni._mdspec import DataDescriptor as DataDescriptor
+from uni._mdspec import MdSpan as MdSpan
+from uni._mdspec import MdSpec as MdSpec
+from uni._probe import Decline as Decline
+from uni._probe import Probe as Probe
+from uni._tensor import Tensor as Tensor
+from uni._tensor import arange as arange
+from uni._tensor import empty as empty
+from uni._tensor import from_numpy as from_numpy
+from uni._tensor import full as full
+from uni._tensor import zeros as zeros
+from uni.concepts import is_immediate_tensor_view as is_immediate_tensor_view
+from uni.concepts import is_mdspan_like as is_mdspan_like
+from uni.concepts import is_mdspec_like as is_mdspec_like
+from uni.concepts import is_tensor_view as is_tensor_view
+from uni.concepts import mdspec_of as mdspec_of
+from uni.concepts import strides as strides
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CUDA",
+    "HOST",
+    "SUPPORTED_DTYPES",
+    "ConjugateAccessor",
+    "ConstAccessor",
+    "CudaError",
+    "DTypeError",
+    "DataDescriptor",
+    "Decline",
+    "DefaultAccessor",
+    "Domain",
+    "DomainError",
+    "Extents",
+    "HostHandle",
+    "KernelDispatchError",
+    "LayoutError",
+    "LeaseConflictError",
+    "LeaseError",
+    "LeaseReleasedError",
+    "LeaseTimeoutError",
+    "MdSpan",
+    "MdSpec",
+    "PendingAcquisition",
+    "PoisonedError",
+    "Probe",
+    "ReadMdspanLease",
+    "ReadTensorLease",
+    "ScaledAccessor",
+    "ShapeError",
+    "Tensor",
+    "TransformAccessor",
+    "UniError",
+    "WouldBlockError",
+    "WriteMdspanLease",
+    "WriteTensorLease",
+    "__version__",
+    "acquire_cuda_read_access_async",
+    "acquire_cuda_read_access_sync",
+    "acquire_cuda_write_access_async",
+    "acquire_cuda_write_access_sync",
+    "acquire_host_read_access_async",
+    "acquire_host_read_access_sync",
+    "acquire_host_write_access_async",
+    "acquire_host_write_access_sync",
+    "arange",
+    "bool_",
+    "complex64",
+    "complex128",
+    "concepts",
+    "dynamic_extent",
+    "empty",
+    "float32",
+    "float64",
+    "from_numpy",
+    "full",
+    "int32",
+    "int64",
+    "is_immediate_tensor_view",
+    "is_mdspan_like",
+    "is_mdspec_like",
+    "is_tensor_view",
+    "layout_left",
+    "layout_right",
+    "layout_stride",
+    "mdspec_of",
+    "storage",
+    "strides",
+    "zeros",
+]

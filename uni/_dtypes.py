@@ -44,4 +44,5 @@ def as_dtype(value: Any) -> np.dtype[Any]:
     if dt not in _SUPPORTED or not dt.isnative:
         raise DTypeError(f"expected one of uni's dtypes ({supported_names()}), got {dt.str!r}"
                          f" ({dt.name})")
-    return np.dtype(dt.name)
+    normalized: np.dtype[Any] = np.dtype(dt.name)
+    return normalized

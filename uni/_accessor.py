@@ -1,0 +1,254 @@
+"""Accessors: how an element is read through a handle, and in which execution domains."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from uni._dtypes import as_dtype
+
+
+class Domain(enum.Enum):
+    """An execution domain: where an mdspan may be evaluated."""
+
+    HOST = "host"
+    CUDA = "cuda"
+
+    def __repr__(self) -> str:
+        return f"uni.{self.name}"
+
+
+HOST = Domain.HOST
+CUDA = Domain.CUDA
+
+
+@attrs.frozen
+class HostHandle:
+    """A host data handle: a flat numpy buffer and the element offset of index (0, ..., 0).
+
+    ``owner`` is the storage the buffer belongs to (None for a bare buffer); acquisition
+    through an mdspan with an owner still goes through that storage's access queue.
+    """
+
+    buffer: np.ndarray[Any, Any] = attrs.field(eq=False)
+    offset: int = 0
+    owner: Any = attrs.field(default=None, eq=False)
+
+
+class _AccessorBase:
+    """What every accessor offers; adapters wrap a ``base`` accessor."""
+
+    element_type: np.dtype[Any]
+    readonly: bool
+    domains: frozenset[Domain]
+
+    #: True when values seen through the accessor differ from the stored ones.
+    transforms_values: bool = False
+
+    def access(self, handle: HostHandle, offset: int) -> Any:
+        return self.apply_scalar(handle.buffer[handle.offset + offset])
+
+    def apply_scalar(self, value: Any) -> Any:
+        return value
+
+    def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Apply the accessor's transform to an array of stored values (vectorized)."""
+        return values
+
+    @property
+    def stored_type(self) -> np.dtype[Any]:
+        """The dtype of the elements in the buffer (the innermost accessor's element type)."""
+        base = getattr(self, "base", None)
+        return self.element_type if base is None else base.stored_type
+
+
+@attrs.frozen
+class DefaultAccessor(_AccessorBase):
+    """Plain element access: the stored value, read and write, on the host."""
+
+    dtype: np.dtype[Any] = attrs.field(converter=as_dtype)
+    readonly: bool = attrs.field(default=False, init=False)
+    domains: frozenset[Domain] = attrs.field(default=frozenset({HOST}), init=False)
+
+    @property
+    def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
+        return self.dtype
+
+
+def _check_accessor(_inst: Any, _attr: Any, value: Any) -> None:
+    if not all(hasattr(value, name) for name in ("element_type", "readonly", "domains")):
+        raise TypeError(
+            f"expected an accessor (with element_type, readonly, domains), got {value!r}"
+        )
+
+
+@attrs.frozen
+class ConstAccessor(_AccessorBase):
+    """Read-only access to the base accessor's values."""
+
+    base: Any = attrs.field(validator=_check_accessor)
+
+    @property
+    def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
+        return self.base.element_type  # type: ignore[no-any-return]
+
+    @property
+    def readonly(self) -> bool:  # type: ignore[override]
+        return True
+
+    @property
+    def domains(self) -> frozenset[Domain]:  # type: ignore[override]
+        return self.base.domains  # type: ignore[no-any-return]
+
+    @property
+    def transforms_values(self) -> bool:  # type: ignore[override]
+        return bool(self.base.transforms_values)
+
+    def apply_scalar(self, value: Any) -> Any:
+        return self.base.apply_scalar(value)
+
+    def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return self.base.apply(values)  # type: ignore[no-any-return]
+
+
+@attrs.frozen
+class ConjugateAccessor(_AccessorBase):
+    """Values are the complex conjugate of the base accessor's (read-only)."""
+
+    base: Any = attrs.field(validator=_check_accessor)
+    transforms_values: bool = attrs.field(default=True, init=False)
+
+    @property
+    def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
+        return self.base.element_type  # type: ignore[no-any-return]
+
+    @property
+    def readonly(self) -> bool:  # type: ignore[override]
+        return True
+
+    @property
+    def domains(self) -> frozenset[Domain]:  # type: ignore[override]
+        return self.base.domains  # type: ignore[no-any-return]
+
+    def apply_scalar(self, value: Any) -> Any:
+        return np.conj(self.base.apply_scalar(value))
+
+    def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        result: np.ndarray[Any, Any] = np.conj(self.base.apply(values))
+        return result
+
+
+def _scaled_type(base: np.dtype[Any], factor: Any) -> np.dtype[Any]:
+    # Note: like a Python scalar in PyTorch, the factor changes the category (int -> float ->
+    # complex) but never the precision within a category.
+    if isinstance(factor, (bool, np.bool_)):
+        return base
+    if isinstance(factor, (complex, np.complexfloating)) and base.kind != "c":
+        return np.dtype(np.complex64) if base == np.float32 else np.dtype(np.complex128)
+    if isinstance(factor, (float, np.floating)) and base.kind in "biu":
+        return np.dtype(np.float64)
+    return base
+
+
+@attrs.frozen
+class ScaledAccessor(_AccessorBase):
+    """Values are the base accessor's multiplied by ``factor`` (read-only)."""
+
+    base: Any = attrs.field(validator=_check_accessor)
+    factor: Any = attrs.field()
+    transforms_values: bool = attrs.field(default=True, init=False)
+
+    @factor.validator
+    def _check_factor(self, _attr: Any, value: Any) -> None:
+        if not isinstance(value, (int, float, complex, np.number, np.bool_)):
+            raise TypeError(f"expected a numeric scale factor, got {value!r}")
+
+    @property
+    def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
+        return _scaled_type(self.base.element_type, self.factor)
+
+    @property
+    def readonly(self) -> bool:  # type: ignore[override]
+        return True
+
+    @property
+    def domains(self) -> frozenset[Domain]:  # type: ignore[override]
+        return self.base.domains  # type: ignore[no-any-return]
+
+    def apply_scalar(self, value: Any) -> Any:
+        return self.element_type.type(self.base.apply_scalar(value) * self.factor)
+
+    def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        base = self.base.apply(values)
+        result: np.ndarray[Any, Any] = np.multiply(base, self.factor, dtype=self.element_type)
+        return result
+
+
+@attrs.frozen
+class TransformAccessor(_AccessorBase):
+    """Values are ``op(base value)``: a ``uni.ops`` unary element op or, host only, a callable.
+
+    A plain Python callable keeps the base element type unless ``dtype`` says otherwise, and
+    restricts the accessor to the host domain.
+    """
+
+    base: Any = attrs.field(validator=_check_accessor)
+    op: Callable[..., Any] = attrs.field()
+    dtype: np.dtype[Any] | None = attrs.field(default=None)
+    transforms_values: bool = attrs.field(default=True, init=False)
+
+    @op.validator
+    def _check_op(self, _attr: Any, value: Any) -> None:
+        if not callable(value) and not hasattr(value, "apply_scalar"):
+            raise TypeError(f"expected a uni.ops element op or a callable, got {value!r}")
+        if getattr(value, "arity", 1) != 1:
+            raise TypeError(f"expected a unary op for TransformAccessor, got {value!r}")
+
+    @property
+    def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
+        if self.dtype is not None:
+            return as_dtype(self.dtype)
+        rule = getattr(self.op, "result_dtype", None)
+        if rule is not None:
+            return as_dtype(rule(self.base.element_type))
+        return self.base.element_type  # type: ignore[no-any-return]
+
+    @property
+    def readonly(self) -> bool:  # type: ignore[override]
+        return True
+
+    @property
+    def domains(self) -> frozenset[Domain]:  # type: ignore[override]
+        domains: frozenset[Domain] = self.base.domains
+        if getattr(self.op, "cuda_expression", None) is None:
+            # A Python callable can only run where Python runs.
+            return domains & {HOST}
+        return domains
+
+    def apply_scalar(self, value: Any) -> Any:
+        fn = getattr(self.op, "apply_scalar", self.op)
+        return self.element_type.type(fn(self.base.apply_scalar(value)))
+
+    def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        base = self.base.apply(values)
+        vectorized = getattr(self.op, "apply_numpy", None)
+        if vectorized is not None:
+            return np.asarray(vectorized(base), dtype=self.element_type)
+        out = np.empty(base.shape, dtype=self.element_type)
+        for index in np.ndindex(base.shape):
+            out[index] = self.op(base[index])
+        return out
+
+
+Accessor = DefaultAccessor | ConstAccessor | ConjugateAccessor | ScaledAccessor | TransformAccessor
+
+
+def unwrap_const(accessor: Any) -> Any:
+    """Strip ConstAccessor layers (they change writability, never values)."""
+    while isinstance(accessor, ConstAccessor):
+        accessor = accessor.base
+    return accessor

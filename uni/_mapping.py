@@ -1,0 +1,228 @@
+"""Layout mappings: index tuple -> element offset. Strides are in elements and may be negative."""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, ClassVar
+
+import attrs
+
+from uni._errors import LayoutError
+from uni._extents import Extents
+
+# Exact uniqueness of an arbitrary strided mapping is expensive in general; below this many
+# elements we simply enumerate, above it we use the sufficient nested-strides test.
+_BRUTE_FORCE_UNIQUE_LIMIT = 4096
+
+
+def _as_extents(value: Any) -> Extents:
+    return value if isinstance(value, Extents) else Extents(value)
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = [0] * len(shape)
+    step = 1
+    for axis in range(len(shape) - 1, -1, -1):
+        strides[axis] = step
+        step *= max(shape[axis], 1)
+    return tuple(strides)
+
+
+def _f_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = [0] * len(shape)
+    step = 1
+    for axis in range(len(shape)):
+        strides[axis] = step
+        step *= max(shape[axis], 1)
+    return tuple(strides)
+
+
+class _Strided:
+    """Behaviour shared by the three strided mappings (they differ only in how strides arise)."""
+
+    extents: Extents
+    strides: tuple[int, ...]
+    is_always_strided: ClassVar[bool] = True
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.extents.shape
+
+    def rank(self) -> int:
+        return len(self.strides)
+
+    def stride(self, r: int) -> int:
+        if not 0 <= r < len(self.strides):
+            raise IndexError(f"axis {r} out of range for rank {len(self.strides)}")
+        return self.strides[r]
+
+    def __call__(self, *index: int) -> int:
+        shape = self.extents.shape
+        if len(index) != len(shape):
+            raise IndexError(f"expected {len(shape)} indices for shape {shape}, got {len(index)}")
+        offset = 0
+        for axis, (i, e, s) in enumerate(zip(index, shape, self.strides, strict=True)):
+            i = operator.index(i)
+            if not 0 <= i < e:
+                raise IndexError(f"index {i} out of range for axis {axis} with extent {e}")
+            offset += i * s
+        return offset
+
+    def min_offset(self) -> int:
+        """Smallest reachable offset; with ``max_offset() < min_offset()`` nothing is reachable."""
+        if self.extents.size() == 0:
+            return 0
+        return sum((e - 1) * s for e, s in zip(self.extents.shape, self.strides, strict=True) if s < 0)
+
+    def max_offset(self) -> int:
+        if self.extents.size() == 0:
+            return -1
+        return sum((e - 1) * s for e, s in zip(self.extents.shape, self.strides, strict=True) if s > 0)
+
+    def required_span_size(self) -> int:
+        """Number of elements from the lowest to the highest reachable offset (0 when empty)."""
+        if self.extents.size() == 0:
+            return 0
+        return self.max_offset() - self.min_offset() + 1
+
+    def is_strided(self) -> bool:
+        return True
+
+    def is_unique(self) -> bool:
+        return _is_unique(self.extents.shape, self.strides)
+
+    def is_exhaustive(self) -> bool:
+        size = self.extents.size()
+        return size == self.required_span_size() and (size == 0 or self.is_unique())
+
+
+def _is_unique(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    size = math.prod(shape)
+    if size <= 1:
+        return True
+    axes = sorted((abs(s), e) for e, s in zip(shape, strides, strict=True) if e > 1)
+    if axes[0][0] == 0:
+        return False
+    reach = 0
+    nested = True
+    for stride, extent in axes:
+        if stride <= reach:
+            nested = False
+            break
+        reach += stride * (extent - 1)
+    if nested:
+        return True
+    if size > _BRUTE_FORCE_UNIQUE_LIMIT:
+        # Note: conservative answer for huge interleaved layouts; such a mapping is treated as
+        # possibly aliasing, which only costs a staging copy, never a wrong result.
+        return False
+    offsets = {0}
+    for stride, extent in axes:
+        offsets = {o + i * stride for o in offsets for i in range(extent)}
+    return len(offsets) == size
+
+
+@attrs.frozen
+class layout_right(_Strided):
+    """Row-major (C order) mapping: the last index varies fastest."""
+
+    extents: Extents = attrs.field(converter=_as_extents)
+    strides: tuple[int, ...] = attrs.field(init=False)
+    is_always_unique: ClassVar[bool] = True
+    is_always_exhaustive: ClassVar[bool] = True
+
+    @strides.default
+    def _strides(self) -> tuple[int, ...]:
+        return _c_strides(self.extents.shape)
+
+    def is_unique(self) -> bool:
+        return True
+
+    def is_exhaustive(self) -> bool:
+        return True
+
+
+@attrs.frozen
+class layout_left(_Strided):
+    """Column-major (Fortran order) mapping: the first index varies fastest."""
+
+    extents: Extents = attrs.field(converter=_as_extents)
+    strides: tuple[int, ...] = attrs.field(init=False)
+    is_always_unique: ClassVar[bool] = True
+    is_always_exhaustive: ClassVar[bool] = True
+
+    @strides.default
+    def _strides(self) -> tuple[int, ...]:
+        return _f_strides(self.extents.shape)
+
+    def is_unique(self) -> bool:
+        return True
+
+    def is_exhaustive(self) -> bool:
+        return True
+
+
+def _as_strides(value: Any) -> tuple[int, ...]:
+    if isinstance(value, int):
+        value = (value,)
+    try:
+        return tuple(operator.index(v) for v in value)
+    except TypeError:
+        raise LayoutError(f"expected strides as a tuple of ints (in elements), got {value!r}") from None
+
+
+@attrs.frozen
+class layout_stride(_Strided):
+    """Arbitrary strides in elements; zero and negative strides are allowed."""
+
+    extents: Extents = attrs.field(converter=_as_extents)
+    strides: tuple[int, ...] = attrs.field(converter=_as_strides)
+    is_always_unique: ClassVar[bool] = False
+    is_always_exhaustive: ClassVar[bool] = False
+
+    @strides.validator
+    def _check(self, _attribute: Any, value: tuple[int, ...]) -> None:
+        if len(value) != self.extents.rank():
+            raise LayoutError(
+                f"'strides' must have one entry per axis: expected {self.extents.rank()} for "
+                f"shape {self.extents.shape}, got {value}"
+            )
+
+
+Mapping = layout_right | layout_left | layout_stride
+
+
+def best_mapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> Mapping:
+    """The most specific mapping class describing ``strides`` over ``shape``."""
+    shape = tuple(shape)
+    strides = tuple(strides)
+    if strides == _c_strides(shape):
+        return layout_right(shape)
+    if strides == _f_strides(shape):
+        return layout_left(shape)
+    return layout_stride(shape, strides)
+
+
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return _c_strides(tuple(shape))
+
+
+def f_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return _f_strides(tuple(shape))
+
+
+def check_fits(mapping: _Strided, offset: int, size: int, what: str = "buffer") -> None:
+    """Raise LayoutError unless every offset reachable through ``mapping`` from ``offset``
+    lies inside ``[0, size)``."""
+    if mapping.extents.size() == 0:
+        if not 0 <= offset <= size:
+            raise LayoutError(f"offset {offset} lies outside the {what} of {size} elements")
+        return
+    lo = offset + mapping.min_offset()
+    hi = offset + mapping.max_offset()
+    if lo < 0 or hi >= size:
+        raise LayoutError(
+            f"mapping with shape {mapping.extents.shape} and strides {mapping.strides} at offset "
+            f"{offset} reaches elements {lo}..{hi}; the {what} holds elements 0..{size - 1}"
+        )

@@ -1,0 +1,237 @@
+"""MdSpec (metadata, data not yet reachable) and MdSpan (metadata plus a usable handle)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import attrs
+import numpy as np
+
+from uni._accessor import HOST, HostHandle, _check_accessor
+from uni._errors import LayoutError
+from uni._extents import Extents
+from uni._mapping import check_fits
+
+
+def _check_mapping(_inst: Any, _attr: Any, value: Any) -> None:
+    if not (hasattr(value, "extents") and hasattr(value, "strides") and callable(value)):
+        raise TypeError(
+            f"expected a mapping (layout_right, layout_left, layout_stride), got {value!r}"
+        )
+
+
+@attrs.frozen
+class DataDescriptor:
+    """Names a region of a storage: the storage and the element offset of index (0, ..., 0)."""
+
+    storage: Any = attrs.field(eq=False)
+    offset: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, DataDescriptor)
+            and other.storage is self.storage
+            and other.offset == self.offset
+        )
+
+    def __hash__(self) -> int:
+        return hash((id(self.storage), self.offset))
+
+
+class _Observers:
+    """The metadata observers shared by MdSpec and MdSpan."""
+
+    mapping: Any
+    accessor: Any
+
+    @property
+    def extents(self) -> Extents:
+        return self.mapping.extents  # type: ignore[no-any-return]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.mapping.extents.shape  # type: ignore[no-any-return]
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.mapping.strides  # type: ignore[no-any-return]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.accessor.element_type  # type: ignore[no-any-return]
+
+    def rank(self) -> int:
+        return self.extents.rank()
+
+    def rank_dynamic(self) -> int:
+        return self.extents.rank_dynamic()
+
+    def static_extent(self, r: int) -> int | None:
+        return self.extents.static_extent(r)
+
+    def extent(self, r: int) -> int:
+        return self.extents.extent(r)
+
+    def size(self) -> int:
+        return self.extents.size()
+
+    def stride(self, r: int) -> int:
+        return self.mapping.stride(r)  # type: ignore[no-any-return]
+
+    def is_unique(self) -> bool:
+        return self.mapping.is_unique()  # type: ignore[no-any-return]
+
+    def is_exhaustive(self) -> bool:
+        return self.mapping.is_exhaustive()  # type: ignore[no-any-return]
+
+    def is_strided(self) -> bool:
+        return self.mapping.is_strided()  # type: ignore[no-any-return]
+
+    def is_always_unique(self) -> bool:
+        return bool(self.mapping.is_always_unique)
+
+    def is_always_exhaustive(self) -> bool:
+        return bool(self.mapping.is_always_exhaustive)
+
+    def is_always_strided(self) -> bool:
+        return bool(self.mapping.is_always_strided)
+
+
+@attrs.frozen
+class MdSpec(_Observers):
+    """A multidimensional array whose metadata is complete but whose data is not yet reachable.
+
+    It stores the data descriptor, mapping and accessor that a later MdSpan will use. It has
+    no data handle and no indexing: acquire a lease to reach the data.
+    """
+
+    data_descriptor: Any
+    mapping: Any = attrs.field(validator=_check_mapping)
+    accessor: Any = attrs.field(validator=_check_accessor)
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError(
+            "an MdSpec has no data handle and cannot be indexed; acquire it first, e.g. "
+            "with uni.acquire_host_read_access_sync(spec) as lease: lease.mdspan()[...]"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "data_handle":
+            raise AttributeError(
+                "an MdSpec has no data_handle: its data is not reachable until acquired; "
+                "use uni.acquire_host_read_access_sync(spec).mdspan().data_handle"
+            )
+        raise AttributeError(f"'MdSpec' object has no attribute {name!r}")
+
+
+def _index_tuple(index: Any, rank: int) -> tuple[int, ...]:
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) != rank:
+        raise IndexError(f"expected {rank} indices, got {len(index)}: {index!r}")
+    try:
+        return tuple(operator.index(i) for i in index)
+    except TypeError:
+        raise IndexError(
+            f"an MdSpan takes integer indices only (slice the tensor instead), got {index!r}"
+        ) from None
+
+
+def host_view(handle: HostHandle, mapping: Any, *, writeable: bool) -> np.ndarray[Any, Any]:
+    """A numpy view of the stored elements that ``mapping`` reaches from ``handle``.
+
+    The caller has validated the mapping against the buffer (``check_fits``): ``as_strided``
+    itself checks nothing.
+    """
+    buffer = handle.buffer
+    shape = mapping.extents.shape
+    if mapping.extents.size() == 0:
+        view = np.empty(shape, dtype=buffer.dtype)
+    else:
+        itemsize = buffer.dtype.itemsize
+        lowest = handle.offset + mapping.min_offset()
+        # Slicing at the lowest reachable element keeps numpy's own base pointer inside the
+        # buffer; index (0, ..., 0) lies -min_offset() elements further on.
+        origin = buffer[lowest:][-mapping.min_offset():]
+        view = np.lib.stride_tricks.as_strided(
+            origin,
+            shape=shape,
+            strides=tuple(s * itemsize for s in mapping.strides),
+            writeable=writeable,
+        )
+    if not writeable:
+        view.flags.writeable = False
+    return view
+
+
+@attrs.frozen(eq=False)
+class MdSpan(_Observers):
+    """A resolved multidimensional view: handle, mapping and accessor.
+
+    Host spans support ``span[i, j]``, ``span[i, j] = v`` (unless the accessor is read-only),
+    ``len(span)`` and ``numpy.asarray(span)``.
+    """
+
+    data_handle: Any
+    mapping: Any = attrs.field(validator=_check_mapping)
+    accessor: Any = attrs.field(validator=_check_accessor)
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.data_handle, HostHandle):
+            buffer = self.data_handle.buffer
+            if buffer.ndim != 1:
+                raise LayoutError(f"expected a 1-D host buffer, got {buffer.ndim}-D")
+            if buffer.dtype != self.accessor.stored_type:
+                raise LayoutError(
+                    f"the accessor stores {self.accessor.stored_type} but the buffer holds "
+                    f"{buffer.dtype}"
+                )
+            check_fits(self.mapping, self.data_handle.offset, buffer.shape[0])
+
+    def _host_handle(self) -> HostHandle:
+        if not isinstance(self.data_handle, HostHandle) or HOST not in self.accessor.domains:
+            raise TypeError(
+                "this MdSpan is not host-accessible (its accessor's domains are "
+                f"{sorted(d.value for d in self.accessor.domains)}); use it inside a backend "
+                "of its domain"
+            )
+        return self.data_handle
+
+    def __getitem__(self, index: Any) -> Any:
+        handle = self._host_handle()
+        offset = self.mapping(*_index_tuple(index, self.rank()))
+        return self.accessor.access(handle, offset)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        handle = self._host_handle()
+        if self.accessor.readonly:
+            raise ValueError(
+                "assignment destination is read-only: this MdSpan's accessor "
+                f"({type(self.accessor).__name__}) does not allow writes"
+            )
+        offset = self.mapping(*_index_tuple(index, self.rank()))
+        handle.buffer[handle.offset + offset] = value
+
+    def __len__(self) -> int:
+        if self.rank() == 0:
+            raise TypeError("len() of a rank-0 MdSpan")
+        return self.extent(0)
+
+    def to_numpy(self) -> np.ndarray[Any, Any]:
+        """A strided numpy view (writeable only for plain, writable accessors)."""
+        handle = self._host_handle()
+        plain = not self.accessor.readonly and not self.accessor.transforms_values
+        view = host_view(handle, self.mapping, writeable=plain)
+        if self.accessor.transforms_values:
+            view = np.asarray(self.accessor.apply(view))
+            view.flags.writeable = False
+        return view
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        view = self.to_numpy()
+        if copy:
+            view = view.copy()
+        if dtype is not None:
+            view = view.astype(dtype, copy=False)
+        return view

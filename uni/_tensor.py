@@ -1,0 +1,435 @@
+"""Tensor: a storage plus (mapping, accessor, offset), the factories, and metadata-only views."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from uni._accessor import (
+    HOST,
+    ConjugateAccessor,
+    ConstAccessor,
+    DefaultAccessor,
+    ScaledAccessor,
+)
+from uni._dtypes import as_dtype
+from uni._errors import DomainError, DTypeError, LayoutError, ShapeError
+from uni._extents import Extents
+from uni._mapping import best_mapping, c_strides, check_fits, f_strides, layout_stride
+from uni._mdspec import DataDescriptor, MdSpan, MdSpec
+
+# Tensors up to this many elements show their values in repr, like numpy's summarised print.
+_REPR_VALUES_LIMIT = 1000
+
+
+class Tensor:
+    """A view of a storage: the owning storage plus mapping, accessor and element offset.
+
+    Views (``t[...]``, ``t.T``, ``t.conj()``, ...) share the storage and change metadata only.
+    Reaching the data goes through a lease: ``uni.acquire_host_read_access_sync(t)``.
+    """
+
+    __slots__ = ("__weakref__", "_accessor", "_mapping", "_offset", "_storage")
+
+    def __init__(self, storage: Any, mapping: Any, accessor: Any = None, *, offset: int = 0):
+        if accessor is None:
+            accessor = DefaultAccessor(storage.dtype)
+        if not hasattr(mapping, "strides") or not hasattr(mapping, "extents"):
+            raise LayoutError(f"expected a strided mapping (layout_right/left/stride), got {mapping!r}")
+        stored = getattr(accessor, "stored_type", accessor.element_type)
+        if stored != storage.dtype:
+            raise DTypeError(
+                f"the accessor reads {stored} elements but the storage holds {storage.dtype}"
+            )
+        if storage.domain not in accessor.domains:
+            raise DomainError(
+                f"the accessor works in {sorted(d.value for d in accessor.domains)} but the "
+                f"storage lives in the {storage.domain.value} domain"
+            )
+        offset = operator.index(offset)
+        check_fits(mapping, offset, storage.size, what=f"storage ({type(storage).__name__})")
+        self._storage = storage
+        self._mapping = mapping
+        self._accessor = accessor
+        self._offset = offset
+
+    @classmethod
+    def from_storage(
+        cls, storage: Any, mapping: Any, accessor: Any = None, *, offset: int = 0
+    ) -> Tensor:
+        """A tensor over an existing storage; the layout is checked against the buffer."""
+        return cls(storage, mapping, accessor, offset=offset)
+
+    @classmethod
+    def _view(cls, storage: Any, mapping: Any, accessor: Any, offset: int) -> Tensor:
+        # Views derived from a validated tensor reach a subset of its elements: no re-check.
+        self = object.__new__(cls)
+        self._storage = storage
+        self._mapping = mapping
+        self._accessor = accessor
+        self._offset = offset
+        return self
+
+    # -- observers ---------------------------------------------------------------------
+    @property
+    def storage(self) -> Any:
+        return self._storage
+
+    @property
+    def mapping(self) -> Any:
+        return self._mapping
+
+    @property
+    def accessor(self) -> Any:
+        return self._accessor
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._mapping.extents.shape  # type: ignore[no-any-return]
+
+    @property
+    def extents(self) -> Extents:
+        return self._mapping.extents  # type: ignore[no-any-return]
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Strides in elements (numpy's are in bytes)."""
+        return self._mapping.strides  # type: ignore[no-any-return]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._accessor.element_type  # type: ignore[no-any-return]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def device(self) -> str:
+        if self._storage.domain is HOST:
+            return "host"
+        return f"cuda:{getattr(self._storage, 'device_id', 0)}"
+
+    @property
+    def readonly(self) -> bool:
+        return bool(self._accessor.readonly or self._storage.readonly)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def mdspec(self) -> MdSpan | MdSpec:
+        """An MdSpan when the data is immediately host-reachable, else an MdSpec."""
+        if getattr(self._storage, "immediate", False):
+            return MdSpan(self._storage.handle(self._offset), self._mapping, self._accessor)
+        return MdSpec(DataDescriptor(self._storage, self._offset), self._mapping, self._accessor)
+
+    def backend_selector(self) -> tuple[Any, ...]:
+        """The storage's backends, best first."""
+        from uni import backends
+
+        return backends.resolve(self._storage.default_backends())
+
+    # -- views -------------------------------------------------------------------------
+    def _with(self, shape: Sequence[int], strides: Sequence[int], offset: int) -> Tensor:
+        return Tensor._view(
+            self._storage, best_mapping(tuple(shape), tuple(strides)), self._accessor, offset
+        )
+
+    def __getitem__(self, key: Any) -> Tensor:
+        shape, strides, offset = _basic_index(self.shape, self.strides, self._offset, key)
+        return self._with(shape, strides, offset)
+
+    @property
+    def T(self) -> Tensor:
+        return self._with(self.shape[::-1], self.strides[::-1], self._offset)
+
+    @property
+    def mT(self) -> Tensor:
+        """Swap the last two axes (the matrix transpose of a batch)."""
+        if self.ndim < 2:
+            raise ShapeError(f"mT needs at least 2 axes, got shape {self.shape}")
+        axes = (*range(self.ndim - 2), self.ndim - 1, self.ndim - 2)
+        return self.transpose(*axes)
+
+    def transpose(self, *axes: Any) -> Tensor:
+        if len(axes) == 1 and not isinstance(axes[0], int):
+            axes = tuple(axes[0])
+        if not axes:
+            return self.T
+        n = self.ndim
+        norm = [operator.index(a) + n if operator.index(a) < 0 else operator.index(a) for a in axes]
+        if sorted(norm) != list(range(n)):
+            raise ShapeError(f"axes must be a permutation of 0..{n - 1}, got {tuple(axes)}")
+        return self._with(
+            [self.shape[a] for a in norm], [self.strides[a] for a in norm], self._offset
+        )
+
+    def conj(self) -> Tensor:
+        """The complex conjugate as a view (read-only). Real tensors return themselves."""
+        if self.dtype.kind != "c":
+            return self
+        acc = self._accessor
+        if isinstance(acc, ConjugateAccessor):
+            return Tensor._view(self._storage, self._mapping, acc.base, self._offset)
+        return Tensor._view(self._storage, self._mapping, ConjugateAccessor(acc), self._offset)
+
+    def scaled(self, factor: Any) -> Tensor:
+        """Values multiplied by ``factor`` as a view (read-only)."""
+        return Tensor._view(
+            self._storage, self._mapping, ScaledAccessor(self._accessor, factor), self._offset
+        )
+
+    def as_readonly(self) -> Tensor:
+        if self._accessor.readonly:
+            return self
+        return Tensor._view(
+            self._storage, self._mapping, ConstAccessor(self._accessor), self._offset
+        )
+
+    def with_accessor(self, accessor: Any) -> Tensor:
+        """The same data seen through another accessor (validated like ``from_storage``)."""
+        return Tensor(self._storage, self._mapping, accessor, offset=self._offset)
+
+    def reshape(self, *shape: Any, order: str = "C") -> Tensor:
+        """A view with a new shape; a clear LayoutError when the strides cannot express it."""
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = tuple(shape[0])
+        new_shape = _resolve_shape(tuple(operator.index(s) for s in shape), self.size)
+        if order not in ("C", "F"):
+            raise ValueError(f"order must be 'C' or 'F', got {order!r}")
+        if order == "F":
+            strides = _reshape_strides(self.shape[::-1], self.strides[::-1], new_shape[::-1])
+            if strides is not None:
+                strides = strides[::-1]
+        else:
+            strides = _reshape_strides(self.shape, self.strides, new_shape)
+        if strides is None:
+            raise LayoutError(
+                f"cannot reshape shape {self.shape} with strides {self.strides} to {new_shape} "
+                f"in {order} order without a copy; copy into a contiguous tensor first "
+                "(uni.copy)"
+            )
+        return self._with(new_shape, strides, self._offset)
+
+    # -- numpy boundary ----------------------------------------------------------------
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        # Note: unlike a numpy view, this is always a copy taken under a read lease; a view
+        # would outlive the lease that made it safe to read.
+        if copy is False:
+            raise ValueError(
+                "a uni tensor cannot be exposed to numpy without a copy outside a lease; "
+                "use `with uni.acquire_host_read_access_sync(t) as lease: "
+                "numpy.asarray(lease.mdspan())`"
+            )
+        from uni._acquire import acquire_host_read_access_sync
+
+        with acquire_host_read_access_sync(self) as lease:
+            values = np.array(lease.mdspan(), copy=True)
+        return values if dtype is None else values.astype(dtype)
+
+    def to_numpy(self) -> np.ndarray[Any, Any]:
+        """A numpy copy of the values (taken under a read lease)."""
+        return self.__array__()
+
+    def __repr__(self) -> str:
+        head = f"shape={self.shape}, dtype={self.dtype.name}, device={self.device}"
+        if self.readonly:
+            head += ", readonly"
+        if self.size > _REPR_VALUES_LIMIT or self._storage.domain is not HOST:
+            return f"uni.Tensor({head})"
+        from uni._acquire import try_read_values
+
+        values = try_read_values(self)
+        if values is None:
+            return f"uni.Tensor({head}, values unavailable: the data is leased for writing)"
+        body = np.array2string(values, separator=", ", prefix="uni.Tensor(")
+        return f"uni.Tensor({body}, {head})"
+
+
+def _basic_index(
+    shape: tuple[int, ...], strides: tuple[int, ...], offset: int, key: Any
+) -> tuple[list[int], list[int], int]:
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_ellipsis = sum(1 for k in key if k is Ellipsis)
+    if n_ellipsis > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if consumed > len(shape):
+        raise IndexError(f"too many indices: shape {shape} has {len(shape)} axes, got {consumed}")
+    if n_ellipsis == 0:
+        key = (*key, Ellipsis)
+    new_shape: list[int] = []
+    new_strides: list[int] = []
+    axis = 0
+    for k in key:
+        if k is Ellipsis:
+            for _ in range(len(shape) - consumed):
+                new_shape.append(shape[axis])
+                new_strides.append(strides[axis])
+                axis += 1
+            consumed = len(shape)  # the ellipsis took the rest
+        elif k is None:
+            new_shape.append(1)
+            new_strides.append(0)
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(shape[axis])
+            count = len(range(start, stop, step))
+            if count:
+                offset += start * strides[axis]
+            new_shape.append(count)
+            new_strides.append(strides[axis] * step)
+            axis += 1
+        else:
+            if isinstance(k, (bool, np.bool_)) or not hasattr(k, "__index__"):
+                raise IndexError(
+                    f"only integers, slices, '...' and None index a uni tensor (views never "
+                    f"copy); got {type(k).__name__}"
+                )
+            i = operator.index(k)
+            extent = shape[axis]
+            if not -extent <= i < extent:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {extent}")
+            offset += (i % extent) * strides[axis]
+            axis += 1
+    return new_shape, new_strides, offset
+
+
+def _resolve_shape(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
+    unknown = [i for i, s in enumerate(shape) if s == -1]
+    if len(unknown) > 1 or any(s < -1 for s in shape):
+        raise ShapeError(f"a shape may hold one -1 and otherwise non-negative ints, got {shape}")
+    if unknown:
+        known = math.prod(s for s in shape if s != -1)
+        if known == 0 or size % known:
+            raise ShapeError(f"cannot reshape {size} elements into {shape}")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    if math.prod(shape) != size:
+        raise ShapeError(f"cannot reshape {size} elements into shape {shape}")
+    return shape
+
+
+def _reshape_strides(
+    old_shape: tuple[int, ...], old_strides: tuple[int, ...], new_shape: tuple[int, ...]
+) -> list[int] | None:
+    """Strides for ``new_shape`` over the same elements in C order, or None if impossible."""
+    if math.prod(old_shape) == 0:
+        return list(c_strides(new_shape))
+    olds = [(e, s) for e, s in zip(old_shape, old_strides, strict=True) if e != 1]
+    new_strides = [0] * len(new_shape)
+    news = [i for i, e in enumerate(new_shape) if e != 1]
+    oi = ni = 0
+    while oi < len(olds) and ni < len(news):
+        # Grow a group of old axes and a group of new axes until both cover the same count.
+        o_end, n_end = oi + 1, ni + 1
+        o_count, n_count = olds[oi][0], new_shape[news[ni]]
+        while o_count != n_count:
+            if o_count < n_count:
+                o_count *= olds[o_end][0]
+                o_end += 1
+            else:
+                n_count *= new_shape[news[n_end]]
+                n_end += 1
+        for k in range(oi, o_end - 1):
+            if olds[k][1] != olds[k + 1][1] * olds[k + 1][0]:
+                return None  # the old group is not one contiguous run in C order
+        stride = olds[o_end - 1][1]
+        for k in range(n_end - 1, ni - 1, -1):
+            new_strides[news[k]] = stride
+            stride *= new_shape[news[k]]
+        oi, ni = o_end, n_end
+    return new_strides
+
+
+# -- factories ---------------------------------------------------------------------------
+def _host_tensor(shape: Any, dtype: Any, order: str, device: str) -> Tensor:
+    from uni.storage.host import HostStorage
+
+    _check_device(device)
+    dt = as_dtype(dtype)
+    ext = Extents(shape)
+    if order not in ("C", "F"):
+        raise ValueError(f"order must be 'C' or 'F', got {order!r}")
+    storage = HostStorage(ext.size(), dt)
+    strides = c_strides(ext.shape) if order == "C" else f_strides(ext.shape)
+    return Tensor._view(storage, best_mapping(ext.shape, strides), DefaultAccessor(dt), 0)
+
+
+def _check_device(device: str) -> None:
+    if device == "host" or device == "cpu":
+        return
+    if device == "cuda" or device.startswith("cuda:"):
+        from uni import cuda
+
+        reason = cuda.unavailable_reason() or "CUDA tensors are not implemented yet"
+        raise DomainError(f"device {device!r} is not usable here: {reason}")
+    raise DomainError(f"expected device 'host', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def empty(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
+    """An uninitialized tensor (C or Fortran order)."""
+    return _host_tensor(shape, dtype, order, device)
+
+
+def zeros(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
+    t = _host_tensor(shape, dtype, order, device)
+    t.storage.buffer[...] = 0
+    return t
+
+
+def full(
+    shape: Any, fill_value: Any, dtype: Any = None, *, order: str = "C", device: str = "host"
+) -> Tensor:
+    if dtype is None:
+        dtype = np.asarray(fill_value).dtype
+        if dtype == np.int64 and isinstance(fill_value, bool):
+            dtype = np.bool_
+    t = _host_tensor(shape, dtype, order, device)
+    t.storage.buffer[...] = fill_value
+    return t
+
+
+def arange(n: int, dtype: Any = np.int64, *, device: str = "host") -> Tensor:
+    t = _host_tensor((operator.index(n),), dtype, "C", device)
+    t.storage.buffer[...] = np.arange(n)
+    return t
+
+
+def from_numpy(array: Any, *, copy: bool = False) -> Tensor:
+    """A host tensor over ``array``'s memory (zero-copy, any strides), or over a copy.
+
+    Views of one numpy array share one storage, so their leases are ordered by one queue.
+    A read-only array gives a read-only tensor.
+    """
+    from uni.storage.host import HostStorage, storage_for_array
+
+    arr = np.asarray(array)
+    dt = as_dtype(arr.dtype)
+    if copy:
+        t = _host_tensor(arr.shape, dt, "C", "host")
+        t.storage.buffer[...] = arr.reshape(-1)
+        return t
+    if arr.dtype != dt:
+        arr = arr.view(dt)
+    storage: HostStorage
+    storage, offset = storage_for_array(arr)
+    strides = tuple(s // arr.itemsize for s in arr.strides)
+    accessor: Any = DefaultAccessor(dt)
+    if not arr.flags.writeable:
+        accessor = ConstAccessor(accessor)
+    mapping = best_mapping(arr.shape, strides) if arr.size else layout_stride(arr.shape, strides)
+    return Tensor(storage, mapping, accessor, offset=offset)

@@ -1,0 +1,65 @@
+"""uni.cuda: the CUDA domain. Importable everywhere; ``is_available()`` says if it can be used.
+
+Detection runs once, on first use, before anything else touches the driver (a failed driver
+probe followed by other CUDA calls has been seen to hang a process).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import functools
+import importlib.util
+from typing import Any
+
+import attrs
+import numpy as np
+
+from uni._accessor import CUDA, Domain, _AccessorBase
+from uni._dtypes import as_dtype
+
+
+@functools.cache
+def _probe() -> str | None:
+    """None when a CUDA device is usable, else the reason it is not."""
+    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.core") is None:
+        return "cuda-python (cuda.core) is not installed; install uni[cuda]"
+    if ctypes.util.find_library("cuda") is None:
+        return "no CUDA driver (libcuda) on this machine"
+    try:
+        from cuda.core import Device
+
+        Device(0)
+    except Exception as err:
+        return f"CUDA driver present but no usable device: {type(err).__name__}: {err}"
+    return None
+
+
+def is_available() -> bool:
+    """True when a CUDA device can be used from this process."""
+    return _probe() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why CUDA cannot be used here (None when it can)."""
+    return _probe()
+
+
+@attrs.frozen
+class CudaPointerAccessor(_AccessorBase):
+    """Element access through a raw device pointer: usable in the CUDA domain only."""
+
+    dtype: np.dtype[Any] = attrs.field(converter=as_dtype)
+    readonly: bool = attrs.field(default=False, init=False)
+    domains: frozenset[Domain] = attrs.field(default=frozenset({CUDA}), init=False)
+
+    @property
+    def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
+        return self.dtype
+
+    def access(self, handle: Any, offset: int) -> Any:
+        raise TypeError(
+            "a CUDA device pointer is not host-dereferenceable; copy to the host with uni.copy"
+        )
+
+
+__all__ = ["CudaPointerAccessor", "is_available", "unavailable_reason"]

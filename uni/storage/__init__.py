@@ -1,0 +1,8 @@
+"""Storage policies: where a tensor's elements live and how a handle to them is leased."""
+
+from uni.storage._base import StorageBase as StorageBase
+from uni.storage._protocol import Region as Region
+from uni.storage._protocol import Storage as Storage
+from uni.storage.host import HostStorage as HostStorage
+
+__all__ = ["HostStorage", "Region", "Storage", "StorageBase"]

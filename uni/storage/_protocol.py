@@ -1,0 +1,75 @@
+"""The storage protocol: what a custom storage provides so uni can lease its data."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+import numpy as np
+
+from uni._accessor import Domain
+
+
+@attrs.frozen
+class Region:
+    """The part of a storage one acquisition reaches.
+
+    ``offset`` is the element offset of index (0, ..., 0) and ``mapping`` the view's mapping;
+    ``lo``..``hi`` (inclusive) bound every reachable element (``lo > hi``: nothing reachable).
+    """
+
+    offset: int
+    mapping: Any
+    lo: int
+    hi: int
+
+    @classmethod
+    def of(cls, mapping: Any, offset: int) -> Region:
+        return cls(offset, mapping, offset + mapping.min_offset(), offset + mapping.max_offset())
+
+    @property
+    def empty(self) -> bool:
+        return self.lo > self.hi
+
+    def covers_exactly(self) -> bool:
+        """True when the view touches every element of lo..hi (a write there overwrites all)."""
+        mapping = self.mapping
+        return bool(mapping.extents.size() == mapping.required_span_size() and mapping.is_unique())
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What uni needs from a storage. Subclass ``uni.storage.StorageBase`` to get the queue.
+
+    * ``domain``: where handles can be used (``uni.HOST`` or ``uni.CUDA``).
+    * ``dtype``, ``size``: element type and number of elements in the buffer.
+    * ``readonly``: when True, write acquisitions are refused.
+    * ``immediate``: True when the data is host-reachable without acquisition work (plain
+      memory); then ``Tensor.mdspec()`` returns an MdSpan instead of an MdSpec.
+    * ``acquire_read(region)`` / ``acquire_write(region, overwrite=...)``: return a handle
+      (``uni.HostHandle`` on the host) through which the region's mapping reaches its data.
+    * ``release_read(region, handle)`` / ``release_write(region, handle, error=...)``: end the
+      access; ``error`` is None when the writer succeeded (write back) and the exception
+      otherwise (abandon the new contents or keep them; either way uni marks them poisoned).
+    * ``default_backends()``: backend names, best first.
+
+    Optional coroutine methods ``acquire_read_async`` / ``acquire_write_async`` are awaited
+    instead of the sync forms by the ``_async`` acquisitions.
+    """
+
+    domain: Domain
+    dtype: np.dtype[Any]
+    size: int
+    readonly: bool
+    immediate: bool
+
+    def acquire_read(self, region: Region) -> Any: ...
+
+    def acquire_write(self, region: Region, *, overwrite: bool) -> Any: ...
+
+    def release_read(self, region: Region, handle: Any) -> None: ...
+
+    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
+        ...
+
+    def default_backends(self) -> tuple[str, ...]: ...

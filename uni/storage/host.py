@@ -1,0 +1,130 @@
+"""HostStorage: plain, aligned host memory owned by numpy."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from uni._accessor import HostHandle
+from uni._errors import LayoutError
+from uni.storage._base import StorageBase
+from uni.storage._protocol import Region
+
+#: Allocation alignment in bytes: a cache line and the widest SIMD loads.
+ALIGNMENT = 64
+
+
+def aligned_empty(size: int, dtype: np.dtype[Any], alignment: int = ALIGNMENT) -> np.ndarray[Any, Any]:
+    """A 1-D uninitialized array whose first element is ``alignment``-byte aligned."""
+    nbytes = size * dtype.itemsize
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % alignment
+    return raw[shift : shift + nbytes].view(dtype)
+
+
+class HostStorage(StorageBase):
+    """A flat host buffer. Handles are the buffer itself: acquisition moves no data."""
+
+    immediate = True
+
+    def __init__(self, size: int, dtype: Any = np.float64, *, buffer: Any = None,
+                 readonly: bool = False) -> None:
+        if buffer is None:
+            super().__init__(dtype, size, readonly=readonly)
+            self.buffer: np.ndarray[Any, Any] = aligned_empty(self.size, self.dtype)
+        else:
+            buffer = np.asarray(buffer)
+            if buffer.ndim != 1 or (buffer.size > 1 and buffer.strides[0] != buffer.itemsize):
+                raise LayoutError(
+                    f"expected a contiguous 1-D buffer, got shape {buffer.shape} with strides "
+                    f"{buffer.strides}"
+                )
+            super().__init__(buffer.dtype, buffer.shape[0],
+                             readonly=readonly or not buffer.flags.writeable)
+            self.buffer = buffer
+
+    @classmethod
+    def wrap(cls, buffer: np.ndarray[Any, Any], *, readonly: bool = False) -> HostStorage:
+        """Use an existing contiguous 1-D array as the buffer (no copy)."""
+        return cls(buffer.shape[0], buffer.dtype, buffer=buffer, readonly=readonly)
+
+    def handle(self, offset: int = 0) -> HostHandle:
+        return HostHandle(self.buffer, offset, self)
+
+    def acquire_read(self, region: Region) -> HostHandle:
+        return HostHandle(self.buffer, region.offset, self)
+
+    def acquire_write(self, region: Region, *, overwrite: bool) -> HostHandle:
+        return HostHandle(self.buffer, region.offset, self)
+
+    def release_read(self, region: Region, handle: Any) -> None:
+        pass
+
+    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
+        pass
+
+
+# numpy arrays that share one allocation share one HostStorage, so leases on two views of the
+# same array are ordered by one queue. Keyed by the id of the allocation's owner; the entry
+# dies with the storage.
+_shared: dict[int, weakref.ref[HostStorage]] = {}
+
+
+def _root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not root.flags.owndata or not (root.flags.c_contiguous or root.flags.f_contiguous):
+        return None
+    return root
+
+
+def _forget(key: int) -> Callable[[weakref.ref[HostStorage]], None]:
+    def forget(_ref: weakref.ref[HostStorage]) -> None:
+        _shared.pop(key, None)
+
+    return forget
+
+
+def storage_for_array(array: np.ndarray[Any, Any]) -> tuple[HostStorage, int]:
+    """The storage holding ``array``'s memory and the element offset of its first index.
+
+    Views of one numpy allocation map to one storage; other arrays get a storage over
+    exactly the elements they reach.
+    """
+    itemsize = array.itemsize
+    if any(s % itemsize for s in array.strides):
+        raise LayoutError(
+            f"numpy strides {array.strides} are not multiples of the item size {itemsize}; "
+            "uni strides are in elements: pass copy=True"
+        )
+    readonly = not array.flags.writeable
+    root = _root_of(array)
+    if root is not None and root.dtype == array.dtype and array.size > 0:
+        base_ptr = root.ctypes.data
+        delta = array.ctypes.data - base_ptr
+        if delta % itemsize == 0:
+            key = id(root)
+            ref = _shared.get(key)
+            storage = ref() if ref is not None else None
+            if storage is None:
+                flat = root.reshape(-1, order="A")
+                storage = HostStorage.wrap(flat)
+                _shared[key] = weakref.ref(storage, _forget(key))
+            return storage, delta // itemsize
+    # Not a simple allocation (a view of foreign memory, a strided base): wrap exactly the
+    # reachable elements.
+    if array.size == 0:
+        return HostStorage(0, array.dtype), 0
+    strides = tuple(s // itemsize for s in array.strides)
+    low = sum((e - 1) * s for e, s in zip(array.shape, strides, strict=True) if s < 0)
+    high = sum((e - 1) * s for e, s in zip(array.shape, strides, strict=True) if s > 0)
+    corner = array[tuple(slice(e - 1, e) if s < 0 else slice(0, 1)
+                         for e, s in zip(array.shape, strides, strict=True))]
+    flat = np.lib.stride_tricks.as_strided(
+        corner, shape=(high - low + 1,), strides=(itemsize,), writeable=not readonly
+    )
+    return HostStorage.wrap(flat, readonly=readonly), -low
