@@ -4,7 +4,10 @@ Metadata (extents, mapping, accessor) is complete before data is reachable; data
 through explicit read/write leases; fixed operations walk an ordered list of backends.
 """
 
+from uni import backends as backends
 from uni import concepts as concepts
+from uni import ops as ops
+from uni import plan as plan
 from uni import storage as storage
 from uni._accessor import CUDA as CUDA
 from uni._accessor import HOST as HOST
@@ -24,6 +27,8 @@ from uni._acquire import acquire_host_read_access_async as acquire_host_read_acc
 from uni._acquire import acquire_host_read_access_sync as acquire_host_read_access_sync
 from uni._acquire import acquire_host_write_access_async as acquire_host_write_access_async
 from uni._acquire import acquire_host_write_access_sync as acquire_host_write_access_sync
+from uni._dispatch import dispatch_diagnostics as dispatch_diagnostics
+from uni._dispatch import override_backends as override_backends
 from uni._dtypes import SUPPORTED_DTYPES as SUPPORTED_DTYPES
 from uni._dtypes import bool_ as bool_
 from uni._dtypes import complex64 as complex64
@@ -47,6 +52,8 @@ from uni._errors import UniError as UniError
 from uni._errors import WouldBlockError as WouldBlockError
 from uni._extents import Extents as Extents
 from uni._extents import dynamic_extent as dynamic_extent
+from uni._interop import from_dlpack as from_dlpack
+from uni._interop import peel_front as peel_front
 from uni._lease import ReadMdspanLease as ReadMdspanLease
 from uni._lease import ReadTensorLease as ReadTensorLease
 from uni._lease import WriteMdspanLease as WriteMdspanLease
@@ -57,6 +64,15 @@ from uni._mapping import layout_stride as layout_stride
 from uni._mdspec import DataDescriptor as DataDescriptor
 from uni._mdspec import MdSpan as MdSpan
 from uni._mdspec import MdSpec as MdSpec
+from uni._ops import OpFuture as OpFuture
+from uni._ops import copy as copy
+from uni._ops import copy_async as copy_async
+from uni._ops import gemm as gemm
+from uni._ops import gemm_async as gemm_async
+from uni._ops import gemv as gemv
+from uni._ops import gemv_async as gemv_async
+from uni._ops import transform as transform
+from uni._ops import transform_async as transform_async
 from uni._probe import Decline as Decline
 from uni._probe import Probe as Probe
 from uni._tensor import Tensor as Tensor
@@ -97,6 +113,7 @@ __all__ = [
     "LeaseTimeoutError",
     "MdSpan",
     "MdSpec",
+    "OpFuture",
     "PendingAcquisition",
     "PoisonedError",
     "Probe",
@@ -120,16 +137,25 @@ __all__ = [
     "acquire_host_write_access_async",
     "acquire_host_write_access_sync",
     "arange",
+    "backends",
     "bool_",
-    "complex64",
     "complex128",
+    "complex64",
     "concepts",
+    "copy",
+    "copy_async",
+    "dispatch_diagnostics",
     "dynamic_extent",
     "empty",
     "float32",
     "float64",
+    "from_dlpack",
     "from_numpy",
     "full",
+    "gemm",
+    "gemm_async",
+    "gemv",
+    "gemv_async",
     "int32",
     "int64",
     "is_immediate_tensor_view",
@@ -140,7 +166,13 @@ __all__ = [
     "layout_right",
     "layout_stride",
     "mdspec_of",
+    "ops",
+    "override_backends",
+    "peel_front",
+    "plan",
     "storage",
     "strides",
+    "transform",
+    "transform_async",
     "zeros",
 ]

@@ -21,6 +21,10 @@ class Domain(enum.Enum):
     def __repr__(self) -> str:
         return f"uni.{self.name}"
 
+    # Members are singletons: identity hashing keeps `HOST in accessor.domains` cheap (Enum's
+    # own __hash__ is Python code and sits on every acquisition's path).
+    __hash__ = object.__hash__
+
 
 HOST = Domain.HOST
 CUDA = Domain.CUDA
@@ -63,7 +67,10 @@ class _AccessorBase:
     def stored_type(self) -> np.dtype[Any]:
         """The dtype of the elements in the buffer (the innermost accessor's element type)."""
         base = getattr(self, "base", None)
-        return self.element_type if base is None else base.stored_type
+        if base is None:
+            return self.element_type
+        stored: np.dtype[Any] = getattr(base, "stored_type", None) or base.element_type
+        return stored
 
 
 @attrs.frozen
@@ -86,6 +93,23 @@ def _check_accessor(_inst: Any, _attr: Any, value: Any) -> None:
         )
 
 
+# Adapters compose with any accessor, including a custom one that only has ``access``: a base
+# without ``apply_scalar`` / ``apply`` / ``transforms_values`` is taken to show stored values.
+def _base_scalar(base: Any, value: Any) -> Any:
+    fn = getattr(base, "apply_scalar", None)
+    return value if fn is None else fn(value)
+
+
+def _base_values(base: Any, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    fn = getattr(base, "apply", None)
+    return values if fn is None else np.asarray(fn(values))
+
+
+def _conj(value: Any) -> Any:
+    # Note: numpy's conj of a bool is an int8; a conjugate view of real data keeps its dtype.
+    return np.conj(value) if np.iscomplexobj(value) else value
+
+
 @attrs.frozen
 class ConstAccessor(_AccessorBase):
     """Read-only access to the base accessor's values."""
@@ -106,13 +130,16 @@ class ConstAccessor(_AccessorBase):
 
     @property
     def transforms_values(self) -> bool:  # type: ignore[override]
-        return bool(self.base.transforms_values)
+        return bool(getattr(self.base, "transforms_values", False))
+
+    def access(self, handle: HostHandle, offset: int) -> Any:
+        return self.base.access(handle, offset)
 
     def apply_scalar(self, value: Any) -> Any:
-        return self.base.apply_scalar(value)
+        return _base_scalar(self.base, value)
 
     def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        return self.base.apply(values)  # type: ignore[no-any-return]
+        return _base_values(self.base, values)
 
 
 @attrs.frozen
@@ -134,11 +161,14 @@ class ConjugateAccessor(_AccessorBase):
     def domains(self) -> frozenset[Domain]:  # type: ignore[override]
         return self.base.domains  # type: ignore[no-any-return]
 
+    def access(self, handle: HostHandle, offset: int) -> Any:
+        return _conj(self.base.access(handle, offset))
+
     def apply_scalar(self, value: Any) -> Any:
-        return np.conj(self.base.apply_scalar(value))
+        return _conj(_base_scalar(self.base, value))
 
     def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        result: np.ndarray[Any, Any] = np.conj(self.base.apply(values))
+        result: np.ndarray[Any, Any] = _conj(_base_values(self.base, values))
         return result
 
 
@@ -151,6 +181,8 @@ def _scaled_type(base: np.dtype[Any], factor: Any) -> np.dtype[Any]:
         return np.dtype(np.complex64) if base == np.float32 else np.dtype(np.complex128)
     if isinstance(factor, (float, np.floating)) and base.kind in "biu":
         return np.dtype(np.float64)
+    if isinstance(factor, (int, np.integer)) and base.kind == "b":
+        return np.dtype(np.int64)
     return base
 
 
@@ -179,11 +211,14 @@ class ScaledAccessor(_AccessorBase):
     def domains(self) -> frozenset[Domain]:  # type: ignore[override]
         return self.base.domains  # type: ignore[no-any-return]
 
+    def access(self, handle: HostHandle, offset: int) -> Any:
+        return self.element_type.type(self.base.access(handle, offset) * self.factor)
+
     def apply_scalar(self, value: Any) -> Any:
-        return self.element_type.type(self.base.apply_scalar(value) * self.factor)
+        return self.element_type.type(_base_scalar(self.base, value) * self.factor)
 
     def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        base = self.base.apply(values)
+        base = _base_values(self.base, values)
         result: np.ndarray[Any, Any] = np.multiply(base, self.factor, dtype=self.element_type)
         return result
 
@@ -214,7 +249,8 @@ class TransformAccessor(_AccessorBase):
             return as_dtype(self.dtype)
         rule = getattr(self.op, "result_dtype", None)
         if rule is not None:
-            return as_dtype(rule(self.base.element_type))
+            # uni.ops rules take operands (arrays, scalars), not bare dtypes.
+            return as_dtype(rule(np.empty(0, dtype=self.base.element_type)))
         return self.base.element_type  # type: ignore[no-any-return]
 
     @property
@@ -229,18 +265,26 @@ class TransformAccessor(_AccessorBase):
             return domains & {HOST}
         return domains
 
+    def _scalar_fn(self) -> Callable[[Any], Any]:
+        # A uni.ops op computes through apply_scalar; a plain callable is called.
+        fn: Callable[[Any], Any] = getattr(self.op, "apply_scalar", self.op)
+        return fn
+
+    def access(self, handle: HostHandle, offset: int) -> Any:
+        return self.element_type.type(self._scalar_fn()(self.base.access(handle, offset)))
+
     def apply_scalar(self, value: Any) -> Any:
-        fn = getattr(self.op, "apply_scalar", self.op)
-        return self.element_type.type(fn(self.base.apply_scalar(value)))
+        return self.element_type.type(self._scalar_fn()(_base_scalar(self.base, value)))
 
     def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        base = self.base.apply(values)
+        base = _base_values(self.base, values)
         vectorized = getattr(self.op, "apply_numpy", None)
         if vectorized is not None:
             return np.asarray(vectorized(base), dtype=self.element_type)
+        fn = self._scalar_fn()
         out = np.empty(base.shape, dtype=self.element_type)
         for index in np.ndindex(base.shape):
-            out[index] = self.op(base[index])
+            out[index] = fn(base[index])
         return out
 
 

@@ -21,14 +21,16 @@ from uni._lease import (
     _Access,
     _Lease,
 )
+from uni._mapping import check_fits
 from uni._mdspec import DataDescriptor
+from uni._tensor import Tensor
 from uni.storage._protocol import Region
 
 
 class _Target:
     """What an acquisition is about: storage, mapping, accessor, offset, and its lease type."""
 
-    __slots__ = ("accessor", "is_tensor", "mapping", "offset", "storage")
+    __slots__ = ("accessor", "is_tensor", "mapping", "mode", "offset", "storage", "thread")
 
     def __init__(self, storage: Any, mapping: Any, accessor: Any, offset: int,
                  is_tensor: bool) -> None:
@@ -37,6 +39,12 @@ class _Target:
         self.accessor = accessor
         self.offset = offset
         self.is_tensor = is_tensor
+        self.mode = "read"
+        self.thread: threading.Thread | None = None
+
+    def __str__(self) -> str:
+        thread = "" if self.thread is None else f" from thread {self.thread.name!r}"
+        return f"{self.mode} lease on {self.describe()}{thread}"
 
     def describe(self) -> str:
         kind = "Tensor" if self.is_tensor else "mdspec"
@@ -45,8 +53,6 @@ class _Target:
 
 
 def _target_of(x: Any, domain: Domain, fn: str) -> _Target:
-    from uni._tensor import Tensor
-
     if type(x) is Tensor:
         target = _Target(x.storage, x.mapping, x.accessor, x.offset, True)
     elif hasattr(x, "backend_selector") and (hasattr(x, "mdspec") or hasattr(x, "mdspan")):
@@ -74,8 +80,6 @@ def _target_of(x: Any, domain: Domain, fn: str) -> _Target:
 
 
 def _from_tensor_view(x: Any, fn: str) -> _Target:
-    from uni._tensor import Tensor
-
     storage = getattr(x, "storage", None)
     if isinstance(x, Tensor) or (storage is not None and not callable(storage)):
         return _Target(x.storage, x.mapping, x.accessor, x.offset, True)
@@ -88,6 +92,10 @@ def _from_tensor_view(x: Any, fn: str) -> _Target:
 def _from_mdspec(spec: Any, fn: str) -> _Target:
     descriptor = getattr(spec, "data_descriptor", None)
     if isinstance(descriptor, DataDescriptor):
+        # An MdSpec is not checked against its storage when built; a storage must never be
+        # asked for (or write back) elements outside its buffer.
+        check_fits(spec.mapping, descriptor.offset, descriptor.storage.size,
+                   what=f"storage ({type(descriptor.storage).__name__})")
         return _Target(descriptor.storage, spec.mapping, spec.accessor, descriptor.offset, False)
     handle = getattr(spec, "data_handle", None)
     if isinstance(handle, HostHandle) and handle.owner is not None:
@@ -117,8 +125,11 @@ def _check_write(target: _Target, fn: str) -> None:
             "array or DLPack import); it can be read but never written"
         )
 
-def _holder(target: _Target, mode: Mode) -> str:
-    return f"{mode} lease on {target.describe()} from thread {threading.current_thread().name!r}"
+def _holder(target: _Target, mode: Mode) -> _Target:
+    # The target doubles as the queue's holder: its text is built only if an error needs it.
+    target.mode = mode
+    target.thread = threading.current_thread()
+    return target
 
 
 def _register(target: _Target, mode: Mode) -> tuple[Region, Any]:
@@ -162,8 +173,15 @@ def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float
     target = _target_of(x, domain, fn)
     if mode == "write":
         _check_write(target, fn)
-    region, request = _register(target, mode)
+    # _register inlined: this is the path every uncontended acquisition takes.
+    mapping = target.mapping
+    lo, hi = mapping._bounds
+    offset = target.offset
+    region = Region(offset, mapping, offset + lo, offset + hi)
+    target.mode = mode
+    target.thread = threading.current_thread()
     queue = target.storage.access_queue
+    request = queue.register(mode, region.lo, region.hi, holder=target)
     if not request.granted:
         queue.wait_sync(request, timeout=timeout, async_hint=fn.replace("_sync", "_async"))
     return _complete(target, mode, region, request, overwrite=overwrite,

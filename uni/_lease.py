@@ -152,6 +152,28 @@ class _Lease:
             f"dtype={access.accessor.element_type.name}>"
         )
 
+    # -- DLPack and numpy boundary (uni._interop) -----------------------------------------
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """Export the leased view through DLPack (read-only under a read lease). The capsule
+        holds its own share of this access until the consumer releases it, so releasing
+        the lease never pulls memory away from a consumer. See docs/interop.md."""
+        from uni._interop import export_lease
+
+        return export_lease(self, stream=stream, max_version=max_version, dl_device=dl_device,
+                            copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from uni._interop import dlpack_device_of
+
+        return dlpack_device_of(self._live().storage)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        """The leased view as numpy (like ``.numpy()``: valid while the lease is active)."""
+        from uni._interop import lease_array
+
+        return lease_array(self, dtype, copy)
+
 
 class ReadMdspanLease(_Lease):
     """Read access to an mdspec's data: ``.mdspan()`` and ``.release()``."""

@@ -69,22 +69,19 @@ class _Strided:
             offset += i * s
         return offset
 
+    _bounds: tuple[int, int]
+
     def min_offset(self) -> int:
         """Smallest reachable offset; with ``max_offset() < min_offset()`` nothing is reachable."""
-        if self.extents.size() == 0:
-            return 0
-        return sum((e - 1) * s for e, s in zip(self.extents.shape, self.strides, strict=True) if s < 0)
+        return self._bounds[0]
 
     def max_offset(self) -> int:
-        if self.extents.size() == 0:
-            return -1
-        return sum((e - 1) * s for e, s in zip(self.extents.shape, self.strides, strict=True) if s > 0)
+        return self._bounds[1]
 
     def required_span_size(self) -> int:
         """Number of elements from the lowest to the highest reachable offset (0 when empty)."""
-        if self.extents.size() == 0:
-            return 0
-        return self.max_offset() - self.min_offset() + 1
+        lo, hi = self._bounds
+        return hi - lo + 1
 
     def is_strided(self) -> bool:
         return True
@@ -95,6 +92,20 @@ class _Strided:
     def is_exhaustive(self) -> bool:
         size = self.extents.size()
         return size == self.required_span_size() and (size == 0 or self.is_unique())
+
+
+def _reach(self: Any) -> tuple[int, int]:
+    # Computed once per mapping: every acquisition asks for it.
+    shape, strides = self.extents.shape, self.strides
+    if 0 in shape or len(shape) != len(strides):  # the strides validator reports a mismatch
+        return (0, -1)
+    lo = hi = 0
+    for e, s in zip(shape, strides, strict=True):
+        if s < 0:
+            lo += (e - 1) * s
+        else:
+            hi += (e - 1) * s
+    return (lo, hi)
 
 
 def _is_unique(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -132,9 +143,15 @@ class layout_right(_Strided):
     is_always_unique: ClassVar[bool] = True
     is_always_exhaustive: ClassVar[bool] = True
 
+    _bounds: tuple[int, int] = attrs.field(init=False, eq=False, repr=False, hash=False)
+
     @strides.default
     def _strides(self) -> tuple[int, ...]:
         return _c_strides(self.extents.shape)
+
+    @_bounds.default
+    def _compute_bounds(self) -> tuple[int, int]:
+        return _reach(self)
 
     def is_unique(self) -> bool:
         return True
@@ -152,9 +169,15 @@ class layout_left(_Strided):
     is_always_unique: ClassVar[bool] = True
     is_always_exhaustive: ClassVar[bool] = True
 
+    _bounds: tuple[int, int] = attrs.field(init=False, eq=False, repr=False, hash=False)
+
     @strides.default
     def _strides(self) -> tuple[int, ...]:
         return _f_strides(self.extents.shape)
+
+    @_bounds.default
+    def _compute_bounds(self) -> tuple[int, int]:
+        return _reach(self)
 
     def is_unique(self) -> bool:
         return True
@@ -180,6 +203,12 @@ class layout_stride(_Strided):
     strides: tuple[int, ...] = attrs.field(converter=_as_strides)
     is_always_unique: ClassVar[bool] = False
     is_always_exhaustive: ClassVar[bool] = False
+
+    _bounds: tuple[int, int] = attrs.field(init=False, eq=False, repr=False, hash=False)
+
+    @_bounds.default
+    def _compute_bounds(self) -> tuple[int, int]:
+        return _reach(self)
 
     @strides.validator
     def _check(self, _attribute: Any, value: tuple[int, ...]) -> None:
@@ -216,8 +245,8 @@ def check_fits(mapping: _Strided, offset: int, size: int, what: str = "buffer") 
     """Raise LayoutError unless every offset reachable through ``mapping`` from ``offset``
     lies inside ``[0, size)``."""
     if mapping.extents.size() == 0:
-        if not 0 <= offset <= size:
-            raise LayoutError(f"offset {offset} lies outside the {what} of {size} elements")
+        # Nothing is reachable, so nothing can lie outside: an empty view fits at any offset
+        # (``t[2]`` of a (3, 0) tensor lies past the end of its empty buffer, and is valid).
         return
     lo = offset + mapping.min_offset()
     hi = offset + mapping.max_offset()

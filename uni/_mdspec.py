@@ -141,8 +141,8 @@ def _index_tuple(index: Any, rank: int) -> tuple[int, ...]:
 def host_view(handle: HostHandle, mapping: Any, *, writeable: bool) -> np.ndarray[Any, Any]:
     """A numpy view of the stored elements that ``mapping`` reaches from ``handle``.
 
-    The caller has validated the mapping against the buffer (``check_fits``): ``as_strided``
-    itself checks nothing.
+    numpy's ndarray constructor checks every reachable element against the buffer (negative
+    strides included) and raises rather than reach outside it.
     """
     buffer = handle.buffer
     shape = mapping.extents.shape
@@ -150,17 +150,14 @@ def host_view(handle: HostHandle, mapping: Any, *, writeable: bool) -> np.ndarra
         view = np.empty(shape, dtype=buffer.dtype)
     else:
         itemsize = buffer.dtype.itemsize
-        lowest = handle.offset + mapping.min_offset()
-        # Slicing at the lowest reachable element keeps numpy's own base pointer inside the
-        # buffer; index (0, ..., 0) lies -min_offset() elements further on.
-        origin = buffer[lowest:][-mapping.min_offset():]
-        view = np.lib.stride_tricks.as_strided(
-            origin,
-            shape=shape,
+        view = np.ndarray(
+            shape,
+            buffer.dtype,
+            buffer=buffer,
+            offset=handle.offset * itemsize,
             strides=tuple(s * itemsize for s in mapping.strides),
-            writeable=writeable,
         )
-    if not writeable:
+    if not writeable and view.flags.writeable:
         view.flags.writeable = False
     return view
 

@@ -166,7 +166,9 @@ class Tensor:
         return self.transpose(*axes)
 
     def transpose(self, *axes: Any) -> Tensor:
-        if len(axes) == 1 and not isinstance(axes[0], int):
+        if len(axes) == 1 and axes[0] is None:
+            axes = ()
+        elif len(axes) == 1 and not hasattr(axes[0], "__index__"):  # numpy ints are axes too
             axes = tuple(axes[0])
         if not axes:
             return self.T
@@ -206,7 +208,7 @@ class Tensor:
 
     def reshape(self, *shape: Any, order: str = "C") -> Tensor:
         """A view with a new shape; a clear LayoutError when the strides cannot express it."""
-        if len(shape) == 1 and not isinstance(shape[0], int):
+        if len(shape) == 1 and not hasattr(shape[0], "__index__"):  # numpy ints are extents
             shape = tuple(shape[0])
         new_shape = _resolve_shape(tuple(operator.index(s) for s in shape), self.size)
         if order not in ("C", "F"):
@@ -244,6 +246,21 @@ class Tensor:
     def to_numpy(self) -> np.ndarray[Any, Any]:
         """A numpy copy of the values (taken under a read lease)."""
         return self.__array__()
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """Export through DLPack: read-only, zero-copy, under a read lease that the capsule
+        holds until the consumer releases it (or a private copy where sharing is impossible).
+        See docs/interop.md; write access is exported from a write lease."""
+        from uni._interop import export_tensor
+
+        return export_tensor(self, stream=stream, max_version=max_version, dl_device=dl_device,
+                             copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from uni._interop import dlpack_device_of
+
+        return dlpack_device_of(self._storage)
 
     def __repr__(self) -> str:
         head = f"shape={self.shape}, dtype={self.dtype.name}, device={self.device}"
@@ -295,12 +312,16 @@ def _basic_index(
             new_strides.append(strides[axis] * step)
             axis += 1
         else:
-            if isinstance(k, (bool, np.bool_)) or not hasattr(k, "__index__"):
+            try:
+                if isinstance(k, (bool, np.bool_)):
+                    raise TypeError
+                # numpy integer arrays have __index__ but refuse it unless 0-d.
+                i = operator.index(k)
+            except TypeError:
                 raise IndexError(
                     f"only integers, slices, '...' and None index a uni tensor (views never "
                     f"copy); got {type(k).__name__}"
-                )
-            i = operator.index(k)
+                ) from None
             extent = shape[axis]
             if not -extent <= i < extent:
                 raise IndexError(f"index {i} is out of bounds for axis {axis} with size {extent}")

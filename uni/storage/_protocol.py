@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-import attrs
 import numpy as np
 
 from uni._accessor import Domain
 
 
-@attrs.frozen
 class Region:
     """The part of a storage one acquisition reaches.
 
@@ -18,14 +16,29 @@ class Region:
     ``lo``..``hi`` (inclusive) bound every reachable element (``lo > hi``: nothing reachable).
     """
 
-    offset: int
-    mapping: Any
-    lo: int
-    hi: int
+    # A plain slotted class, not attrs: one is made per acquisition, on the hot path.
+    __slots__ = ("hi", "lo", "mapping", "offset")
+
+    def __init__(self, offset: int, mapping: Any, lo: int, hi: int) -> None:
+        self.offset = offset
+        self.mapping = mapping
+        self.lo = lo
+        self.hi = hi
 
     @classmethod
     def of(cls, mapping: Any, offset: int) -> Region:
-        return cls(offset, mapping, offset + mapping.min_offset(), offset + mapping.max_offset())
+        lo, hi = mapping._bounds if hasattr(mapping, "_bounds") else (
+            mapping.min_offset(), mapping.max_offset())
+        return cls(offset, mapping, offset + lo, offset + hi)
+
+    def __repr__(self) -> str:
+        return f"Region(offset={self.offset}, lo={self.lo}, hi={self.hi})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Region) and (self.offset, self.lo, self.hi) ==
+                (other.offset, other.lo, other.hi) and self.mapping == other.mapping)
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def empty(self) -> bool:

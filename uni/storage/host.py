@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ class HostStorage(StorageBase):
     """A flat host buffer. Handles are the buffer itself: acquisition moves no data."""
 
     immediate = True
+    _handles: dict[int, HostHandle]
 
     def __init__(self, size: int, dtype: Any = np.float64, *, buffer: Any = None,
                  readonly: bool = False) -> None:
@@ -45,6 +47,7 @@ class HostStorage(StorageBase):
             super().__init__(buffer.dtype, buffer.shape[0],
                              readonly=readonly or not buffer.flags.writeable)
             self.buffer = buffer
+        self._handles = {}
 
     @classmethod
     def wrap(cls, buffer: np.ndarray[Any, Any], *, readonly: bool = False) -> HostStorage:
@@ -52,13 +55,21 @@ class HostStorage(StorageBase):
         return cls(buffer.shape[0], buffer.dtype, buffer=buffer, readonly=readonly)
 
     def handle(self, offset: int = 0) -> HostHandle:
-        return HostHandle(self.buffer, offset, self)
+        # Handles are immutable values; the few offsets a program uses are kept (a dict
+        # lookup is cheaper than building one on every acquisition).
+        handles = self._handles
+        found = handles.get(offset)
+        if found is None:
+            if len(handles) >= 64:
+                handles.clear()
+            found = handles[offset] = HostHandle(self.buffer, offset, self)
+        return found
 
     def acquire_read(self, region: Region) -> HostHandle:
-        return HostHandle(self.buffer, region.offset, self)
+        return self.handle(region.offset)
 
     def acquire_write(self, region: Region, *, overwrite: bool) -> HostHandle:
-        return HostHandle(self.buffer, region.offset, self)
+        return self.handle(region.offset)
 
     def release_read(self, region: Region, handle: Any) -> None:
         pass
@@ -71,6 +82,9 @@ class HostStorage(StorageBase):
 # same array are ordered by one queue. Keyed by the id of the allocation's owner; the entry
 # dies with the storage.
 _shared: dict[int, weakref.ref[HostStorage]] = {}
+# Two threads wrapping views of one array at once must find the same storage, or their leases
+# would be ordered by two unrelated queues.
+_shared_lock = threading.Lock()
 
 
 def _root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
@@ -108,12 +122,13 @@ def storage_for_array(array: np.ndarray[Any, Any]) -> tuple[HostStorage, int]:
         delta = array.ctypes.data - base_ptr
         if delta % itemsize == 0:
             key = id(root)
-            ref = _shared.get(key)
-            storage = ref() if ref is not None else None
-            if storage is None:
-                flat = root.reshape(-1, order="A")
-                storage = HostStorage.wrap(flat)
-                _shared[key] = weakref.ref(storage, _forget(key))
+            with _shared_lock:
+                ref = _shared.get(key)
+                storage = ref() if ref is not None else None
+                if storage is None:
+                    flat = root.reshape(-1, order="A")
+                    storage = HostStorage.wrap(flat)
+                    _shared[key] = weakref.ref(storage, _forget(key))
             return storage, delta // itemsize
     # Not a simple allocation (a view of foreign memory, a strided base): wrap exactly the
     # reachable elements.

@@ -1,0 +1,346 @@
+"""Element ops: identity as values, dtype rules, the three forms of their arithmetic."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+
+from uni import _promotion as P
+from uni import ops
+from uni._dtypes import SUPPORTED_DTYPES
+from uni._errors import DTypeError
+from uni.ops import ElementOp
+
+B, I4, I8, F4, F8, C8, C16 = SUPPORTED_DTYPES
+UNARY = [ops.identity, ops.negate, ops.square, ops.reciprocal, ops.conjugate,
+         ops.scale(2), ops.scale(0.5), ops.scale(1 - 2j), ops.scale(True)]
+BINARY = [ops.add, ops.subtract, ops.multiply, ops.divide]
+ALL = UNARY + BINARY
+
+
+def op_id(op: ElementOp) -> str:
+    return op.name if op.factor is None else f"scale({op.factor!r})"
+
+
+# ---------------------------------------------------------------------------------------
+# Values
+
+
+def test_names_and_arities() -> None:
+    assert [(op.name, op.arity) for op in ALL] == [
+        ("identity", 1), ("negate", 1), ("square", 1), ("reciprocal", 1), ("conjugate", 1),
+        ("scale", 1), ("scale", 1), ("scale", 1), ("scale", 1),
+        ("add", 2), ("subtract", 2), ("multiply", 2), ("divide", 2),
+    ]
+
+
+def test_ops_are_frozen_hashable_values() -> None:
+    table = {op: op_id(op) for op in ALL}
+    assert len(table) == len(ALL)
+    assert table[ops.scale(2)] == "scale(2)"
+    assert ops.scale(2) == ops.scale(2) and hash(ops.scale(2)) == hash(ops.scale(2))
+    assert ElementOp("add") == ops.add
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        ops.add.name = "subtract"  # type: ignore[misc]
+
+
+def test_scale_ops_differ_by_factor_type_and_exact_value() -> None:
+    # 2, 2.0 and True promote differently, so they must not share a cached kernel.
+    assert len({ops.scale(2), ops.scale(2.0), ops.scale(True), ops.scale(2 + 0j)}) == 4
+    assert ops.scale(0.0) != ops.scale(-0.0)
+    assert ops.scale(math.nan) == ops.scale(math.nan)
+    assert ops.scale(0.1) != ops.scale(float(np.float32(0.1)))
+
+
+def test_scale_reads_numpy_scalars_as_python_numbers() -> None:
+    op = ops.scale(np.float32(0.5))
+    assert type(op.factor) is float and op == ops.scale(0.5)
+    assert type(ops.scale(np.int64(3)).factor) is int
+    assert type(ops.scale(np.bool_(True)).factor) is bool
+
+
+@pytest.mark.parametrize("bad", ["2", None, [2], np.array([2.0]), np.str_("2")])
+def test_scale_refuses_factors_that_are_not_numbers(bad: Any) -> None:
+    with pytest.raises((DTypeError, ValueError)):
+        ops.scale(bad)
+
+
+def test_element_op_construction_is_checked() -> None:
+    with pytest.raises(ValueError, match="'name' must be one of"):
+        ElementOp("sqrt")
+    with pytest.raises(ValueError, match="only 'scale' carries a factor"):
+        ElementOp("scale")
+    with pytest.raises(ValueError, match="only 'scale' carries a factor"):
+        ElementOp("add", 2)
+
+
+def test_is_element_op_tells_ops_from_callables() -> None:
+    assert all(ops.is_element_op(op) for op in ALL)
+    for other in (lambda x: -x, np.negative, "negate", None, math.sqrt):
+        assert not ops.is_element_op(other)
+
+
+def test_wrong_number_of_operands_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="add takes 2 operands, got 1"):
+        ops.add.result_dtype(np.zeros(2))
+    with pytest.raises(TypeError, match="negate takes 1 values, got 2"):
+        ops.negate.apply_scalar(1, 2)
+    with pytest.raises(TypeError, match="inputs"):
+        ops.divide.apply_numpy(np.zeros(2))
+
+
+# ---------------------------------------------------------------------------------------
+# Dtype rules
+
+
+def expected_dtype(op: ElementOp, *dtypes: np.dtype[Any]) -> np.dtype[Any] | None:
+    """The documented rules, stated from the promotion table (None: refused)."""
+    if op.name in ("negate", "subtract") and B in dtypes:
+        return None  # any bool operand, as PyTorch
+    promoted = dtypes[0] if len(dtypes) == 1 else P.promote_types(*dtypes)
+    if op.factor is not None:
+        promoted = P.result_dtype((promoted, False), op.factor)
+    if op.name in ("divide", "reciprocal") and promoted.kind in "bi":
+        return F4
+    return promoted
+
+
+@pytest.mark.parametrize("op", ALL, ids=op_id)
+def test_result_dtype_follows_the_op_rules_for_every_dtype_combination(op: ElementOp) -> None:
+    for dtypes in itertools.product(SUPPORTED_DTYPES, repeat=op.arity):
+        operands = [np.zeros(3, d) for d in dtypes]
+        expected = expected_dtype(op, *dtypes)
+        if expected is None:
+            with pytest.raises(DTypeError, match="not defined for bool"):
+                op.result_dtype(*operands)
+        else:
+            assert op.result_dtype(*operands) == expected, dtypes
+
+
+def test_result_dtype_named_cases() -> None:
+    i32 = np.zeros(3, np.int32)
+    assert ops.divide.result_dtype(i32, i32) == F4  # true division
+    assert ops.divide.result_dtype(i32, np.float64(2)) == F8  # a 0-d of higher category
+    assert ops.divide.result_dtype(i32, 2) == F4
+    assert ops.reciprocal.result_dtype(np.zeros(3, np.int64)) == F4
+    assert ops.reciprocal.result_dtype(np.zeros(3, bool)) == F4
+    assert ops.conjugate.result_dtype(i32) == I4  # identity on reals
+    assert ops.scale(0.5).result_dtype(np.zeros(3, np.float64)) == F8
+    assert ops.scale(0.5).result_dtype(i32) == F4
+    assert ops.scale(2).result_dtype(np.zeros(3, bool)) == I8  # as PyTorch: bool * 2
+    assert ops.scale(True).result_dtype(np.zeros(3, bool)) == B
+    assert ops.scale(1j).result_dtype(np.zeros(3, np.float64)) == C16
+    assert ops.add.result_dtype(np.zeros(3, np.float32), np.array(1.0)) == F4
+    assert ops.add.result_dtype(True, 2.5) == F4
+    for bool_mix in [(np.zeros(3, bool), 1), (np.zeros(3, np.int32), True), (1.5, np.bool_(1))]:
+        with pytest.raises(DTypeError, match="subtract is not defined for bool operands"):
+            ops.subtract.result_dtype(*bool_mix)
+
+
+def _torch_result(torch: Any, op: ElementOp, dtypes: tuple[np.dtype[Any], ...]) -> str | None:
+    tensors = [torch.ones(2, dtype=getattr(torch, "bool" if d == B else d.name)) for d in dtypes]
+    fn = {
+        "identity": lambda x: x.clone(),
+        "negate": torch.neg,
+        "square": torch.square,
+        "reciprocal": torch.reciprocal,
+        "conjugate": lambda x: torch.conj(x).resolve_conj(),
+        "scale": lambda x: torch.mul(x, op.factor),
+        "add": torch.add,
+        "subtract": torch.sub,
+        "multiply": torch.mul,
+        "divide": torch.div,
+    }[op.name]
+    try:
+        return str(fn(*tensors).dtype)
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.parametrize("op", ALL, ids=op_id)
+def test_result_dtype_agrees_with_torch(op: ElementOp) -> None:
+    torch = pytest.importorskip("torch")
+    for dtypes in itertools.product(SUPPORTED_DTYPES, repeat=op.arity):
+        if op.name == "square" and dtypes == (B,):
+            # Note: torch.square(bool) is int64 (it is pow(x, 2)); uni keeps x * x in bool.
+            continue
+        try:
+            got: str | None = f"torch.{op.result_dtype(*[np.zeros(2, d) for d in dtypes]).name}"
+        except DTypeError:
+            got = None
+        assert got == _torch_result(torch, op, dtypes), dtypes
+
+
+# ---------------------------------------------------------------------------------------
+# Arithmetic
+
+SAMPLES: dict[str, list[Any]] = {
+    "bool": [True, False],
+    "int32": [0, 3, -7, 2**31 - 1, -(2**31)],
+    "int64": [0, 5, -9, 2**63 - 1, -(2**63)],
+    "float32": [0.0, -0.0, 1.5, -2.25, math.inf, math.nan, 3e38],
+    "float64": [0.0, -0.0, 1.5, -2.25, math.inf, math.nan, 1e308],
+    "complex64": [0j, 1 + 2j, -0.5 + 0.25j, 4 - 1j],
+    "complex128": [0j, 1 + 2j, -0.5 + 0.25j, 4 - 1j, complex(math.inf, 0)],
+}
+
+
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, complex) or isinstance(b, complex):
+        a, b = complex(a), complex(b)
+        return same_value(a.real, b.real) and same_value(a.imag, b.imag)
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("op", ALL, ids=op_id)
+def test_apply_scalar_rounded_matches_apply_numpy(op: ElementOp) -> None:
+    for dtype in SUPPORTED_DTYPES:
+        values = SAMPLES[dtype.name]
+        arrays = [np.array(values, dtype), np.array(values[::-1], dtype)][: op.arity]
+        try:
+            compute = op.result_dtype(*arrays)
+        except DTypeError:
+            continue
+        vectorized = op.apply_numpy(*arrays)
+        assert vectorized.dtype == compute
+        for k, got in enumerate(vectorized.tolist()):
+            args = [P.cast_value(a[k].item(), compute) for a in arrays]
+            expected = P.cast_value(op.apply_scalar(*args, dtype=compute), compute)
+            if compute.kind == "c":
+                # Python's complex arithmetic and numpy's agree only to rounding.
+                assert np.isclose(got, expected, rtol=1e-6, equal_nan=True), (args, got)
+            else:
+                assert same_value(got, expected), (dtype, args, got, expected)
+
+
+IEEE_PAIRS = [(1.0, 0.0), (-1.0, 0.0), (1.0, -0.0), (-1.0, -0.0), (0.0, 0.0), (math.nan, 0.0),
+              (math.inf, 0.0), (3.0, 2.0), (1e308, 1e-308)]
+
+
+def test_divide_and_reciprocal_are_ieee_and_never_raise() -> None:
+    for x, y in IEEE_PAIRS:
+        numpy_result = ops.divide.apply_numpy(np.array(x), np.array(y)).item()
+        assert same_value(ops.divide.apply_scalar(x, y), numpy_result), (x, y)
+        numpy_reciprocal = ops.reciprocal.apply_numpy(np.array(y)).item()
+        assert same_value(ops.reciprocal.apply_scalar(y), numpy_reciprocal), y
+    assert ops.divide.apply_scalar(1, 0) == math.inf  # ints too (Python would raise)
+    # numpy scalars are read as Python numbers: no "divide by zero" RuntimeWarning.
+    assert ops.divide.apply_scalar(np.float64(-1.0), np.float32(0.0)) == -math.inf
+    assert type(ops.square.apply_scalar(np.int32(3))) is int
+
+
+@pytest.mark.parametrize(
+    "x", [1 + 1j, 1 + 0j, 1j, -1 - 2j, 0j, complex(math.nan, 1), complex(math.inf, 0)]
+)
+def test_complex_division_by_zero_matches_numpy(x: complex) -> None:
+    for zero in (0j, complex(-0.0, 0.0), complex(0.0, -0.0)):
+        expected = ops.divide.apply_numpy(np.array(x), np.array(zero)).item()
+        assert same_value(ops.divide.apply_scalar(x, zero), expected), (x, zero)
+    assert same_value(ops.reciprocal.apply_scalar(0j), complex(math.inf, math.nan))
+    assert same_value(ops.reciprocal.apply_numpy(np.array([0j]))[0].item(),
+                      complex(math.inf, math.nan))
+
+
+def test_apply_numpy_never_warns_on_ieee_specials() -> None:
+    # pytest turns warnings into errors: overflow, division by zero and invalid must be quiet.
+    big = np.array([3e38, -3e38, 0.0, math.inf], np.float32)
+    ops.square.apply_numpy(big)
+    ops.reciprocal.apply_numpy(big)
+    ops.divide.apply_numpy(big, np.zeros(4, np.float32))
+    ops.subtract.apply_numpy(np.array([math.inf]), np.array([math.inf]))
+    ops.scale(1e300).apply_numpy(big)  # the factor overflows float32 too
+
+
+def test_apply_numpy_writes_into_out_and_converts_python_scalars() -> None:
+    out = np.zeros((2, 3), np.float32)
+    result = ops.add.apply_numpy(np.ones((2, 3), np.int32), 0.5, out=out)
+    assert result is out and (out == 1.5).all()
+    with pytest.raises(DTypeError, match="does not fit"):
+        ops.add.apply_numpy(np.ones(3, np.int32), 2**31)
+
+
+def test_apply_numpy_bool_arithmetic_stays_bool() -> None:
+    t, f = np.array([True, True, False, False]), np.array([True, False, True, False])
+    assert ops.add.apply_numpy(t, f).tolist() == [True, True, True, False]
+    assert ops.multiply.apply_numpy(t, f).tolist() == [True, False, False, False]
+    assert ops.square.apply_numpy(f).dtype == B
+    assert ops.conjugate.apply_numpy(f).dtype == B
+    assert ops.identity.apply_numpy(f).dtype == B
+
+
+def test_integer_arithmetic_wraps_in_the_computing_dtype() -> None:
+    x = np.array([2**31 - 1, -(2**31)], np.int32)
+    assert ops.add.apply_numpy(x, 1).tolist() == [-(2**31), -(2**31) + 1]
+    assert ops.negate.apply_numpy(x).tolist() == [-(2**31) + 1, -(2**31)]
+    assert P.cast_value(ops.negate.apply_scalar(-(2**31)), I4) == -(2**31)
+
+
+def test_scale_converts_its_factor_into_the_computing_dtype() -> None:
+    # 0.1 is not a float32: both forms multiply by float32(0.1), not by the double.
+    x = np.array([3.0], np.float32)
+    f32 = float(np.float32(0.1))
+    assert ops.scale(0.1).apply_numpy(x)[0] == np.float32(3.0) * np.float32(0.1)
+    assert ops.scale(0.1).apply_scalar(3.0, dtype=F4) == 3.0 * f32
+    assert ops.scale(0.1).apply_scalar(3.0) == 3.0 * 0.1
+
+
+def test_conjugate() -> None:
+    assert ops.conjugate.apply_scalar(1 + 2j) == 1 - 2j
+    assert ops.conjugate.apply_scalar(True) is True
+    assert ops.conjugate.apply_numpy(np.array([1 + 2j], np.complex64)).tolist() == [1 - 2j]
+    assert ops.conjugate.apply_numpy(np.array([-3], np.int64)).tolist() == [-3]
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA templates
+
+
+def test_cuda_templates() -> None:
+    assert {op_id(op): op.cuda_template for op in ALL if op.factor is None} == {
+        "identity": "({0})",
+        "negate": "(-{0})",
+        "square": "({0} * {0})",
+        "reciprocal": "({T}(1) / {0})",
+        "conjugate": "conj({0})",
+        "add": "({0} + {1})",
+        "subtract": "({0} - {1})",
+        "multiply": "({0} * {1})",
+        "divide": "({0} / {1})",
+    }
+    assert ops.scale(3).cuda_template == "({0} * {s})"
+
+
+def test_cuda_expressions() -> None:
+    assert ops.add.cuda_expression("float64", "a", "b") == "(a + b)"
+    assert ops.reciprocal.cuda_expression("complex64", "x") == (
+        "(cuda::std::complex<float>(1) / x)")
+    assert ops.conjugate.cuda_expression("complex128", "x") == "conj(x)"
+    assert ops.conjugate.cuda_expression("float32", "x") == "(x)"
+    assert ops.scale(3).cuda_expression("int32", "x") == "(x * 3)"
+    assert ops.scale(3).cuda_expression("int64", "x") == "(x * 3LL)"
+    assert ops.scale(-(2**31)).cuda_expression("int32", "x") == "(x * (-2147483647 - 1))"
+    assert ops.scale(-(2**63)).cuda_expression("int64", "x") == (
+        "(x * (-9223372036854775807LL - 1LL))")
+    assert ops.scale(True).cuda_expression("bool", "x") == "(x * true)"
+    assert ops.scale(0.5).cuda_expression("float64", "x") == "(x * 0x1.0000000000000p-1)"
+    assert ops.scale(1j).cuda_expression("complex64", "x") == (
+        "(x * cuda::std::complex<float>(0x0.0p+0f, 0x1.0000000000000p+0f))")
+    assert ops.scale(math.inf).cuda_expression("float32", "x") == (
+        "(x * __int_as_float(0x7f800000))")
+    assert ops.scale(-math.inf).cuda_expression("float64", "x") == (
+        "(x * __longlong_as_double(0xfff0000000000000LL))")
+    with pytest.raises(TypeError):
+        ops.add.cuda_expression("float32", "a")
+
+
+def test_cuda_scale_literal_is_the_factor_rounded_into_the_dtype() -> None:
+    literal = ops.scale(0.1).cuda_expression("float32", "x")[len("(x * "):-1]
+    assert literal.endswith("f")
+    assert float.fromhex(literal[:-1]) == float(np.float32(0.1))

@@ -1,0 +1,246 @@
+"""Element operations on host numpy arrays: the fast executor and the per-element oracle.
+
+``execute`` is what host backends run: inputs broadcast to the output's shape, promote (see
+``uni._promotion``), and go through numpy ufuncs writing into ``out`` directly, strided views
+included. ``execute_reference`` does the same element by element in Python, obviously
+correct and slow; tests hold the two against each other.
+
+Both leave ``out`` as if every input had been read before anything was written, whatever the
+aliasing between ``out`` and the inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from uni import _promotion
+from uni._dtypes import as_dtype
+from uni._errors import DTypeError, LayoutError, ShapeError
+from uni._promotion import Category, DType, PythonScalar
+from uni.ops import ElementOp, is_element_op
+
+Array: TypeAlias = np.ndarray[Any, Any]
+Input: TypeAlias = Array | np.generic | PythonScalar
+
+# Bound on np.shares_memory's exact overlap search; past it, staging is the safe answer.
+_SHARES_MEMORY_MAX_WORK = 1 << 16
+
+
+def _check_out(out: object) -> Array:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    as_dtype(out.dtype)  # DTypeError naming the supported set
+    if not out.flags.writeable:
+        raise ValueError(f"out (shape {out.shape}, dtype {out.dtype.name}) is read-only")
+    for axis, (extent, stride) in enumerate(zip(out.shape, out.strides, strict=True)):
+        # An empty array may carry stride 0 anywhere: it writes nothing.
+        if stride == 0 and extent > 1 and out.size:
+            raise LayoutError(
+                f"out must not broadcast: axis {axis} has extent {extent} and stride 0 "
+                f"(shape {out.shape}, strides {out.strides})"
+            )
+    return out
+
+
+def _input_shape(x: Input) -> tuple[int, ...]:
+    return x.shape if isinstance(x, np.ndarray) else ()
+
+
+def _check_inputs(
+    out_shape: tuple[int, ...], inputs: Sequence[Input]
+) -> list[_promotion.Operand]:
+    """Promotion views of the inputs, after checking dtypes and that each broadcasts to out."""
+    operands = [_promotion.describe(x) for x in inputs]
+    for position, x in enumerate(inputs):
+        shape = _input_shape(x)
+        if not _broadcasts_to(shape, out_shape):
+            raise ShapeError(
+                f"input {position} of shape {shape} does not broadcast to the output's shape "
+                f"{out_shape} (the output never broadcasts)"
+            )
+    return operands
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    if len(shape) > len(target):
+        return False
+    tail = target[len(target) - len(shape):]
+    return all(s in (1, t) for s, t in zip(shape, tail, strict=True))
+
+
+# ---------------------------------------------------------------------------------------
+# Aliasing
+
+
+def _same_layout(x: Array, out: Array) -> bool:
+    """True when ``x`` is read at exactly the element of ``out`` being written."""
+    if x.dtype != out.dtype or x.shape != out.shape:
+        return False
+    if x.__array_interface__["data"][0] != out.__array_interface__["data"][0]:
+        return False
+    # Strides of extent-1 axes never move, so they may differ freely.
+    return all(
+        extent == 1 or sx == so
+        for extent, sx, so in zip(out.shape, x.strides, out.strides, strict=True)
+    )
+
+
+def needs_staging(x: Array, out: Array) -> bool:
+    """Whether input ``x`` must be copied before ``out`` is written.
+
+    Elementwise writes read each input element before writing the output element at the
+    same position, so an input laid over ``out`` at exactly its layout is safe in place.
+    Any other overlap (a transpose, a shift, a reversal, a broadcast row of ``out``, a
+    reinterpretation as another dtype) would read values already overwritten.
+    """
+    if x.size == 0 or out.size == 0 or not np.may_share_memory(x, out):
+        return False
+    if _same_layout(x, out):
+        return False
+    try:
+        # numpy's stubs allow only -1/0 for max_work, but a positive bound is documented.
+        return bool(np.shares_memory(x, out, max_work=_SHARES_MEMORY_MAX_WORK))  # type: ignore[arg-type]
+    except np.exceptions.TooHardError:
+        return True
+
+
+# ---------------------------------------------------------------------------------------
+# The fast executor
+
+
+def _store_is_plain_cast(src: DType, dst: DType) -> bool:
+    """Whether numpy's own cast from ``src`` to ``dst`` already is uni's store rule."""
+    if src == dst:
+        return True
+    src_cat, dst_cat = _promotion.category(src), _promotion.category(dst)
+    if dst_cat is Category.BOOL or dst_cat is Category.COMPLEX:
+        return True  # != 0 (NaN and either complex part count), and plain widening/rounding
+    if dst_cat is Category.FLOATING:
+        return src_cat is not Category.COMPLEX  # numpy warns when it drops an imaginary part
+    # Into integers only bool and no-wider integers cast without needing saturation.
+    return src_cat is Category.BOOL or (
+        src_cat is Category.INTEGER and src.itemsize <= dst.itemsize
+    )
+
+
+def execute(op: ElementOp, out: Array, inputs: Sequence[Input]) -> None:
+    """``out[...] = op(*inputs)`` with numpy ufuncs, no per-element Python work.
+
+    Inputs (arrays, numpy scalars, Python scalars) broadcast to ``out.shape``; the output
+    never broadcasts. The op computes in ``op.result_dtype(*inputs)`` and the result is
+    stored into ``out`` with the store rules (``uni._promotion.store_cast``); a temporary
+    holds the result only when that store needs more than numpy's plain cast (saturating into
+    integers, keeping a real part). An input that overlaps ``out`` at another layout is
+    copied first.
+
+    Raises ShapeError (an input does not broadcast to ``out``), DTypeError (a dtype outside
+    uni's set, or an op undefined for the dtypes), LayoutError (``out`` has a stride-0 axis),
+    TypeError (not an element op, or the wrong number of inputs).
+    """
+    if not is_element_op(op):
+        raise TypeError(
+            f"execute needs one of uni.ops' element ops, got {op!r}; Python callables run on "
+            f"the reference executor (execute_reference)"
+        )
+    out = _check_out(out)
+    if len(inputs) != op.arity:
+        raise TypeError(f"{op.name} takes {op.arity} inputs, got {len(inputs)}")
+    operands = _check_inputs(out.shape, inputs)
+    compute = op.result_dtype(*operands)
+    staged: list[Input] = []
+    for x in inputs:
+        if isinstance(x, np.ndarray) and needs_staging(x, out):
+            with np.errstate(all="ignore"):  # a 0-d float64 may narrow to float32: inf is fine
+                x = x.astype(compute)  # a private copy, already in the computing dtype
+        staged.append(x)
+    if out.size == 0:
+        return
+    if _store_is_plain_cast(compute, out.dtype):
+        op.apply_numpy(*staged, out=out, dtype=compute)
+        return
+    result = np.empty(out.shape, dtype=compute)
+    op.apply_numpy(*staged, out=result, dtype=compute)
+    _promotion.store_cast(result, out.dtype, out=out)
+
+
+# ---------------------------------------------------------------------------------------
+# The reference executor
+
+
+def _element(x: Array, out_index: tuple[int, ...]) -> Any:
+    """The element of ``x`` that broadcasting pairs with ``out[out_index]``, written out."""
+    lead = len(out_index) - x.ndim
+    index = tuple(0 if x.shape[k] == 1 else out_index[lead + k] for k in range(x.ndim))
+    return x[index].item()
+
+
+def execute_reference(
+    fn: ElementOp | Callable[..., Any], out: Array, inputs: Sequence[Input]
+) -> None:
+    """``out[...] = fn(*inputs)`` one element at a time with Python arithmetic.
+
+    ``fn`` is an element op (its ``apply_scalar`` runs and its result is rounded into the op's
+    computing dtype, as fixed-width arithmetic would) or any Python callable (it gets the
+    input elements converted into their promoted dtype as Python numbers and returns a
+    number). Each result is stored with ``uni._promotion.store_scalar``. Inputs are copied
+    before anything is written, so aliasing cannot change the result. Same errors as
+    ``execute``.
+    """
+    if not (isinstance(fn, ElementOp) or callable(fn)):
+        raise TypeError(f"fn must be an element op or a callable, got {fn!r}")
+    out = _check_out(out)
+    if isinstance(fn, ElementOp) and len(inputs) != fn.arity:
+        raise TypeError(f"{fn.name} takes {fn.arity} inputs, got {len(inputs)}")
+    operands = _check_inputs(out.shape, inputs)
+    if isinstance(fn, ElementOp):
+        compute = fn.result_dtype(*operands)
+        per_element = _rounded(fn, compute)
+    else:
+        # A callable's arithmetic is its own: it sees its inputs in their promoted dtype
+        # (a callable with no inputs sees nothing) and its result goes straight to the store.
+        compute = _promotion.result_dtype(*operands) if operands else as_dtype(out.dtype)
+        per_element = _checked(fn)
+
+    # Snapshot every array input first: the loop below writes into out as it goes.
+    snapshots: list[Array | PythonScalar] = [
+        _promotion.python_scalar_to(x, compute)
+        if _promotion.is_python_scalar(x)
+        else np.array(x, copy=True)
+        for x in inputs
+    ]
+    dst = as_dtype(out.dtype)
+    for index in np.ndindex(*out.shape):
+        values = [
+            _promotion.cast_value(_element(x, index), compute) if isinstance(x, np.ndarray) else x
+            for x in snapshots
+        ]
+        out[index] = _promotion.store_scalar(per_element(values, index), dst)
+
+
+def _rounded(op: ElementOp, compute: DType) -> Callable[[list[PythonScalar], Any], PythonScalar]:
+    def apply(values: list[PythonScalar], index: Any) -> PythonScalar:
+        # Round into the computing dtype, as fixed-width arithmetic does (ints wrap).
+        return _promotion.cast_value(op.apply_scalar(*values, dtype=compute), compute)
+
+    return apply
+
+
+def _checked(fn: Callable[..., Any]) -> Callable[[list[PythonScalar], Any], PythonScalar]:
+    def apply(values: list[PythonScalar], index: Any) -> PythonScalar:
+        result = fn(*values)
+        if isinstance(result, np.generic):
+            result = result.item()
+        if not _promotion.is_python_scalar(result):
+            raise DTypeError(
+                f"the callable returned {result!r} for the element at {index}; expected a "
+                f"Python bool, int, float or complex"
+            )
+        return result
+
+    return apply
+
+
+__all__ = ["execute", "execute_reference", "needs_staging"]

@@ -1,0 +1,357 @@
+"""Fast strided copies between numpy arrays of any layout, in pure numpy plus threads.
+
+``np.copyto`` walks both arrays in the destination's memory order. When the source is laid
+out differently (a transposing copy, C order into F order), consecutive reads land on
+different cache lines, and with power-of-two row lengths all of those lines compete for the
+same cache set: the copy then runs at a small fraction of memory bandwidth.
+
+``strided_copy`` reduces both arrays to their fewest axes with
+:func:`uni.plan.iteration_plan`. When the layouts agree it hands the copy to ``np.copyto``,
+which already runs at memcpy speed for them. When they disagree it copies tile by tile:
+each tile is short along the destination's fastest axis, so the source lines it reads stay
+cached (and spread over cache sets) until the source's own fastest axis comes back to
+them, and long along the source's fastest axis, so both sides stream whole cache lines.
+Each tile is one ``np.copyto`` call, which releases the GIL, so a few threads copy tiles
+in parallel.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from uni._errors import DTypeError, ShapeError
+from uni.plan import IterationPlan, iteration_plan
+
+__all__ = ["strided_copy"]
+
+# Below this size a copy is served from cache and tiling only adds Python overhead.
+_MIN_TILED_BYTES = 1 << 20
+# Starting a thread costs tens of microseconds; below this size one thread wins.
+_MIN_THREADED_BYTES = 4 << 20
+# Target bytes per tile: large enough that the per-call overhead (a few microseconds)
+# vanishes, small enough to leave several tiles per thread.
+_TILE_BYTES = 1 << 20
+# Below this a tile's copy time nears the few microseconds each np.copyto call costs.
+_MIN_TILE_BYTES = 32 << 10
+_LINE_BYTES = 64
+# Source lines one tile keeps live between steps of the source's fastest axis: 32 KiB,
+# within any L1d by capacity.
+_LIVE_LINES = 512
+# Lines whose addresses differ by a multiple of 4 KiB compete for one L1 set (64 sets of
+# 64-byte lines, in every common x86 and Arm L1d). Power-of-two row lengths (4096
+# doubles) put every row's line in the same set, which is what makes np.copyto so slow on
+# them. Measured on the 2-core development machine (48 KiB 12-way L1d, 1 MiB L2): tiles
+# keeping up to 16 lines of one set live run at full speed (the L2 refills the overflow
+# cheaply); from 32 on they fall off steeply.
+_L1_SETS = 64
+_L1_LINES_PER_SET = 16
+# np.copyto's own order is good enough when the lines it keeps live fit a quarter of a
+# typical L2 (256 KiB) and no L1 set holds more than twice its even share of them (L2 sets
+# are picked by the same low address bits, so this also keeps them off one L2 set).
+_NATIVE_LINES = 4096
+_NATIVE_LINES_PER_SET = 2 * _NATIVE_LINES // _L1_SETS
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# Copies are memory-bound: a few threads saturate the memory bus, more only add overhead.
+_MAX_WORKERS = max(1, min(8, _cpu_count()))
+
+_Tile = tuple[int | slice, ...]
+
+
+def strided_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+    """Copy ``src`` into ``dst``: same shape, same dtype, any strides.
+
+    Does what ``np.copyto(dst, src)`` does for such arrays, negative strides, zero-stride
+    (broadcast) sources and overlapping memory included, but is several times faster when
+    the two layouts disagree (C order into F order, permuted axes). Copies whose layouts
+    agree are delegated to ``np.copyto`` unchanged.
+
+    Raises:
+        TypeError: either argument is not a numpy array.
+        ShapeError: the shapes differ (nothing broadcasts here).
+        DTypeError: the dtypes differ (nothing is cast here).
+        ValueError: ``dst`` is read-only.
+
+    Example:
+        >>> src = np.arange(12.0).reshape(3, 4)
+        >>> dst = np.empty((3, 4), order="F")
+        >>> strided_copy(dst, src)
+        >>> bool((dst == src).all())
+        True
+    """
+    _copy(dst, src)
+
+
+def _copy(
+    dst: np.ndarray[Any, Any],
+    src: np.ndarray[Any, Any],
+    *,
+    min_tiled_bytes: int = _MIN_TILED_BYTES,
+    tile_bytes: int = _TILE_BYTES,
+    workers: int | None = None,
+) -> str:
+    """``strided_copy`` with its tuning exposed; returns the path it took.
+
+    Paths: ``"empty"``, ``"same"`` (dst and src are one view), ``"copyto"`` (delegated
+    whole to ``np.copyto``) and ``"tiled"``. ``workers=None`` picks the thread count from
+    the size; an explicit count is used whenever there are that many tiles.
+    """
+    if not isinstance(dst, np.ndarray) or not isinstance(src, np.ndarray):
+        raise TypeError(
+            f"strided_copy copies numpy arrays, got {type(dst).__name__} and {type(src).__name__}"
+        )
+    if dst.shape != src.shape:
+        raise ShapeError(
+            f"strided_copy needs equal shapes: dst has shape {dst.shape}, src has {src.shape}"
+        )
+    if dst.dtype != src.dtype:
+        raise DTypeError(
+            f"strided_copy needs equal dtypes: dst is {dst.dtype}, src is {src.dtype}; "
+            "convert first"
+        )
+    if not dst.flags.writeable:
+        raise ValueError("strided_copy: dst is read-only")
+    if dst.size == 0:
+        return "empty"
+    if _data_address(dst) == _data_address(src) and dst.strides == src.strides:
+        return "same"
+    # Object arrays need the GIL for reference counting: tiles could not run in parallel.
+    if dst.nbytes < min_tiled_bytes or dst.dtype.hasobject:
+        np.copyto(dst, src)
+        return "copyto"
+
+    # Plans work in any unit; numpy's byte strides need not be multiples of the itemsize.
+    plan = iteration_plan((dst.shape, dst.strides), (src.shape, src.strides))
+    tiling = _tiling(plan.extents, plan.strides[1], dst.itemsize, tile_bytes)
+    if tiling is None or not _is_nested(plan.extents, plan.strides[0], dst.itemsize):
+        # Layouts that agree, or a destination that may write one element twice (a
+        # zero-stride or sliding-window view): there the order of writes decides the
+        # result, so np.copyto keeps its own.
+        np.copyto(dst, src)
+        return "copyto"
+    if _may_overlap(dst, src):
+        # Tiles are written in parallel and out of np.copyto's order, so a source sharing
+        # memory with the destination is read out completely first (in its own layout, a
+        # memcpy-speed copy), and the copy starts over from that.
+        return _copy(
+            dst,
+            src.copy(order="K"),
+            min_tiled_bytes=min_tiled_bytes,
+            tile_bytes=tile_bytes,
+            workers=workers,
+        )
+    blocks, native_fits = tiling
+
+    n_tiles = _product([-(-e // b) for e, b in zip(plan.extents, blocks, strict=True)])
+    if dst.nbytes < n_tiles * min(tile_bytes, _MIN_TILE_BYTES) // 4:
+        # Layouts that leave only tiny tiles (short axes everywhere) would spend more time
+        # on per-call overhead than tiling could save.
+        np.copyto(dst, src)
+        return "copyto"
+    tiles = _tiles(plan.extents, blocks)
+    if workers is None:
+        workers = _MAX_WORKERS if dst.nbytes >= _MIN_THREADED_BYTES else 1
+    workers = max(1, min(workers, len(tiles)))
+    if workers == 1 and (native_fits or len(tiles) == 1):
+        # One thread walking np.copyto's own order already keeps its lines cached.
+        np.copyto(dst, src)
+        return "copyto"
+    # Plain ndarray views: a subclass (np.matrix) would reinterpret the tile indexing.
+    dst_v = _plan_view(dst.view(np.ndarray), plan, 0)
+    src_v = _plan_view(src.view(np.ndarray), plan, 1)
+    _run_tiles(dst_v, src_v, tiles, workers)
+    return "tiled"
+
+
+def _is_nested(extents: Sequence[int], strides: Sequence[int], itemsize: int) -> bool:
+    """Whether each plan axis steps past everything the axes inside it span (so no two
+    indices share an element). Plan strides of the output are >= 0 and descending."""
+    span = itemsize
+    for e, s in zip(reversed(extents), reversed(strides), strict=True):
+        if s < span:
+            return False
+        span += s * (e - 1)
+    return True
+
+
+def _data_address(a: np.ndarray[Any, Any]) -> int:
+    address: int = a.__array_interface__["data"][0]
+    return address
+
+
+# numpy's stubs only admit the MAY_SHARE_* constants for max_work, not a work bound.
+_shares_memory: Any = np.shares_memory
+
+
+def _may_overlap(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
+    try:
+        return bool(_shares_memory(a, b, max_work=1000))
+    except np.exceptions.TooHardError:
+        # Undecided within the work bound: assume overlap; the cost is one extra copy.
+        return True
+
+
+# Copies repeat their layouts (the same shapes, step after step); the cache keeps the
+# block search (tens of microseconds) off those repeats.
+@functools.lru_cache(maxsize=256)
+def _tiling(
+    extents: tuple[int, ...], src_s: tuple[int, ...], itemsize: int, tile_bytes: int
+) -> tuple[tuple[int, ...], bool] | None:
+    """The tile extent per plan axis, and whether np.copyto's own order would fit as well.
+
+    None when the layouts agree and tiling cannot help.
+
+    Plan axes are sorted by destination stride, so the last axis ``inner`` is the
+    destination's fastest, and ``np.copyto`` walks every tile in that order. Between two
+    steps of the source's fastest axis ``fast`` it therefore reads one source line per
+    element of the tile's block of ``inner`` (times the blocks of the axes in between, the
+    "live" axes). Those lines must stay cached until ``fast`` steps again and reuses them,
+    so the live blocks are as large as fits; ``fast`` and the axes outside it only add
+    streams, so they grow until the tile holds about ``tile_bytes``.
+    """
+    rank = len(extents)
+    if rank < 2:
+        return None
+    inner = rank - 1
+    if abs(src_s[inner]) <= _LINE_BYTES:
+        return None  # the source is read in order along the dst's fastest axis too
+    candidates = [a for a in range(inner) if src_s[a] != 0]
+    if not candidates:
+        return None
+    fast = min(candidates, key=lambda a: abs(src_s[a]))  # the source's fastest axis
+    if abs(src_s[fast]) >= _LINE_BYTES:
+        return None  # no two elements share a source line: nothing for a tile to reuse
+
+    live_axes = [a for a in range(inner, fast, -1) if src_s[a] != 0]
+    native = [(extents[a], src_s[a]) for a in live_axes]
+    native_fits = _lines_fit(native, _NATIVE_LINES, _NATIVE_LINES_PER_SET)
+    blocks = [1] * rank
+    for axis in range(inner, fast, -1):
+        if src_s[axis] == 0:
+            blocks[axis] = extents[axis]  # repeats one source element: no new lines
+    # Each live axis (inner first) as large as still fits: start from what the line budget
+    # allows and halve (fitting only gets easier).
+    live: list[tuple[int, int]] = []
+    lines = 1
+    for axis in live_axes:
+        block = min(extents[axis], max(1, _LIVE_LINES // lines))
+        while block > 1 and not _lines_fit(
+            [*live, (block, src_s[axis])], _LIVE_LINES, _L1_LINES_PER_SET
+        ):
+            block //= 2
+        blocks[axis] = block
+        live.append((block, src_s[axis]))
+        lines *= block
+    volume = itemsize * _product(blocks)
+    # Set conflicts can leave the live blocks so small (all rows in one set) that even
+    # whole outer axes make tiles too small for their per-call overhead. Grow them anyway,
+    # axes between first, up to the line budget: some conflicts cost less than a flood of
+    # calls.
+    outer = _product(extents[: fast + 1])
+    for axis in reversed(live_axes):
+        while (
+            volume * outer < _MIN_TILE_BYTES
+            and blocks[axis] < extents[axis]
+            and lines * 2 <= _LIVE_LINES
+        ):
+            grown = min(extents[axis], 2 * blocks[axis])
+            volume = volume // blocks[axis] * grown
+            lines = lines // blocks[axis] * grown
+            blocks[axis] = grown
+    for axis in range(fast, -1, -1):
+        blocks[axis] = min(extents[axis], max(1, tile_bytes // volume))
+        volume *= blocks[axis]
+    return tuple(blocks), native_fits
+
+
+def _product(values: Sequence[int]) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+def _lines_fit(blocks_strides: list[tuple[int, int]], max_lines: int, per_set: int) -> bool:
+    """Whether at most ``max_lines`` source lines are live, at most ``per_set`` per L1 set."""
+    if _product([b for b, _ in blocks_strides]) > max_lines:
+        return False
+    offsets = np.zeros(1, dtype=np.int64)
+    for block, stride in blocks_strides:
+        offsets = np.add.outer(offsets, np.arange(block, dtype=np.int64) * stride).ravel()
+    # Counting elements, not distinct lines, over-counts lines that hold several elements:
+    # conservative, and cheaper than deduplicating.
+    sets = (offsets // _LINE_BYTES) % _L1_SETS
+    return int(np.bincount(sets).max()) <= per_set
+
+
+def _plan_view(a: np.ndarray[Any, Any], plan: IterationPlan, op: int) -> np.ndarray[Any, Any]:
+    """A view of ``a`` with the plan's extents and operand ``op``'s strides and base offset."""
+    base = plan.base_offsets[op]
+    if base:
+        # The base is the byte offset of a real element of ``a`` (the plan's first): step
+        # to it with a two-element strided view and drop the first element.
+        a = as_strided(a, shape=(2,), strides=(base,))[1:]
+    return as_strided(a, shape=plan.extents, strides=plan.strides[op])
+
+
+def _tiles(extents: Sequence[int], blocks: Sequence[int]) -> list[_Tile]:
+    """Index tuples of every tile, in plan (destination memory) order."""
+    tiles: list[_Tile] = [()]
+    for e, b in zip(extents, blocks, strict=True):
+        steps: list[int | slice]
+        if b == 1:
+            steps = list(range(e))  # an integer index drops the axis: less for numpy to walk
+        else:
+            steps = [slice(i, min(i + b, e)) for i in range(0, e, b)]
+        tiles = [(*t, s) for t in tiles for s in steps]
+    return tiles
+
+
+def _run_tiles(
+    dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any], tiles: list[_Tile], workers: int
+) -> None:
+    def work(part: list[_Tile]) -> None:
+        for t in part:
+            np.copyto(dst[t], src[t])
+
+    if workers == 1:
+        work(tiles)
+        return
+    # Contiguous shares keep each thread on its own stretch of the destination.
+    bounds = [len(tiles) * w // workers for w in range(workers + 1)]
+    parts = [tiles[bounds[w] : bounds[w + 1]] for w in range(workers)]
+    errors: list[BaseException] = []
+
+    def guarded(part: list[_Tile]) -> None:
+        try:
+            work(part)
+        except BaseException as err:  # handed to the calling thread below
+            errors.append(err)
+
+    # Fresh threads per call rather than a pool: no global state to fork or shut down, and
+    # their start-up cost is small next to the multi-megabyte copies that get here.
+    threads = [threading.Thread(target=guarded, args=(p,), daemon=True) for p in parts[1:]]
+    for t in threads:
+        t.start()
+    try:
+        work(parts[0])
+    finally:
+        # Never return (or unwind) while a worker still writes into dst.
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]

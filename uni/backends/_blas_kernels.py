@@ -1,0 +1,847 @@
+"""The numeric core of the ``blas`` backend: gemm and gemv on numpy strided views.
+
+The routines call the Fortran-ABI BLAS that scipy ships, through the function pointers that
+``scipy.linalg.cython_blas`` exports as PyCapsules. scipy's f2py wrappers
+(``scipy.linalg.blas.dgemm``) are not used because they silently copy any operand that is not
+contiguous, so they cannot express a padded leading dimension or a transposed view; here every
+operand BLAS can address is passed in place, and everything else is declined, never copied.
+
+Facts about the ABI, checked when the routines are first used (see ``_load``):
+
+- scipy's BLAS is LP64 (``scipy_openblas32``): every integer argument is a 32-bit ``int *``.
+  The capsule's name is the C signature of the exported function and is parsed to confirm it.
+- The capsules point at Cython wrappers with exactly the 13 (gemm) / 11 (gemv) documented
+  arguments; the wrappers forward to the Fortran symbol themselves, so no hidden Fortran
+  string-length arguments appear at this boundary.
+- ``ctypes.CFUNCTYPE`` releases the GIL for the duration of a call, so independent calls from
+  several threads run concurrently.
+
+Edge rules (SPEC §5) are enforced here rather than left to the BLAS build, because BLAS
+libraries have differed on them across versions (OpenBLAS 0.3.27 let NaN in ``y`` leak through
+``beta == 0`` in gemv):
+
+- ``beta == 0`` never reads the output: it is zero-filled first and BLAS then runs with
+  ``beta = 1``, which is the same single pass over the output that BLAS would make itself.
+- ``alpha == 0`` or ``k == 0``: the output becomes ``beta * output`` by numpy, and BLAS (which
+  would read the inputs) is not called.
+- An empty output succeeds at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from typing import Any, Final, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from uni._probe import Decline
+
+__all__ = ["gemm", "gemm_batched", "gemv", "gemv_batched", "available"]
+
+Array: TypeAlias = npt.NDArray[Any]
+Scalar: TypeAlias = "int | float | complex | np.number[Any]"
+
+# BLAS integers are 32-bit (LP64): extents, leading dimensions and increments must fit.
+_INT_MAX: Final = 2**31 - 1
+
+# Every argument of a Fortran-ABI routine is passed by pointer; the pointers travel as plain
+# integers through c_void_p, which is the cheapest conversion ctypes offers.
+_VP = ctypes.c_void_p
+_GemmFn: TypeAlias = Callable[..., None]
+_GEMM_PROTO: Final = ctypes.CFUNCTYPE(None, *([_VP] * 13))
+_GEMV_PROTO: Final = ctypes.CFUNCTYPE(None, *([_VP] * 11))
+
+# Transpose flags are read-only for BLAS, so one shared object per flag is safe across threads.
+_N_CHAR: Final = ctypes.c_char(b"N")
+_T_CHAR: Final = ctypes.c_char(b"T")
+_C_CHAR: Final = ctypes.c_char(b"C")
+_N: Final = ctypes.addressof(_N_CHAR)
+_T: Final = ctypes.addressof(_T_CHAR)
+_C: Final = ctypes.addressof(_C_CHAR)
+
+_Int6 = ctypes.c_int * 6  # M, N, K, ld1, ld2, ldc
+_Int5 = ctypes.c_int * 5  # M, N, lda, incx, incy
+_INT_SIZE: Final = ctypes.sizeof(ctypes.c_int)
+# Byte offsets of the 2nd..6th integer in those buffers.
+_I1, _I2, _I3, _I4, _I5 = (i * _INT_SIZE for i in range(1, 6))
+
+
+class _ArrayInterface(ctypes.Structure):
+    """numpy's C array interface (``__array_struct__``), used only to read the data pointer.
+
+    ``x.ctypes.data`` and ``x.__array_interface__`` cost about 1 µs each because they build
+    Python objects; the capsule from ``__array_struct__`` is cheap and holds the same pointer.
+    """
+
+    _fields_ = [
+        ("two", ctypes.c_int),
+        ("nd", ctypes.c_int),
+        ("typekind", ctypes.c_char),
+        ("itemsize", ctypes.c_int),
+        ("flags", ctypes.c_int),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("data", ctypes.c_void_p),
+        ("descr", ctypes.c_void_p),
+    ]
+
+
+_DATA_SLOT: Final = _ArrayInterface.data.offset // ctypes.sizeof(ctypes.c_void_p)
+_capsule_words: Final = ctypes.PYFUNCTYPE(
+    ctypes.POINTER(ctypes.c_void_p), ctypes.py_object, ctypes.c_char_p
+)(("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def _data(x: Array) -> int:
+    """Address of ``x``'s first element (``x[0, ..., 0]``), without building Python objects."""
+    addr: int | None = _capsule_words(x.__array_struct__, None)[_DATA_SLOT]
+    return addr or 0
+
+
+# Plans (trans flags, BLAS integers) depend only on shapes and strides, and (alpha, beta) pairs
+# repeat; both are cached per dtype so a small call costs a dict lookup, not a re-derivation.
+# The cached ctypes buffers are only ever read by BLAS, so threads may share them. The caches are
+# cleared, not evicted, when full: that bounds memory at no bookkeeping cost per call.
+_CACHE_MAX: Final = 512
+
+
+class _Kind:
+    """Per-dtype BLAS entry points, scalar layout and caches."""
+
+    __slots__ = ("align_mask", "gemm", "gemm_plans", "gemv", "gemv_plans", "is_complex",
+                 "itemsize", "scalar_cache", "scalars")
+
+    def __init__(
+        self, dtype: np.dtype[Any], gemm: _GemmFn, gemv: _GemmFn,
+        scalars: type[ctypes.Array[Any]],
+    ) -> None:
+        self.gemm = gemm
+        self.gemv = gemv
+        self.is_complex = dtype.kind == "c"
+        self.itemsize = dtype.itemsize
+        # Strides are checked to be itemsize multiples, so numpy's alignment of the data
+        # pointer alone decides whether every element is aligned.
+        self.align_mask = dtype.alignment - 1
+        self.scalars = scalars
+        self.scalar_cache: dict[object, _ScalarEntry] = {}
+        self.gemm_plans: dict[object, _GemmPlan | Decline] = {}
+        self.gemv_plans: dict[object, _GemvPlan | Decline] = {}
+
+
+# (buffer, &alpha, &beta, alpha, beta); the buffer's beta is 1 where beta == 0, because the
+# output is then zero-filled before BLAS accumulates into it.
+_ScalarEntry: TypeAlias = tuple["ctypes.Array[Any]", int, int, complex, complex]
+# (fn, swap, trans1, trans2, ints, &M, &N, &K, &ld1, &ld2, &ldc, span_a, span_b, span_c);
+# swap: b is BLAS's first operand (row-major c). Spans are byte extents from the first element.
+_GemmPlan: TypeAlias = tuple[
+    _GemmFn, bool, int, int, "ctypes.Array[ctypes.c_int]", int, int, int, int, int, int,
+    int, int, int,
+]
+# (fn, trans, ints, &M, &N, &lda, &incx, &incy, x_offset, y_offset, span_a, span_x, span_y);
+# the offsets move a negative-increment vector's pointer to its lowest address.
+_GemvPlan: TypeAlias = tuple[
+    _GemmFn, int, "ctypes.Array[ctypes.c_int]", int, int, int, int, int, int, int, int, int, int,
+]
+
+
+def _remember(cache: dict[object, Any], key: object, value: object) -> None:
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+
+
+# dtype -> _Kind once loaded; an empty dict means the BLAS could not be loaded (UNAVAILABLE).
+_kinds: dict[np.dtype[Any], _Kind] | None = None
+_load_lock = threading.Lock()
+
+_LETTERS: Final[dict[str, tuple[np.dtype[Any], type[ctypes.Array[Any]]]]] = {
+    "s": (np.dtype(np.float32), ctypes.c_float * 2),
+    "d": (np.dtype(np.float64), ctypes.c_double * 2),
+    "c": (np.dtype(np.complex64), ctypes.c_float * 4),
+    "z": (np.dtype(np.complex128), ctypes.c_double * 4),
+}
+# How the element type appears in a capsule's signature: Cython spells cython_blas.pxd's
+# typedefs s/d as <module prefix>_s / _d, and c/z (float/double complex) as its own
+# __pyx_t_float_complex / __pyx_t_double_complex; either spelling is accepted for each.
+_ELEMENT_SUFFIXES: Final = {
+    "s": ("_s *",),
+    "d": ("_d *",),
+    "c": ("_c *", "_float_complex *"),
+    "z": ("_z *", "_double_complex *"),
+}
+# Signatures expected from cython_blas; "T" marks the scalar/array element type.
+_GEMM_SIG: Final = ("char", "char", "int", "int", "int", "T", "T", "int", "T", "int", "T", "T",
+                    "int")
+_GEMV_SIG: Final = ("char", "int", "int", "T", "T", "int", "T", "int", "T", "T", "int")
+
+
+def _signature_ok(signature: str, letter: str, expected: tuple[str, ...]) -> bool:
+    """Check a capsule's C signature, e.g. ``void (char *, int *, ..., __pyx_t_..._d *)``.
+
+    ``int *`` at every integer position is what makes the library LP64; an ILP64 build would
+    show a 64-bit integer type there, and passing 32-bit ints to it would be wrong.
+    """
+    if not signature.startswith("void (") or not signature.endswith(")"):
+        return False
+    params = [p.strip() for p in signature[len("void ("):-1].split(",")]
+    if len(params) != len(expected):
+        return False
+    for param, want in zip(params, expected, strict=True):
+        if want == "T":
+            if not param.endswith(_ELEMENT_SUFFIXES[letter]):
+                return False
+        elif param != f"{want} *":
+            return False
+    return True
+
+
+def _load() -> dict[np.dtype[Any], _Kind]:
+    global _kinds
+    with _load_lock:
+        if _kinds is not None:
+            return _kinds
+        try:
+            kinds = _load_kinds()
+        except (ImportError, KeyError, AttributeError, ValueError, OSError):
+            # No scipy, or a scipy without these capsules: the backend is unavailable.
+            kinds = {}
+        _kinds = kinds
+        return kinds
+
+
+def _load_kinds() -> dict[np.dtype[Any], _Kind]:
+    from scipy.linalg import cython_blas
+
+    capi: dict[str, object] = cython_blas.__pyx_capi__
+    get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(
+        ("PyCapsule_GetName", ctypes.pythonapi))
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+    def entry(name: str, letter: str, expected: tuple[str, ...], proto: Any) -> _GemmFn | None:
+        capsule = capi[name]
+        raw_name: bytes | None = get_name(capsule)
+        if raw_name is None or not _signature_ok(raw_name.decode(), letter, expected):
+            return None
+        address: int | None = get_pointer(capsule, raw_name)
+        if not address:
+            return None
+        fn: _GemmFn = proto(address)
+        return fn
+
+    kinds: dict[np.dtype[Any], _Kind] = {}
+    for letter, (dtype, scalars) in _LETTERS.items():
+        gemm_fn = entry(letter + "gemm", letter, _GEMM_SIG, _GEMM_PROTO)
+        gemv_fn = entry(letter + "gemv", letter, _GEMV_SIG, _GEMV_PROTO)
+        if gemm_fn is None or gemv_fn is None:
+            return {}
+        kinds[dtype] = _Kind(dtype, gemm_fn, gemv_fn, scalars)
+    if not _self_test(kinds):
+        return {}
+    return kinds
+
+
+def _self_test(kinds: dict[np.dtype[Any], _Kind]) -> bool:
+    """Run one tiny gemm and gemv per dtype through the raw pointers and compare with numpy.
+
+    The signature check cannot see calling-convention mistakes (scalar layout, argument order,
+    the negative-increment convention); a wrong answer here makes the backend report
+    UNAVAILABLE instead of computing garbage. Small integers keep every product exact.
+    """
+    for dtype, kind in kinds.items():
+        values = np.arange(1, 25, dtype=np.float64)
+        if kind.is_complex:
+            values = values + 1j * values[::-1]
+        base = values.astype(dtype).reshape(4, 6)
+        alpha: complex = 2 - 1j if kind.is_complex else 2
+        a = base[:3, :2]  # row-major, padded leading dimension 6 -> 'T'
+        b = np.asfortranarray(base[:2, 1:4] - 2)  # column-major -> 'N'
+        c = np.ones((3, 3), dtype=dtype, order="F")
+        want = alpha * (a @ b) + 3 * c
+        if _gemm(kinds, a, b, c, alpha, 3, False, False) is not None:
+            return False
+        if not np.array_equal(c, want):
+            return False
+        x = base[0, ::-2][:2]  # negative increment: BLAS must get the lowest address
+        y = np.ones(3, dtype=dtype)
+        want_y = alpha * (a @ x) + 3 * y
+        if _gemv(kinds, a, x, y, alpha, 3, False) is not None:
+            return False
+        if not np.array_equal(y, want_y):
+            return False
+    return True
+
+
+def available() -> bool:
+    """Whether scipy's BLAS could be loaded and passed its self-test."""
+    kinds = _kinds if _kinds is not None else _load()
+    return bool(kinds)
+
+
+_SCALAR_TYPES: Final = (int, float, complex, np.number)
+
+
+def _make_scalars(kind: _Kind, alpha: object, beta: object) -> _ScalarEntry | None:
+    if not isinstance(alpha, _SCALAR_TYPES) or not isinstance(beta, _SCALAR_TYPES):
+        return None
+    al = complex(alpha)
+    be = complex(beta)
+    run_beta = 1 if be == 0 else be
+    if kind.is_complex:
+        buf = kind.scalars(al.real, al.imag, run_beta.real, run_beta.imag)
+    elif al.imag or be.imag:
+        # A complex scalar with a real output has no real BLAS routine to run.
+        return None
+    else:
+        buf = kind.scalars(al.real, run_beta.real)
+    address = ctypes.addressof(buf)
+    return buf, address, address + ctypes.sizeof(buf) // 2, al, be
+
+
+def _scalar_entry(kind: _Kind, alpha: object, beta: object) -> _ScalarEntry | None:
+    """The (alpha, beta) pair in the routine's precision, or None if it cannot be expressed.
+
+    Keys compare by value, so 2, 2.0 and np.float64(2) share an entry; that is sound because
+    equal values convert to the same BLAS scalars.
+    """
+    key = (alpha, beta)
+    cache = kind.scalar_cache
+    try:
+        entry = cache.get(key)
+    except TypeError:  # unhashable: not a scalar uni accepts
+        return None
+    if entry is None:
+        entry = _make_scalars(kind, alpha, beta)
+        if entry is not None:
+            _remember(cache, key, entry)
+    return entry
+
+
+def _orientations(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
+                  ) -> tuple[int, int]:
+    """Leading dimensions under which a 2-D view is a BLAS matrix: ``(col_ld, row_ld)``.
+
+    ``col_ld`` is the lda of the view as a column-major matrix, ``row_ld`` that of its transpose
+    (the view read as row-major); 0 where that reading is impossible. The stride of an axis of
+    extent <= 1 never selects an element, so it is ignored and the leading dimension is then
+    the smallest legal value, max(1, rows). Negative, zero and non-itemsize-multiple strides on
+    a longer axis make that reading impossible.
+    """
+    rows, cols = shape
+    rstride, cstride = strides
+    er = ec = 0
+    if rows > 1:
+        er, rem = divmod(rstride, itemsize)
+        if rem:
+            return 0, 0
+    if cols > 1:
+        ec, rem = divmod(cstride, itemsize)
+        if rem:
+            return 0, 0
+    col_ld = 0
+    if rows <= 1 or er == 1:
+        if cols <= 1:
+            col_ld = max(1, rows)
+        elif ec >= max(1, rows):
+            col_ld = ec
+    row_ld = 0
+    if cols <= 1 or ec == 1:
+        if rows <= 1:
+            row_ld = max(1, cols)
+        elif er >= max(1, cols):
+            row_ld = er
+    if col_ld > _INT_MAX or row_ld > _INT_MAX:
+        return 0, 0
+    return col_ld, row_ld
+
+
+def _span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """Bytes from the first element to past the last, for a view with non-negative strides."""
+    return itemsize + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if n > 1)
+
+
+def _pick(col_ld: int, row_ld: int, want_t: bool, conj: bool) -> tuple[int, int]:
+    """BLAS trans flag (address) and lda for an operand; ``(0, 0)`` if conj is inexpressible.
+
+    ``want_t`` asks for the transpose of the logical operand (the row-major-output case).
+    'N' needs the memory to be column-major in the wanted orientation; 'T'/'C' needs the
+    other one. BLAS conjugates only together with a transpose ('C'), so a conjugated operand
+    must take the 'T' reading.
+    """
+    n_ld, t_ld = (row_ld, col_ld) if want_t else (col_ld, row_ld)
+    if conj:
+        return (_C, t_ld) if t_ld else (0, 0)
+    if n_ld:
+        return _N, n_ld
+    return _T, t_ld
+
+
+# Bound on the exact overlap solver's work (numpy's stubs only admit its -1/0 sentinels).
+_OVERLAP_WORK: Any = 100_000
+
+
+def _overlaps(out: Array, other: Array) -> bool:
+    """Whether the output shares memory with an input (BLAS would read what it has written).
+
+    Called once bounds already intersect: the exact test tells interleaved-but-disjoint views
+    (e.g. column blocks of one padded buffer) apart from real overlap. A problem too hard to
+    decide counts as overlapping.
+    """
+    try:
+        return bool(np.shares_memory(out, other, max_work=_OVERLAP_WORK))
+    except np.exceptions.TooHardError:
+        return True
+
+
+def _self_overlapping(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """Conservative test that an output's elements may overlap one another.
+
+    Sorting the axes by |stride|, each stride must clear the span of all smaller axes. This
+    accepts every nested layout (padded, permuted, reversed) and declines the rare disjoint
+    interleavings it cannot prove.
+    """
+    axes = sorted((abs(s), n) for n, s in zip(shape, strides, strict=True) if n > 1)
+    span = itemsize
+    for stride, extent in axes:
+        if stride < span:
+            return True
+        span += stride * (extent - 1)
+    return False
+
+
+def _scale(out: Array, beta: complex) -> None:
+    """``out = beta * out`` without BLAS; beta == 0 writes zeros without reading ``out``."""
+    if beta == 0:
+        out.fill(0)
+    elif beta != 1:
+        # BLAS would not warn on overflow; numpy would, and warnings may be errors.
+        with np.errstate(all="ignore"):
+            np.multiply(out, beta if out.dtype.kind == "c" else beta.real, out=out)
+
+
+# ---------------------------------------------------------------------------------------------
+# gemm
+# ---------------------------------------------------------------------------------------------
+
+
+def _plan_gemm(
+    kind: _Kind, a_shape: tuple[int, ...], a_strides: tuple[int, ...],
+    b_shape: tuple[int, ...], b_strides: tuple[int, ...], c_shape: tuple[int, ...],
+    c_strides: tuple[int, ...], conj_a: bool, conj_b: bool,
+) -> _GemmPlan | Decline:
+    """Choose trans flags and leading dimensions so BLAS addresses a, b and c in place.
+
+    Depends only on geometry, so its answer (a plan or a Decline) is cacheable.
+    """
+    isz = kind.itemsize
+    m, k = a_shape
+    n = b_shape[1]
+    c_col, c_row = _orientations(c_shape, c_strides, isz)
+    if not (c_col or c_row):
+        return Decline.UNSUPPORTED_LAYOUT
+    span_c = _span(c_shape, c_strides, isz)
+    if k == 0:
+        # Nothing of a or b is read (c = beta * c); only c's layout matters.
+        ints = _Int6()
+        p = ctypes.addressof(ints)
+        return kind.gemm, False, _N, _N, ints, p, p, p, p, p, p, 0, 0, span_c
+    if max(m, n, k) > _INT_MAX:
+        return Decline.UNSUPPORTED_SHAPE
+    a_col, a_row = _orientations(a_shape, a_strides, isz)
+    b_col, b_row = _orientations(b_shape, b_strides, isz)
+    if not ((a_col or a_row) and (b_col or b_row)):
+        return Decline.UNSUPPORTED_LAYOUT
+    span_a = _span(a_shape, a_strides, isz)
+    span_b = _span(b_shape, b_strides, isz)
+    conj_a = conj_a and kind.is_complex
+    conj_b = conj_b and kind.is_complex
+    if c_col:
+        # C = op(A) op(B), straight.
+        ta, lda = _pick(a_col, a_row, False, conj_a)
+        tb, ldb = _pick(b_col, b_row, False, conj_b)
+        if ta and tb:
+            ints = _Int6(m, n, k, lda, ldb, c_col)
+            p = ctypes.addressof(ints)
+            return (kind.gemm, False, ta, tb, ints, p, p + _I1, p + _I2, p + _I3, p + _I4, p + _I5,
+                    span_a, span_b, span_c)
+    if c_row:
+        # Row-major C is column-major C^T = op(B)^T op(A)^T: B comes first, both transposed.
+        ta, lda = _pick(a_col, a_row, True, conj_a)
+        tb, ldb = _pick(b_col, b_row, True, conj_b)
+        if ta and tb:
+            ints = _Int6(n, m, k, ldb, lda, c_row)
+            p = ctypes.addressof(ints)
+            return (kind.gemm, True, tb, ta, ints, p, p + _I1, p + _I2, p + _I3, p + _I4, p + _I5,
+                    span_a, span_b, span_c)
+    # Every operand has some reading, so only a conjugate BLAS cannot apply is left.
+    return Decline.UNSUPPORTED_ACCESSOR
+
+
+def gemm(
+    a: Array, b: Array, c: Array, alpha: Scalar = 1.0, beta: Scalar = 0.0, *,
+    conj_a: bool = False, conj_b: bool = False,
+) -> Decline | None:
+    """``c <- alpha * op(a) @ op(b) + beta * c`` on 2-D numpy views, in place, through BLAS.
+
+    ``conj_a``/``conj_b`` mean the operand is logically conjugated (the view holds the
+    unconjugated values; ignored for real dtypes). Returns None on success, or a Decline having
+    touched nothing when BLAS cannot address the operands without a temporary copy:
+
+    - UNAVAILABLE: scipy's BLAS could not be loaded.
+    - UNSUPPORTED_INSTANCE: not numpy arrays, mixed or unsupported dtypes (non-native byte
+      order included), read-only c, a non-numeric or (for a real dtype) complex scalar, or c
+      sharing memory with a or b.
+    - UNSUPPORTED_SHAPE: not 2-D, or an extent beyond 32-bit BLAS integers.
+    - UNSUPPORTED_LAYOUT: an operand with no unit-stride axis plus a legal leading dimension
+      (negative or zero strides, steps on both axes, strides not a multiple of the itemsize),
+      or a misaligned operand.
+    - UNSUPPORTED_ACCESSOR: a conjugate BLAS cannot express (only 'C' = conjugate-transpose
+      exists, so a conjugated operand must be stored transposed relative to c's order).
+
+    Operands with no elements are not inspected; an empty c succeeds at once. Mismatched
+    shapes are a caller error and raise ValueError.
+    """
+    kinds = _kinds if _kinds is not None else _load()
+    return _gemm(kinds, a, b, c, alpha, beta, conj_a, conj_b)
+
+
+def _gemm(
+    kinds: dict[np.dtype[Any], _Kind], a: Array, b: Array, c: Array, alpha: Scalar,
+    beta: Scalar, conj_a: bool, conj_b: bool,
+) -> Decline | None:
+    if not kinds:
+        return Decline.UNAVAILABLE
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+            and isinstance(c, np.ndarray)):
+        return Decline.UNSUPPORTED_INSTANCE
+    dt = c.dtype
+    kind = kinds.get(dt)
+    if kind is None or a.dtype != dt or b.dtype != dt:
+        return Decline.UNSUPPORTED_INSTANCE
+    a_shape = a.shape
+    b_shape = b.shape
+    c_shape = c.shape
+    if len(a_shape) != 2 or len(b_shape) != 2 or len(c_shape) != 2:
+        return Decline.UNSUPPORTED_SHAPE
+    m, k = a_shape
+    n = b_shape[1]
+    if b_shape[0] != k or c_shape != (m, n):
+        raise ValueError(f"gemm shapes do not match: a {a_shape}, b {b_shape}, c {c_shape}")
+    if not c.flags.writeable:
+        return Decline.UNSUPPORTED_INSTANCE
+    scalars = _scalar_entry(kind, alpha, beta)
+    if scalars is None:
+        return Decline.UNSUPPORTED_INSTANCE
+    if m == 0 or n == 0:
+        return None
+    a_strides = a.strides
+    b_strides = b.strides
+    c_strides = c.strides
+    key = (a_shape, a_strides, b_shape, b_strides, c_strides, conj_a, conj_b)
+    plan = kind.gemm_plans.get(key)
+    if plan is None:
+        plan = _plan_gemm(kind, a_shape, a_strides, b_shape, b_strides, c_shape, c_strides,
+                          conj_a, conj_b)
+        _remember(kind.gemm_plans, key, plan)
+    if isinstance(plan, Decline):
+        return plan
+    _, p_alpha, p_beta, al, be = scalars
+    fn, swap, t1, t2, _, pm, pn, pk, pl1, pl2, plc, span_a, span_b, span_c = plan
+    mask = kind.align_mask
+    dc = _data(c)
+    if k == 0 or al == 0:
+        if dc & mask:
+            return Decline.UNSUPPORTED_LAYOUT
+        _scale(c, be)
+        return None
+    da = _data(a)
+    db = _data(b)
+    if (da | db | dc) & mask:
+        return Decline.UNSUPPORTED_LAYOUT
+    # Byte ranges first (cheap); the exact test only when they intersect.
+    if (da < dc + span_c and dc < da + span_a and _overlaps(c, a)) or (
+        db < dc + span_c and dc < db + span_b and _overlaps(c, b)
+    ):
+        return Decline.UNSUPPORTED_INSTANCE
+    if be == 0:
+        c.fill(0)
+    if swap:
+        fn(t1, t2, pm, pn, pk, p_alpha, db, pl1, da, pl2, p_beta, dc, plc)
+    else:
+        fn(t1, t2, pm, pn, pk, p_alpha, da, pl1, db, pl2, p_beta, dc, plc)
+    return None
+
+
+def _batch_offsets(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
+    """Byte offsets of every batch index (C order) from the first element."""
+    offsets = np.zeros(shape, dtype=np.int64)
+    for axis, (extent, stride) in enumerate(zip(shape, strides, strict=True)):
+        view = [1] * len(shape)
+        view[axis] = extent
+        offsets += (np.arange(extent, dtype=np.int64) * stride).reshape(view)
+    out: list[int] = offsets.ravel().tolist()
+    return out
+
+
+def gemm_batched(
+    a: Array, b: Array, c: Array, alpha: Scalar = 1.0, beta: Scalar = 0.0, *,
+    conj_a: bool = False, conj_b: bool = False,
+) -> Decline | None:
+    """gemm over leading batch axes: ``c[i] <- alpha * op(a[i]) @ op(b[i]) + beta * c[i]``.
+
+    ``a`` (*A, m, k) and ``b`` (*B, k, n) broadcast against ``c``'s batch shape (*C, m, n);
+    ``c`` never broadcasts. Every slice shares one 2-D layout, so the whole batch is checked
+    before anything is written and then runs as one BLAS call per slice. Same declines as
+    ``gemm``, plus UNSUPPORTED_LAYOUT for an output whose slices overlap one another.
+    """
+    kinds = _kinds if _kinds is not None else _load()
+    if not kinds:
+        return Decline.UNAVAILABLE
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+            and isinstance(c, np.ndarray)):
+        return Decline.UNSUPPORTED_INSTANCE
+    if a.ndim < 2 or b.ndim < 2 or c.ndim < 2:
+        return Decline.UNSUPPORTED_SHAPE
+    if c.ndim == 2 and a.ndim == 2 and b.ndim == 2:
+        return _gemm(kinds, a, b, c, alpha, beta, conj_a, conj_b)
+    dt = c.dtype
+    kind = kinds.get(dt)
+    if kind is None or a.dtype != dt or b.dtype != dt:
+        return Decline.UNSUPPORTED_INSTANCE
+    batch = c.shape[:-2]
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    if b.shape[-2] != k or c.shape[-2:] != (m, n):
+        raise ValueError(f"gemm shapes do not match: a {a.shape}, b {b.shape}, c {c.shape}")
+    # Broadcasting the inputs is a view with zero batch strides: no copy.
+    a = np.broadcast_to(a, (*batch, m, k))
+    b = np.broadcast_to(b, (*batch, k, n))
+    if not c.flags.writeable:
+        return Decline.UNSUPPORTED_INSTANCE
+    scalars = _scalar_entry(kind, alpha, beta)
+    if scalars is None:
+        return Decline.UNSUPPORTED_INSTANCE
+    if c.size == 0:
+        return None
+    if _self_overlapping(c.shape, c.strides, kind.itemsize) or not c.flags.aligned:
+        return Decline.UNSUPPORTED_LAYOUT
+    plan = _plan_gemm(kind, (m, k), a.strides[-2:], (k, n), b.strides[-2:], (m, n),
+                      c.strides[-2:], conj_a, conj_b)
+    if isinstance(plan, Decline):
+        return plan
+    _, p_alpha, p_beta, al, be = scalars
+    fn, swap, t1, t2, _, pm, pn, pk, pl1, pl2, plc, _, _, _ = plan
+    if k == 0 or al == 0:
+        _scale(c, be)
+        return None
+    if not (a.flags.aligned and b.flags.aligned):
+        return Decline.UNSUPPORTED_LAYOUT
+    if _overlaps(c, a) or _overlaps(c, b):
+        return Decline.UNSUPPORTED_INSTANCE
+    if be == 0:
+        c.fill(0)
+    x1, x2 = (b, a) if swap else (a, b)
+    base1, base2, base_c = _data(x1), _data(x2), _data(c)
+    offs1 = _batch_offsets(batch, x1.strides[:-2])
+    offs2 = _batch_offsets(batch, x2.strides[:-2])
+    offs_c = _batch_offsets(batch, c.strides[:-2])
+    for o1, o2, oc in zip(offs1, offs2, offs_c, strict=True):
+        fn(t1, t2, pm, pn, pk, p_alpha, base1 + o1, pl1, base2 + o2, pl2, p_beta, base_c + oc,
+           plc)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# gemv
+# ---------------------------------------------------------------------------------------------
+
+
+def _increment(length: int, stride: int, itemsize: int) -> int:
+    """BLAS increment of a vector view; 0 if BLAS cannot address it (zero/misaligned stride)."""
+    if length <= 1:
+        return 1  # the stride never selects an element
+    inc, rem = divmod(stride, itemsize)
+    if rem or inc == 0 or abs(inc) > _INT_MAX:
+        return 0
+    return inc
+
+
+def _plan_gemv(
+    kind: _Kind, a_shape: tuple[int, ...], a_strides: tuple[int, ...], x_stride: int,
+    y_stride: int, conj_a: bool,
+) -> _GemvPlan | Decline:
+    """Choose the trans flag, lda and increments so BLAS addresses a, x and y in place.
+
+    BLAS takes a negative-increment vector by its lowest address (its last element), so
+    such a vector's pointer is moved back by ``(len - 1) * |inc|`` elements.
+    """
+    isz = kind.itemsize
+    m, n = a_shape
+    incy = _increment(m, y_stride, isz)
+    if not incy:
+        return Decline.UNSUPPORTED_LAYOUT
+    y_off = (m - 1) * incy * isz if incy < 0 else 0
+    span_y = (m - 1) * abs(incy) * isz + isz
+    if n == 0:
+        # Nothing of a or x is read (y = beta * y); only y's layout matters.
+        ints = _Int5()
+        p = ctypes.addressof(ints)
+        return kind.gemv, _N, ints, p, p, p, p, p, 0, y_off, 0, 0, span_y
+    if max(m, n) > _INT_MAX:
+        return Decline.UNSUPPORTED_SHAPE
+    incx = _increment(n, x_stride, isz)
+    a_col, a_row = _orientations(a_shape, a_strides, isz)
+    if not incx or not (a_col or a_row):
+        return Decline.UNSUPPORTED_LAYOUT
+    trans, lda = _pick(a_col, a_row, False, conj_a and kind.is_complex)
+    if not trans:
+        return Decline.UNSUPPORTED_ACCESSOR
+    # BLAS's m x n is the matrix in memory: a itself for 'N', a's transpose for 'T'/'C'.
+    rows, cols = (m, n) if trans == _N else (n, m)
+    ints = _Int5(rows, cols, lda, incx, incy)
+    p = ctypes.addressof(ints)
+    x_off = (n - 1) * incx * isz if incx < 0 else 0
+    span_x = (n - 1) * abs(incx) * isz + isz
+    return (kind.gemv, trans, ints, p, p + _I1, p + _I2, p + _I3, p + _I4, x_off, y_off,
+            _span(a_shape, a_strides, isz), span_x, span_y)
+
+
+def gemv(
+    a: Array, x: Array, y: Array, alpha: Scalar = 1.0, beta: Scalar = 0.0, *,
+    conj_a: bool = False,
+) -> Decline | None:
+    """``y <- alpha * op(a) @ x + beta * y`` for a 2-D view ``a`` and 1-D views ``x``, ``y``.
+
+    Vector increments may be any non-zero multiple of the itemsize, negative included. Same
+    declines as ``gemm``; a conjugated ``a`` needs ``a`` row-major ('C' on its transpose).
+    """
+    kinds = _kinds if _kinds is not None else _load()
+    return _gemv(kinds, a, x, y, alpha, beta, conj_a)
+
+
+def _gemv(
+    kinds: dict[np.dtype[Any], _Kind], a: Array, x: Array, y: Array, alpha: Scalar,
+    beta: Scalar, conj_a: bool,
+) -> Decline | None:
+    if not kinds:
+        return Decline.UNAVAILABLE
+    if not (isinstance(a, np.ndarray) and isinstance(x, np.ndarray)
+            and isinstance(y, np.ndarray)):
+        return Decline.UNSUPPORTED_INSTANCE
+    dt = y.dtype
+    kind = kinds.get(dt)
+    if kind is None or a.dtype != dt or x.dtype != dt:
+        return Decline.UNSUPPORTED_INSTANCE
+    a_shape = a.shape
+    if len(a_shape) != 2 or x.ndim != 1 or y.ndim != 1:
+        return Decline.UNSUPPORTED_SHAPE
+    m, n = a_shape
+    if x.shape[0] != n or y.shape[0] != m:
+        raise ValueError(f"gemv shapes do not match: a {a_shape}, x {x.shape}, y {y.shape}")
+    if not y.flags.writeable:
+        return Decline.UNSUPPORTED_INSTANCE
+    scalars = _scalar_entry(kind, alpha, beta)
+    if scalars is None:
+        return Decline.UNSUPPORTED_INSTANCE
+    if m == 0:
+        return None
+    a_strides = a.strides
+    x_stride = x.strides[0]
+    y_stride = y.strides[0]
+    key = (a_shape, a_strides, x_stride, y_stride, conj_a)
+    plan = kind.gemv_plans.get(key)
+    if plan is None:
+        plan = _plan_gemv(kind, a_shape, a_strides, x_stride, y_stride, conj_a)
+        _remember(kind.gemv_plans, key, plan)
+    if isinstance(plan, Decline):
+        return plan
+    _, p_alpha, p_beta, al, be = scalars
+    fn, trans, _, pm, pn, plda, pincx, pincy, x_off, y_off, span_a, span_x, span_y = plan
+    mask = kind.align_mask
+    dy = _data(y)
+    if n == 0 or al == 0:
+        if dy & mask:
+            return Decline.UNSUPPORTED_LAYOUT
+        _scale(y, be)
+        return None
+    da = _data(a)
+    dx = _data(x)
+    if (da | dx | dy) & mask:
+        return Decline.UNSUPPORTED_LAYOUT
+    xp = dx + x_off
+    yp = dy + y_off
+    if (da < yp + span_y and yp < da + span_a and _overlaps(y, a)) or (
+        xp < yp + span_y and yp < xp + span_x and _overlaps(y, x)
+    ):
+        return Decline.UNSUPPORTED_INSTANCE
+    if be == 0:
+        y.fill(0)
+    fn(trans, pm, pn, p_alpha, da, plda, xp, pincx, p_beta, yp, pincy)
+    return None
+
+
+def gemv_batched(
+    a: Array, x: Array, y: Array, alpha: Scalar = 1.0, beta: Scalar = 0.0, *,
+    conj_a: bool = False,
+) -> Decline | None:
+    """gemv over leading batch axes: ``y[i] <- alpha * op(a[i]) @ x[i] + beta * y[i]``.
+
+    ``a`` (*A, m, n) and ``x`` (*X, n) broadcast against ``y``'s batch shape (*Y, m); ``y``
+    never broadcasts. Same declines as ``gemm_batched``.
+    """
+    kinds = _kinds if _kinds is not None else _load()
+    if not kinds:
+        return Decline.UNAVAILABLE
+    if not (isinstance(a, np.ndarray) and isinstance(x, np.ndarray)
+            and isinstance(y, np.ndarray)):
+        return Decline.UNSUPPORTED_INSTANCE
+    if a.ndim < 2 or x.ndim < 1 or y.ndim < 1:
+        return Decline.UNSUPPORTED_SHAPE
+    if y.ndim == 1 and a.ndim == 2 and x.ndim == 1:
+        return _gemv(kinds, a, x, y, alpha, beta, conj_a)
+    dt = y.dtype
+    kind = kinds.get(dt)
+    if kind is None or a.dtype != dt or x.dtype != dt:
+        return Decline.UNSUPPORTED_INSTANCE
+    batch = y.shape[:-1]
+    m, n = a.shape[-2:]
+    if x.shape[-1] != n or y.shape[-1] != m:
+        raise ValueError(f"gemv shapes do not match: a {a.shape}, x {x.shape}, y {y.shape}")
+    a = np.broadcast_to(a, (*batch, m, n))
+    x = np.broadcast_to(x, (*batch, n))
+    if not y.flags.writeable:
+        return Decline.UNSUPPORTED_INSTANCE
+    scalars = _scalar_entry(kind, alpha, beta)
+    if scalars is None:
+        return Decline.UNSUPPORTED_INSTANCE
+    if y.size == 0:
+        return None
+    if _self_overlapping(y.shape, y.strides, kind.itemsize) or not y.flags.aligned:
+        return Decline.UNSUPPORTED_LAYOUT
+    plan = _plan_gemv(kind, (m, n), a.strides[-2:], x.strides[-1], y.strides[-1], conj_a)
+    if isinstance(plan, Decline):
+        return plan
+    _, p_alpha, p_beta, al, be = scalars
+    fn, trans, _, pm, pn, plda, pincx, pincy, x_off, y_off, _, _, _ = plan
+    if n == 0 or al == 0:
+        _scale(y, be)
+        return None
+    if not (a.flags.aligned and x.flags.aligned):
+        return Decline.UNSUPPORTED_LAYOUT
+    if _overlaps(y, a) or _overlaps(y, x):
+        return Decline.UNSUPPORTED_INSTANCE
+    if be == 0:
+        y.fill(0)
+    base_a = _data(a)
+    base_x = _data(x) + x_off
+    base_y = _data(y) + y_off
+    offs_a = _batch_offsets(batch, a.strides[:-2])
+    offs_x = _batch_offsets(batch, x.strides[:-1])
+    offs_y = _batch_offsets(batch, y.strides[:-1])
+    for oa, ox, oy in zip(offs_a, offs_x, offs_y, strict=True):
+        fn(trans, pm, pn, p_alpha, base_a + oa, plda, base_x + ox, pincx, p_beta, base_y + oy,
+           pincy)
+    return None

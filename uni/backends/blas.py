@@ -1,0 +1,141 @@
+"""blas: scipy's BLAS for gemm/gemv, numpy ufuncs for transforms, a blocked strided copy.
+
+gemm and gemv call the Fortran routines directly (``_blas_kernels``) so operands with a
+leading dimension, transposed views and conjugate-transposes need no temporary copy. What
+BLAS cannot address is declined with the reason, and the walk moves on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from uni import backends as _registry
+from uni._accessor import ConjugateAccessor, ConstAccessor, DefaultAccessor, ScaledAccessor
+from uni._elementwise_host import execute
+from uni._fastcopy import strided_copy
+from uni._mdspec import host_view
+from uni._probe import Decline, Probe
+from uni.backends import _blas_kernels as kernels
+from uni.backends._common import host_spans, host_storage_types
+from uni.ops import is_element_op
+
+_BLAS_KINDS = frozenset("fc")
+
+
+def _blas_operand(span: Any) -> tuple[np.ndarray[Any, Any], bool, Any] | Decline | str:
+    """(stored-values view, conjugated?, scale factor) for a BLAS input, or why not."""
+    accessor = span.accessor
+    conj = False
+    factor: Any = 1
+    while not isinstance(accessor, DefaultAccessor):
+        if isinstance(accessor, ConstAccessor):
+            pass
+        elif isinstance(accessor, ConjugateAccessor):
+            conj = not conj
+            factor = np.conj(factor)
+        elif isinstance(accessor, ScaledAccessor):
+            factor = factor * accessor.factor
+            if accessor.element_type != accessor.base.element_type:
+                return Decline.UNSUPPORTED_ACCESSOR
+        elif type(accessor).__name__ == "TransformAccessor":
+            return Decline.UNSUPPORTED_TRANSFORM
+        else:
+            return Decline.UNSUPPORTED_ACCESSOR
+        accessor = accessor.base
+    return host_view(span.data_handle, span.mapping, writeable=False), conj, factor
+
+
+def _output(span: Any) -> np.ndarray[Any, Any] | Decline:
+    if not isinstance(span.accessor, DefaultAccessor):
+        return Decline.UNSUPPORTED_ACCESSOR
+    return host_view(span.data_handle, span.mapping, writeable=True)
+
+
+class Blas:
+    name = "blas"
+
+    def available(self) -> bool:
+        return kernels.available()
+
+    def probe(self, op: str, signature: tuple[Any, ...]) -> Probe:
+        if not host_storage_types(signature):
+            return Probe.NO
+        operands, extra = signature
+        if op in ("gemm", "gemv"):
+            if not all(np.dtype(entry[0]).kind in _BLAS_KINDS for entry in operands):
+                return Probe.NO  # integer and bool products are left to the reference
+            return Probe.MAYBE
+        if op == "transform":
+            return Probe.MAYBE if extra is not None and extra[0] == "element-op" else Probe.NO
+        if op == "copy":
+            return Probe.MAYBE
+        return Probe.NO
+
+    def try_kernel(self, op: str, call: Any) -> Decline | None:
+        return getattr(self, f"_{op}")(call)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _gemm(call: Any) -> Decline | None:
+        if not host_spans(call.a, call.b, call.c):
+            return Decline.INCOMPATIBLE_DEVICES
+        a = _blas_operand(call.a)
+        b = _blas_operand(call.b)
+        c = _output(call.c)
+        for part in (a, b, c):
+            if isinstance(part, Decline):
+                return part
+        assert isinstance(a, tuple) and isinstance(b, tuple) and isinstance(c, np.ndarray)
+        alpha = call.alpha * a[2] * b[2]
+        if c.ndim == 2:
+            return kernels.gemm(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
+        return kernels.gemm_batched(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
+
+    @staticmethod
+    def _gemv(call: Any) -> Decline | None:
+        if not host_spans(call.a, call.x, call.y):
+            return Decline.INCOMPATIBLE_DEVICES
+        a = _blas_operand(call.a)
+        x = _blas_operand(call.x)
+        y = _output(call.y)
+        for part in (a, x, y):
+            if isinstance(part, Decline):
+                return part
+        assert isinstance(a, tuple) and isinstance(x, tuple) and isinstance(y, np.ndarray)
+        if x[1]:
+            return Decline.UNSUPPORTED_ACCESSOR  # BLAS has no conjugated-vector gemv
+        alpha = call.alpha * a[2] * x[2]
+        if y.ndim == 1:
+            return kernels.gemv(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+        return kernels.gemv_batched(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+
+    @staticmethod
+    def _copy(call: Any) -> Decline | None:
+        if not host_spans(call.src, call.dst):
+            return Decline.INCOMPATIBLE_DEVICES
+        dst = _output(call.dst)
+        if isinstance(dst, Decline):
+            return dst
+        src = np.asarray(call.src)  # applies the source accessor (conj, scale, transform)
+        if src.dtype != dst.dtype:
+            return Decline.UNSUPPORTED_INSTANCE
+        strided_copy(dst, src)
+        return None
+
+    @staticmethod
+    def _transform(call: Any) -> Decline | None:
+        if not is_element_op(call.op):
+            return Decline.UNSUPPORTED_TRANSFORM  # Python callables run on cpu_reference
+        spans = [x for x in call.inputs if hasattr(x, "mapping")]
+        if not host_spans(call.out, *spans):
+            return Decline.INCOMPATIBLE_DEVICES
+        out = _output(call.out)
+        if isinstance(out, Decline):
+            return out
+        inputs = [np.asarray(x) if hasattr(x, "mapping") else x for x in call.inputs]
+        execute(call.op, out, inputs)
+        return None
+
+
+blas = _registry.register(Blas())

@@ -1,0 +1,407 @@
+"""Element operations for ``uni.transform``: small hashable values that know their arithmetic.
+
+Each op carries the same arithmetic three ways -- ``apply_numpy`` (vectorized, numpy ufuncs),
+``apply_scalar`` (one element at a time, for the reference backend) and ``cuda_template`` (a C
+expression for generated kernels) -- and a result-dtype rule on top of ``uni._promotion``:
+
+=============  =====  ==========================  ============================================
+op             arity  computes                    dtype rule on the promoted inputs
+=============  =====  ==========================  ============================================
+``identity``   1      ``x``                       unchanged
+``negate``     1      ``-x``                      bool operands refused (DTypeError)
+``square``     1      ``x * x``                   unchanged (bool stays bool)
+``reciprocal`` 1      ``1 / x``                   bool and integers compute in float32
+``scale(f)``   1      ``x * f``                   ``f`` promotes as a Python scalar
+``conjugate``  1      ``conj(x)``                 unchanged; identity on real dtypes
+``add``        2      ``x + y``                   unchanged (bool + bool is logical or)
+``subtract``   2      ``x - y``                   bool operands refused (DTypeError)
+``multiply``   2      ``x * y``                   unchanged (bool * bool is logical and)
+``divide``     2      ``x / y`` (true division)   bool and integers compute in float32
+=============  =====  ==========================  ============================================
+
+Floating arithmetic is IEEE: division by zero gives +-inf or NaN, overflow gives inf, and no
+operation warns. Integer arithmetic wraps in the computing dtype.
+
+Anything else that is callable can still be given to the reference backend, which applies it
+per element; ``is_element_op`` tells the two apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias, TypeGuard
+
+import attrs
+import numpy as np
+
+from uni import _promotion
+from uni._dtypes import as_dtype
+from uni._errors import DTypeError
+from uni._promotion import Category, DType, OperandLike, PythonScalar
+
+Array: TypeAlias = np.ndarray[Any, Any]
+
+
+class _Rule(enum.Enum):
+    """How an op turns the promoted input dtype into the dtype it computes in."""
+
+    PROMOTE = "promote"
+    NO_BOOL = "no bool"
+    TRUE_DIVIDE = "true divide"
+
+
+# ---------------------------------------------------------------------------------------
+# Per-element arithmetic
+
+
+def _divide_by_zero(x: float, y: float) -> float:
+    """IEEE ``x / 0``: +-inf with the sign of ``x * y``, NaN for ``0 / 0`` or NaN."""
+    if math.isnan(x) or x == 0:
+        return math.nan
+    return math.copysign(math.inf, x) * math.copysign(1.0, y)
+
+
+def _ieee_divide(x: PythonScalar, y: PythonScalar) -> PythonScalar:
+    """True division without Python's ZeroDivisionError."""
+    try:
+        return x / y
+    except ZeroDivisionError:
+        pass
+    if isinstance(x, complex) or isinstance(y, complex):
+        # numpy divides each part by |0| when the complex divisor is zero.
+        z = complex(x)
+        return complex(_divide_by_zero(z.real, 0.0), _divide_by_zero(z.imag, 0.0))
+    return _divide_by_zero(float(x), float(y))
+
+
+def _conjugate_scalar(x: PythonScalar) -> PythonScalar:
+    # bool.conjugate() is the int 1; real values come back as they are.
+    return x.conjugate() if isinstance(x, complex) else x
+
+
+# ---------------------------------------------------------------------------------------
+# Vectorized arithmetic. Each function gets inputs, an optional out, and the computing dtype;
+# inputs are cast to that dtype inside the ufunc loop, not copied beforehand.
+
+
+def _ufunc_unary(ufunc: np.ufunc) -> Callable[..., Array]:
+    def apply(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+        result: Array = ufunc(x, out=out, dtype=dtype, casting="unsafe")
+        return result
+
+    return apply
+
+
+def _ufunc_binary(ufunc: np.ufunc) -> Callable[..., Array]:
+    def apply(x: Any, y: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+        result: Array = ufunc(x, y, out=out, dtype=dtype, casting="unsafe")
+        return result
+
+    return apply
+
+
+def _copy(x: Any, *, out: Array | None, dtype: DType) -> Array:
+    x = np.asarray(x)
+    if x.dtype != dtype:
+        x = x.astype(dtype)  # through the computing dtype, as the ufunc-based ops go
+    if out is None:
+        return np.array(x, dtype=dtype, copy=True)
+    np.copyto(out, x, casting="unsafe")
+    return out
+
+
+def _numpy_identity(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+    return _copy(x, out=out, dtype=dtype)
+
+
+def _numpy_conjugate(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+    if dtype.kind != "c":
+        # np.conjugate on bool returns int8; on real dtypes conj is a copy anyway.
+        return _copy(x, out=out, dtype=dtype)
+    result: Array = np.conjugate(x, out=out, dtype=dtype, casting="unsafe")
+    return result
+
+
+def _numpy_square(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+    # Note: torch.square(bool) is int64 (it is pow(x, 2)); uni's square is x * x, so bool
+    # stays bool (logical and). np.square has no bool loop either (it returns int8).
+    result: Array = np.multiply(x, x, out=out, dtype=dtype, casting="unsafe")
+    return result
+
+
+def _numpy_reciprocal(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+    # Note: np.reciprocal(0j) is nan+nanj; uni's reciprocal is exactly divide(1, x), which
+    # gives inf+nanj there, as the per-element and CUDA versions do.
+    one = np.ones((), dtype=dtype)
+    result: Array = np.divide(one, x, out=out, dtype=dtype, casting="unsafe")
+    return result
+
+
+def _numpy_scale(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+    f = np.asarray(_promotion.python_scalar_to(factor, dtype), dtype=dtype)
+    result: Array = np.multiply(x, f, out=out, dtype=dtype, casting="unsafe")
+    return result
+
+
+@attrs.frozen
+class _Kind:
+    """Everything one op kind knows: arity, arithmetic in three forms, dtype rule."""
+
+    arity: int
+    numpy_impl: Callable[..., Array]
+    scalar_impl: Callable[..., PythonScalar]
+    cuda_template: str
+    rule: _Rule
+
+
+_KINDS: Mapping[str, _Kind] = {
+    "identity": _Kind(1, _numpy_identity, lambda x: x, "({0})", _Rule.PROMOTE),
+    "negate": _Kind(1, _ufunc_unary(np.negative), lambda x: -x, "(-{0})", _Rule.NO_BOOL),
+    "square": _Kind(1, _numpy_square, lambda x: x * x, "({0} * {0})", _Rule.PROMOTE),
+    "reciprocal": _Kind(
+        1, _numpy_reciprocal, lambda x: _ieee_divide(1, x), "({T}(1) / {0})", _Rule.TRUE_DIVIDE
+    ),
+    # The factor is bound by ElementOp.apply_scalar, converted into the computing dtype.
+    "scale": _Kind(1, _numpy_scale, lambda x, f: x * f, "({0} * {s})", _Rule.PROMOTE),
+    "conjugate": _Kind(1, _numpy_conjugate, _conjugate_scalar, "conj({0})", _Rule.PROMOTE),
+    "add": _Kind(2, _ufunc_binary(np.add), lambda x, y: x + y, "({0} + {1})", _Rule.PROMOTE),
+    "subtract": _Kind(
+        2, _ufunc_binary(np.subtract), lambda x, y: x - y, "({0} - {1})", _Rule.NO_BOOL
+    ),
+    "multiply": _Kind(
+        2, _ufunc_binary(np.multiply), lambda x, y: x * y, "({0} * {1})", _Rule.PROMOTE
+    ),
+    "divide": _Kind(
+        2, _ufunc_binary(np.true_divide), _ieee_divide, "({0} / {1})", _Rule.TRUE_DIVIDE
+    ),
+}
+
+#: The C++ type that NVRTC kernels use for each dtype (complex via libcu++).
+CUDA_TYPES: Mapping[DType, str] = {
+    np.dtype(np.bool_): "bool",
+    np.dtype(np.int32): "int",
+    np.dtype(np.int64): "long long",
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.complex64): "cuda::std::complex<float>",
+    np.dtype(np.complex128): "cuda::std::complex<double>",
+}
+
+
+def _cuda_real_literal(x: float, dtype: DType) -> str:
+    if math.isfinite(x):
+        # Hex floats are exact, so the kernel multiplies by the same factor numpy does.
+        return x.hex() + ("f" if dtype.itemsize == 4 else "")
+    if dtype.itemsize == 4:
+        bits = np.array(x, dtype=np.float32).view(np.uint32).item()
+        return f"__int_as_float({bits:#010x})"
+    bits = np.array(x, dtype=np.float64).view(np.uint64).item()
+    return f"__longlong_as_double({bits:#018x}LL)"
+
+
+def _cuda_literal(value: PythonScalar, dtype: DType) -> str:
+    """A C++ literal for ``value``, which is already exact in ``dtype``."""
+    if dtype.kind == "b":
+        return "true" if value else "false"
+    if dtype.kind == "i":
+        n = int(value.real)
+        if dtype.itemsize == 4:
+            # -2147483648 is unary minus on a literal too big for int; spell it as a sum.
+            return f"({n + 1} - 1)" if n == -(2**31) else str(n)
+        return f"({n + 1}LL - 1LL)" if n == -(2**63) else f"{n}LL"
+    if dtype.kind == "f":
+        return _cuda_real_literal(float(value.real), dtype)
+    part = np.dtype(np.float32) if dtype == np.complex64 else np.dtype(np.float64)
+    z = complex(value)
+    re, im = _cuda_real_literal(z.real, part), _cuda_real_literal(z.imag, part)
+    return f"{CUDA_TYPES[dtype]}({re}, {im})"
+
+
+def _factor_key(factor: PythonScalar | None) -> tuple[str, str] | None:
+    # 2, 2.0 and True are equal in Python but promote differently, and NaN != NaN;
+    # (type, repr) tells them apart and keeps scale(nan) == scale(nan). repr of a float is
+    # exact, so -0.0 and 0.0 stay distinct too.
+    return None if factor is None else (type(factor).__name__, repr(factor))
+
+
+def _check_name(instance: ElementOp, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in _KINDS:
+        raise ValueError(f"'name' must be one of {', '.join(_KINDS)}, got {value!r}")
+
+
+def _normalize_factor(value: Any) -> PythonScalar | None:
+    if value is None:
+        return None
+    if isinstance(value, np.generic) and value.dtype.kind in "bifc":
+        value = value.item()
+    if not _promotion.is_python_scalar(value):
+        raise DTypeError(
+            f"scale factor must be a Python bool, int, float or complex, got {value!r}"
+        )
+    result: PythonScalar = value
+    return result
+
+
+@attrs.frozen
+class ElementOp:
+    """One element operation. Use the module's instances and ``scale(f)``; do not build.
+
+    Equal ops hash equal, so they can key kernel caches. ``scale`` ops compare by the type and
+    the exact value of their factor.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    factor: PythonScalar | None = attrs.field(
+        default=None, converter=_normalize_factor, eq=False
+    )
+    _key: tuple[str, str] | None = attrs.field(init=False, repr=False)
+
+    @_key.default
+    def _compute_key(self) -> tuple[str, str] | None:
+        return _factor_key(self.factor)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.name == "scale") != (self.factor is not None):
+            raise ValueError(
+                f"only 'scale' carries a factor: got name={self.name!r}, factor={self.factor!r}"
+            )
+
+    @property
+    def _kind(self) -> _Kind:
+        return _KINDS[self.name]
+
+    @property
+    def arity(self) -> int:
+        """How many inputs the op takes (1 or 2)."""
+        return self._kind.arity
+
+    @property
+    def cuda_template(self) -> str:
+        """A C++ expression with ``{0}``/``{1}`` for operands, ``{T}`` for the computing type
+        and ``{s}`` for the scale factor. ``cuda_expression`` fills it in."""
+        return self._kind.cuda_template
+
+    def _check_arity(self, count: int, what: str) -> None:
+        if count != self.arity:
+            raise TypeError(f"{self.name} takes {self.arity} {what}, got {count}")
+
+    def result_dtype(self, *operands: OperandLike) -> DType:
+        """The dtype this op computes in for ``operands`` (see ``uni._promotion.describe``).
+
+        Raises DTypeError for ``negate``/``subtract`` of bool.
+        """
+        self._check_arity(len(operands), "operands")
+        described = [_promotion.describe(x) for x in operands]
+        rule = self._kind.rule
+        if rule is _Rule.NO_BOOL and any(d.dtype.kind == "b" for d in described):
+            # As in PyTorch, any bool operand is refused, not only bool results: `x - mask`
+            # is far more often a mistaken mask inversion than intended arithmetic.
+            raise DTypeError(
+                f"{self.name} is not defined for bool operands (got "
+                f"{', '.join(d.dtype.name for d in described)}); for a mask, use logical not"
+            )
+        everything: list[OperandLike] = list(described)
+        if self.factor is not None:
+            everything.append(self.factor)  # a Python scalar: only its category can count
+        dtype = _promotion.result_dtype(*everything)
+        cat = _promotion.category(dtype)
+        if rule is _Rule.TRUE_DIVIDE and cat <= Category.INTEGER:
+            # True division: bool and integers divide in the default float, as in PyTorch.
+            return _promotion.DEFAULT_FLOAT
+        return dtype
+
+    def apply_numpy(
+        self, *inputs: OperandLike, out: Array | None = None, dtype: Any = None
+    ) -> Array:
+        """Compute with numpy ufuncs, in ``dtype`` (default: ``result_dtype(*inputs)``).
+
+        Inputs are arrays, numpy scalars or Python scalars; they are cast into ``dtype``
+        inside the ufunc. ``out``, when given, receives the result through numpy's plain cast
+        (use it only where that cast agrees with the store rules; ``uni._elementwise_host``
+        decides). Never warns.
+        """
+        self._check_arity(len(inputs), "inputs")
+        compute = self.result_dtype(*inputs) if dtype is None else as_dtype(dtype)
+        prepared = [
+            np.asarray(_promotion.python_scalar_to(x, compute), dtype=compute)
+            if _promotion.is_python_scalar(x)
+            else x
+            for x in inputs
+        ]
+        with np.errstate(all="ignore"):  # IEEE results are the semantics, not accidents
+            return self._kind.numpy_impl(*prepared, out=out, dtype=compute, factor=self.factor)
+
+    def apply_scalar(self, *values: PythonScalar, dtype: Any = None) -> PythonScalar:
+        """Compute one element with Python arithmetic on Python numbers.
+
+        ``dtype`` is the computing dtype; ``scale`` first converts its factor into it, as the
+        vectorized path does (without it, the factor is used as given). The result is not
+        rounded into any dtype: the caller does that (``uni._promotion.cast_value``).
+        numpy scalars are read as the Python numbers they hold (numpy's own scalar arithmetic
+        would warn on division by zero and overflow).
+        """
+        self._check_arity(len(values), "values")
+        values = tuple(v.item() if isinstance(v, np.generic) else v for v in values)
+        if self.factor is None:
+            return self._kind.scalar_impl(*values)
+        factor = (
+            self.factor if dtype is None else _promotion.python_scalar_to(self.factor, dtype)
+        )
+        return self._kind.scalar_impl(*values, factor)
+
+    def cuda_expression(self, dtype: Any, *operands: str) -> str:
+        """The C++ expression computing this op in ``dtype`` on the given operand expressions.
+
+        >>> multiply.cuda_expression("float32", "a[i]", "b[j]")
+        '(a[i] * b[j])'
+        """
+        self._check_arity(len(operands), "operand expressions")
+        dt = as_dtype(dtype)
+        template = self.cuda_template
+        if self.name == "conjugate" and dt.kind != "c":
+            template = "({0})"  # conj() of a real type would make it complex
+        factor = ""
+        if self.factor is not None:
+            factor = _cuda_literal(_promotion.python_scalar_to(self.factor, dt), dt)
+        return template.format(*operands, T=CUDA_TYPES[dt], s=factor)
+
+
+def is_element_op(x: object) -> TypeGuard[ElementOp]:
+    """True for uni's element ops; false for plain Python callables."""
+    return isinstance(x, ElementOp)
+
+
+def scale(f: PythonScalar) -> ElementOp:
+    """The op ``x * f``. ``f`` may be bool, int, float or complex (numpy scalars are read as
+    the Python number they hold); it promotes as a Python scalar, so ``scale(0.5)`` keeps a
+    float64 input float64 and turns an int32 input into float32."""
+    return ElementOp("scale", f)
+
+
+identity = ElementOp("identity")
+negate = ElementOp("negate")
+square = ElementOp("square")
+reciprocal = ElementOp("reciprocal")
+conjugate = ElementOp("conjugate")
+add = ElementOp("add")
+subtract = ElementOp("subtract")
+multiply = ElementOp("multiply")
+divide = ElementOp("divide")
+
+__all__ = [
+    "CUDA_TYPES",
+    "ElementOp",
+    "add",
+    "conjugate",
+    "divide",
+    "identity",
+    "is_element_op",
+    "multiply",
+    "negate",
+    "reciprocal",
+    "scale",
+    "square",
+    "subtract",
+]
