@@ -2,8 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/bench_gemm.py [--quick]
 
-Prints medians of >= 5 timed repeats (default 3 rounds x 3) and ratios measured in the same
-run:
+Prints medians of >= 5 timed repeats (default 9) and ratios measured in the same run:
 
 - gemm n=2048 (f64, f32), alpha=2, beta=3, layouts CCC/RRR/CRC/RCR (C = column-major,
   R = row-major, in the order c, a, b), against
@@ -13,7 +12,8 @@ run:
 - gemv f64 n=8192 against numpy ``a @ x`` (target >= 0.95x), for a row- and column-major a.
 - 8x8 gemm per-call cost against numpy ``matmul(a, b, out=c)``.
 
-A ratio is reference time / our time: above 1 means ours is faster.
+A ratio is reference time / our time (the median over repeats of back-to-back pairs): above
+1 means ours is faster.
 
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are read by OpenBLAS when it loads, so they cannot be
 changed from inside this script; the values it ran under are printed. Some environments set
@@ -48,49 +48,95 @@ def operand(rng: np.random.Generator, rows: int, cols: int, dtype: Any, order: s
     return np.asfortranarray(values) if order == "C" else np.ascontiguousarray(values)
 
 
-# After a call, OpenBLAS's worker threads spin for a while before they sleep. numpy and scipy
-# load separate OpenBLAS builds, so a call into one right after the other competes with the
-# other's spinning threads for the cores (an n=256 gemm measured 10x slower that way). Calls
-# into different libraries are therefore timed in separate blocks with a pause between them,
-# and the blocks alternate over several rounds so that drift in the machine's speed (large on
-# shared machines) hits every contender alike. Within a block, calls are interleaved.
+# After a call, OpenBLAS's worker threads spin for a while before they sleep, and waking them
+# again costs milliseconds on some virtual machines. numpy and scipy load separate OpenBLAS
+# builds, so a call into one right after the other competes with the other's spinning threads
+# for the cores (an n=256 gemm measured 10x slower that way), and the first call after a pause
+# pays the wake-up. So before a call into a different library than the previous call, the
+# schedule pauses SETTLE_S and then makes one untimed call to wake that library's threads.
 SETTLE_S = 0.3
 
 
-def medians(
-    groups: list[dict[str, Callable[[], object]]], rounds: int, per_round: int,
-    reset: Callable[[], None] | None = None,
-) -> dict[str, float]:
-    """Median wall time of each function; each group must call into a single BLAS library."""
-    times: dict[str, list[float]] = {name: [] for group in groups for name in group}
-    for round_ in range(rounds):
-        for group in groups:
-            time.sleep(SETTLE_S)
-            if round_ == 0:
-                for fn in group.values():  # warm-up: first touch, plan caches, thread pools
-                    if reset:
-                        reset()
-                    fn()
-            for _ in range(per_round):
-                for name, fn in group.items():
-                    if reset:
-                        reset()
-                    start = time.perf_counter()
-                    fn()
-                    times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+class Case:
+    """A timed function and the BLAS library it calls into ("scipy" or "numpy")."""
+
+    def __init__(self, fn: Callable[[], object], library: str) -> None:
+        self.fn = fn
+        self.library = library
 
 
-def gemm_case(a: Array, b: Array, c: Array, af: Array, bf: Array, cf: Array,
-              raw_gemm: Any, rounds: int, per_round: int) -> dict[str, float]:
-    """Medians for ours on (a, b, c), raw ?gemm on Fortran (af, bf, cf), and numpy."""
+def timings(cases: dict[str, Case], repeats: int,
+            reset: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Wall times of every case, `repeats` each, in alternating round-robin order.
+
+    Shared machines drift in speed by tens of percent over seconds; timing the contenders
+    back to back in every repeat (forwards, then backwards) makes the drift hit them alike,
+    and `paired_ratio` compares them repeat by repeat.
+    """
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    library = ""
+    names = list(cases)
+    for repeat in range(-1, repeats):  # repeat -1 warms up: first touch, plan caches
+        # Forwards, then backwards: no contender always runs first after a switch.
+        for name in names if repeat % 2 else names[::-1]:
+            case = cases[name]
+            if case.library != library:
+                time.sleep(SETTLE_S)
+                library = case.library
+                if reset:
+                    reset()
+                case.fn()
+            if reset:
+                reset()
+            start = time.perf_counter()
+            case.fn()
+            elapsed = time.perf_counter() - start
+            if repeat >= 0:
+                times[name].append(elapsed)
+    return times
+
+
+def paired_ratio(reference: list[float], ours: list[float]) -> float:
+    """Median over repeats of reference time / our time, each pair timed back to back."""
+    return statistics.median(r / o for r, o in zip(reference, ours, strict=True))
+
+
+def same_flags_operands(layout: str, a: Array, b: Array, c: Array
+                        ) -> tuple[Array, Array, Array, int, int]:
+    """Fortran-ordered operands and trans flags for the very ?gemm call ours makes.
+
+    A column-major c is C = op(A) op(B); a row-major c is computed as C^T = op(B)^T op(A)^T.
+    An operand is passed as its Fortran-ordered self ('N' in the first case) or, when it is
+    row-major, as its transpose view with the flag flipped. f2py then copies nothing.
+    """
+    if layout[0] == "C":
+        first, t1 = (a.T, 1) if layout[1] == "R" else (a, 0)
+        second, t2 = (b.T, 1) if layout[2] == "R" else (b, 0)
+        return first, second, c, t1, t2
+    first, t1 = (b.T, 0) if layout[2] == "R" else (b, 1)
+    second, t2 = (a.T, 0) if layout[1] == "R" else (a, 1)
+    return first, second, c.T, t1, t2
+
+
+def gemm_case(layout: str, a: Array, b: Array, c: Array, af: Array, bf: Array, cf: Array,
+              raw_gemm: Any, repeats: int) -> dict[str, list[float]]:
+    """Times of ours on (a, b, c), raw ?gemm 'N','N' on Fortran (af, bf, cf), raw ?gemm with
+    the same flags as ours (for transposed layouts), and numpy."""
     c0 = c.copy(order="K")
     cf0 = cf.copy(order="F")
+    c_same = c.copy(order="K")
+    first, second, out_same, t1, t2 = same_flags_operands(layout, a, b, c_same)
 
     def reset() -> None:
         # c is updated in place; restoring it keeps every repeat's input the same.
         np.copyto(c, c0)
         np.copyto(cf, cf0)
+        np.copyto(c_same, c0)
+
+    def same() -> None:
+        out = raw_gemm(2.0, first, second, beta=3.0, c=out_same, trans_a=t1, trans_b=t2,
+                       overwrite_c=True)
+        assert np.shares_memory(out, c_same)
 
     def ours() -> None:
         result = bk.gemm(a, b, c, 2.0, 3.0)
@@ -98,21 +144,36 @@ def gemm_case(a: Array, b: Array, c: Array, af: Array, bf: Array, cf: Array,
 
     def raw() -> None:
         out = raw_gemm(2.0, af, bf, beta=3.0, c=cf, overwrite_c=True)
-        assert out is cf or np.shares_memory(out, cf)  # f2py really worked in place
+        assert np.shares_memory(out, cf)  # f2py really worked in place, without a copy
 
     def numpy() -> None:
         2 * (a @ b) + 3 * c
 
-    return medians([{"ours": ours, "raw": raw}, {"numpy": numpy}], rounds, per_round, reset)
+    cases = {"ours": Case(ours, "scipy"), "raw": Case(raw, "scipy"),
+             "numpy": Case(numpy, "numpy")}
+    if t1 or t2:
+        cases["same"] = Case(same, "scipy")
+    times = timings(cases, repeats, reset)
+    # The contenders computed the same thing (a wrong benchmark is worse than none).
+    reset()
+    ours()
+    raw()
+    same()
+    tol = 1e-3 if c.dtype == np.float32 else 1e-9
+    scale = float(np.max(np.abs(cf)))
+    assert np.allclose(c, cf, rtol=tol, atol=tol * scale)
+    assert np.allclose(c, c_same, rtol=tol, atol=tol * scale)
+    return times
 
 
-def bench_gemm(n: int, rounds: int, per_round: int) -> list[tuple[str, float, float]]:
+def bench_gemm(n: int, repeats: int) -> list[tuple[str, float, float]]:
     rng = np.random.default_rng(0)
     results = []
-    print(f"gemm n={n}, alpha=2, beta=3 (medians of {rounds * per_round}; "
-          "ratio = reference / ours)")
-    print(f"  {'dtype':7} {'layout':6} {'ours ms':>9} {'raw ms':>9} {'numpy ms':>9} "
-          f"{'raw/ours':>9} {'numpy/ours':>10}")
+    print(f"gemm n={n}, alpha=2, beta=3: median ms of {repeats}; ratio = median of paired "
+          "reference/ours")
+    print("  raw: ?gemm 'N','N' on Fortran operands; same: ?gemm with the trans flags ours uses")
+    print(f"  {'dtype':7} {'layout':6} {'ours':>8} {'raw':>8} {'same':>8} {'numpy':>8} "
+          f"{'raw/ours':>9} {'same/ours':>9} {'numpy/ours':>10}")
     for dtype in (np.float64, np.float32):
         raw_gemm = scipy_blas.dgemm if dtype == np.float64 else scipy_blas.sgemm
         af = operand(rng, n, n, dtype, "C")
@@ -122,21 +183,27 @@ def bench_gemm(n: int, rounds: int, per_round: int) -> list[tuple[str, float, fl
             c = cf.copy(order="F" if layout[0] == "C" else "C")
             a = af if layout[1] == "C" else np.ascontiguousarray(af)
             b = bf if layout[2] == "C" else np.ascontiguousarray(bf)
-            t = gemm_case(a, b, c, af, bf, cf, raw_gemm, rounds, per_round)
+            t = gemm_case(layout, a, b, c, af, bf, cf, raw_gemm, repeats)
+            if "same" not in t:  # 'N','N' already: raw is the same call
+                t["same"] = t["raw"]
+            med = {name: statistics.median(ts) * 1e3 for name, ts in t.items()}
+            raw_ratio = paired_ratio(t["raw"], t["ours"])
+            same_ratio = paired_ratio(t["same"], t["ours"])
+            numpy_ratio = paired_ratio(t["numpy"], t["ours"])
             name = np.dtype(dtype).name
-            print(f"  {name:7} {layout:6} {t['ours'] * 1e3:9.1f} {t['raw'] * 1e3:9.1f} "
-                  f"{t['numpy'] * 1e3:9.1f} {t['raw'] / t['ours']:9.3f} "
-                  f"{t['numpy'] / t['ours']:10.3f}")
-            results.append((f"gemm {name} {layout}", t["raw"] / t["ours"], 0.97))
+            print(f"  {name:7} {layout:6} {med['ours']:8.1f} {med['raw']:8.1f} "
+                  f"{med['same']:8.1f} {med['numpy']:8.1f} {raw_ratio:9.3f} "
+                  f"{same_ratio:9.3f} {numpy_ratio:10.3f}")
+            results.append((f"gemm {name} {layout} vs raw", raw_ratio, 0.97))
     return results
 
 
-def bench_gemv(n: int, rounds: int, per_round: int) -> list[tuple[str, float, float]]:
+def bench_gemv(n: int, repeats: int) -> list[tuple[str, float, float]]:
     rng = np.random.default_rng(1)
     results = []
-    print(f"gemv f64 n={n}, alpha=1, beta=0 (medians of {rounds * per_round}; "
-          "ratio = numpy / ours)")
-    print(f"  {'a order':8} {'ours ms':>9} {'numpy ms':>9} {'numpy/ours':>10}")
+    print(f"gemv f64 n={n}, alpha=1, beta=0: median ms of {repeats}; ratio = median of paired "
+          "numpy/ours")
+    print(f"  {'a order':8} {'ours':>8} {'numpy':>8} {'numpy/ours':>10}")
     a_row = rng.standard_normal((n, n))
     x = rng.standard_normal(n)
     y = np.empty(n)
@@ -150,10 +217,11 @@ def bench_gemv(n: int, rounds: int, per_round: int) -> list[tuple[str, float, fl
         def numpy(a: Array = a) -> None:
             a @ x
 
-        t = medians([{"ours": ours}, {"numpy": numpy}], rounds, per_round)
-        print(f"  {label:8} {t['ours'] * 1e3:9.2f} {t['numpy'] * 1e3:9.2f} "
-              f"{t['numpy'] / t['ours']:10.3f}")
-        results.append((f"gemv f64 {label}-major a", t["numpy"] / t["ours"], 0.95))
+        t = timings({"ours": Case(ours, "scipy"), "numpy": Case(numpy, "numpy")}, repeats)
+        ratio = paired_ratio(t["numpy"], t["ours"])
+        print(f"  {label:8} {statistics.median(t['ours']) * 1e3:8.2f} "
+              f"{statistics.median(t['numpy']) * 1e3:8.2f} {ratio:10.3f}")
+        results.append((f"gemv f64 {label}-major a vs numpy", ratio, 0.95))
     return results
 
 
@@ -188,23 +256,21 @@ def bench_small(rounds: int, per_round: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke test")
-    parser.add_argument("--rounds", type=int, default=3, help="alternations between libraries")
-    parser.add_argument("--per-round", type=int, default=3, help="repeats per round and case")
+    parser.add_argument("--repeats", type=int, default=9, help="timed repeats per case (>= 5)")
     args = parser.parse_args()
-    rounds = max(1, args.rounds)
-    per_round = max(-(-5 // rounds), args.per_round)  # at least 5 repeats in all
+    repeats = max(5, args.repeats)
     env = {k: os.environ.get(k, "<unset>") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                      "OPENBLAS_NUM_THREADS")}
     print(f"numpy {np.__version__}, cpus {os.cpu_count()}, env {env}")
     if not bk.available():
         sys.exit("scipy's BLAS is unavailable")
-    results = bench_gemm(256 if args.quick else 2048, rounds, per_round)
-    results += bench_gemv(1024 if args.quick else 8192, rounds, 2 * per_round)
-    bench_small(rounds, per_round)
+    results = bench_gemm(256 if args.quick else 2048, repeats)
+    results += bench_gemv(1024 if args.quick else 8192, 2 * repeats)
+    bench_small(3, max(2, repeats // 3))
     print("targets (ratio = reference time / our time)")
     for name, ratio, target in results:
         verdict = "ok" if ratio >= target else "BELOW TARGET"
-        print(f"  {name:28} {ratio:6.3f} (target >= {target}) {verdict}")
+        print(f"  {name:32} {ratio:6.3f} (target >= {target}) {verdict}")
 
 
 if __name__ == "__main__":

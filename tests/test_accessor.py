@@ -319,3 +319,12 @@ def test_apply_agrees_with_access_for_every_adapter(
     assert vectorized.dtype == acc.element_type
     elementwise = np.array([acc.access(h, i) for i in range(6)], dtype=acc.element_type)
     np.testing.assert_array_equal(vectorized, elementwise)
+
+
+def test_scaled_element_access_wraps_integers_like_the_vectorized_path() -> None:
+    acc = uni.ScaledAccessor(uni.DefaultAccessor(np.int32), 4)
+    h = handle_of(np.array([2**30, 3], dtype=np.int32))
+    np.testing.assert_array_equal(acc.apply(h.buffer), [0, 12])
+    assert acc.access(h, 0) == 0  # no overflow warning (warnings are errors here)
+    assert acc.access(h, 1) == 12
+    assert np.asarray(acc.access(h, 1)).dtype == np.int32

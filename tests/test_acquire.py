@@ -3,6 +3,7 @@ cancellation, domains, and a thread + task stress run."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import random
@@ -156,7 +157,7 @@ def test_disjoint_views_do_not_wait_for_each_other() -> None:
         # Overlapping requests still wait (here: time out).
         for view in (t, t[:, 0], t[0:2]):
             with pytest.raises(uni.LeaseTimeoutError):
-                InThread(lambda v=view: read_sync(v, timeout=0.01)).join()
+                InThread(functools.partial(read_sync, view, timeout=0.01)).join()
     assert_idle(t)
 
 
@@ -516,7 +517,7 @@ async def test_writer_cancelled_inside_its_block_poisons() -> None:
 def test_cuda_acquisition_of_host_data_is_a_domain_error(acquire: Callable[..., Any]) -> None:
     t = uni.zeros((3,))
     for x in (t, t.mdspec(), t[1:]):
-        with pytest.raises(uni.DomainError, match="uni.copy"):
+        with pytest.raises(uni.DomainError, match=r"uni\.copy"):
             acquire(x)
     assert_idle(t)
 
@@ -648,6 +649,18 @@ def overlaps(a: Region, b: Region) -> bool:
     return a.lo <= b.hi and b.lo <= a.hi
 
 
+def assert_nothing_grantable_is_pending(queue: Any) -> None:
+    """Every pending request waits for an earlier conflicting one: a withdrawal or release
+    that should have let a request through has done so at once."""
+    entries = queue.snapshot()
+    for i, (mode, lo, hi, holder, granted) in enumerate(entries):
+        if not granted:
+            assert any(
+                e_lo <= hi and lo <= e_hi and "write" in (mode, e_mode)
+                for e_mode, e_lo, e_hi, _, _ in entries[:i]
+            ), f"{holder} is pending with nothing in its way: {entries}"
+
+
 @pytest.mark.parametrize("seed", range(80))
 async def test_cancellation_at_random_points(seed: int) -> None:
     rng = random.Random(seed)
@@ -671,7 +684,7 @@ async def test_cancellation_at_random_points(seed: int) -> None:
                      hold: int) -> None:
         with scope:
             if pending is None:
-                pending = (write_async if mode == "write" else read_async)(views[v])
+                pending = (write_async if mode == "write" else read_async)(views[v], allow_poisoned=True)
             outcomes[i] = "waiting"
             async with pending as lease:
                 for j, (other_mode, other) in holding.items():
@@ -699,30 +712,40 @@ async def test_cancellation_at_random_points(seed: int) -> None:
                 # Half register now, in program order; half when their task first runs.
                 pending = None
                 if rng.random() < 0.5:
-                    pending = (write_async if mode == "write" else read_async)(views[v])
+                    pending = (write_async if mode == "write" else read_async)(views[v], allow_poisoned=True)
                 scope = trio.CancelScope()
                 scopes.append(scope)
                 nursery.start_soon(waiter, i, scope, pending, mode, v, rng.randint(0, 3))
                 del pending
             for _ in range(rng.randint(1, 25)):
+                assert_nothing_grantable_is_pending(queue_of(t))
                 action = rng.random()
-                if action < 0.3:
+                if action < 0.25:
                     await trio.lowlevel.checkpoint()
-                elif action < 0.45:
+                elif action < 0.35:
                     await trio.testing.wait_all_tasks_blocked()
-                elif action < 0.7:
+                elif action < 0.55:
                     rng.choice(scopes).cancel()
                 elif held:
                     lease = held.pop(rng.randrange(len(held)))
-                    if action < 0.8:
+                    if action < 0.65:
                         lease.release()
-                        rng.choice(scopes).cancel()  # races the grant it just made
+                        rng.choice(scopes).cancel()  # lands after the grant it just made
+                    elif action < 0.75:
+                        lease.release()
                     elif action < 0.9:
-                        lease.release()
+                        # Released from another thread, so the wake-up is still in flight
+                        # (run_sync_soon) when the cancellation arrives: grant and cancel race.
+                        releaser = threading.Thread(target=lease.release)
+                        releaser.start()
+                        releaser.join()
+                        for scope in rng.sample(scopes, rng.randint(1, len(scopes))):
+                            scope.cancel()
                     else:
                         timer = threading.Timer(rng.random() * 0.002, lease.release)
                         timers.append(timer)
                         timer.start()
+            assert_nothing_grantable_is_pending(queue_of(t))
             for lease in held:
                 lease.release()
             held.clear()

@@ -435,9 +435,11 @@ def test_write_lease_export_is_writable_and_exclusive() -> None:
     t = uni.from_numpy(array)
     with uni.acquire_host_write_access_sync(t) as lease:
         out = np.from_dlpack(lease)
-        legacy = np.from_dlpack(lease.__dlpack__())  # writable memory may go out as legacy
+        # Writable memory may go out as a legacy capsule too (numpy takes no raw capsules).
+        legacy = uni.from_dlpack(lease.__dlpack__())
+    assert not legacy.readonly
     out[1, 2] = 7.0
-    assert array[1, 2] == 7.0 and legacy[1, 2] == 7.0
+    assert array[1, 2] == 7.0 and values(legacy)[1, 2] == 7.0
     with pytest.raises(uni.LeaseTimeoutError):
         uni.acquire_host_read_access_sync(t, timeout=0.05)
     del out
@@ -556,7 +558,7 @@ def test_torch_tensors_import_zero_copy() -> None:
     assert values(t)[1, 0] == 42.0
     del base
     gc.collect()
-    np.testing.assert_array_equal(values(t)[:, 0], [4.0, 42.0, 18.0])
+    np.testing.assert_array_equal(values(t)[:, 0], [6.0, 42.0, 18.0])
 
 
 def test_torch_consumer_holds_the_read_lease() -> None:
@@ -697,7 +699,7 @@ def test_peel_front_errors() -> None:
         uni.peel_front(t, keep=1.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="keep"):
         uni.peel_front(t, keep=True)
-    with pytest.raises(TypeError, match="uni.Tensor"):
+    with pytest.raises(TypeError, match=r"uni\.Tensor"):
         uni.peel_front(np.zeros((2, 3)), keep=-1)  # type: ignore[arg-type]
     peel = uni.peel_front(t, keep=-1)
     assert uni.peel_front(t, np.int64(-1)).size_front == 6

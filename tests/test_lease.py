@@ -1,6 +1,6 @@
 """Generic lease behaviour, written once and run for every lease kind on every storage.
 
-Lease kinds: read/write × tensor/mdspec. Storages: HostStorage, MappedFileStorage (a file in
+Lease kinds: read or write, tensor or mdspec. Storages: HostStorage, MappedFileStorage (a file in
 tmp_path) and a custom StagingStorage (see test_storage_protocol.py).
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ STORAGES = ["host", "mapped", "custom"]
 KINDS = ["read-tensor", "write-tensor", "read-mdspec", "write-mdspec"]
 INITIAL = np.arange(12.0).reshape(3, 4)
 
-LEASE_TYPES: dict[str, type] = {
+LEASE_TYPES: dict[str, type[Any]] = {
     "read-tensor": uni.ReadTensorLease,
     "write-tensor": uni.WriteTensorLease,
     "read-mdspec": uni.ReadMdspanLease,
@@ -177,8 +178,34 @@ def test_garbage_collected_active_lease_is_released_with_warning(
     with pytest.warns(ResourceWarning, match="garbage-collected"):
         lease = acquire(tensor, kind)
         assert active(tensor) == 1
+        if kind.startswith("write"):
+            np.asarray(lease.mdspan())[...] = -1.0  # ... and then the writer is dropped
         del lease
         gc.collect()
+    assert_idle(tensor)
+    if kind.startswith("read"):
+        np.testing.assert_array_equal(current_values(tensor), INITIAL)
+        return
+    # Nobody saw the writer finish: its data is poisoned, like a writer left by an exception.
+    with pytest.raises(uni.PoisonedError) as info:
+        current_values(tensor)
+    assert isinstance(info.value.__cause__, uni.LeaseError)
+    assert "garbage-collected" in str(info.value.__cause__)
+    if not isinstance(tensor.storage, HostStorage):  # a write-back storage wrote nothing back
+        with uni.acquire_host_read_access_sync(tensor, allow_poisoned=True) as lease:
+            np.testing.assert_array_equal(np.asarray(lease.mdspan()), INITIAL)
+
+
+def test_garbage_collected_overwrite_lease_does_not_clear_poison(tensor: uni.Tensor) -> None:
+    with pytest.raises(KeyError):
+        with uni.acquire_host_write_access_sync(tensor):
+            raise KeyError("first writer failed")
+    with pytest.warns(ResourceWarning, match="poisoned"):
+        lease = uni.acquire_host_write_access_sync(tensor, overwrite=True)
+        del lease  # never wrote a thing: the overwrite promise was not kept
+        gc.collect()
+    with pytest.raises(uni.PoisonedError):
+        current_values(tensor)
     assert_idle(tensor)
 
 
@@ -262,3 +289,43 @@ def test_tensor_lease_on_a_view_reaches_only_the_view(tensor: uni.Tensor, kind: 
     if kind.startswith("write"):
         expected[1:, ::2] = 0.0
     np.testing.assert_array_equal(current_values(tensor), expected)
+
+
+class Cycle:
+    """Something kept alive by a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self, payload: Any) -> None:
+        self.payload = payload
+        self.itself = self
+
+
+def test_lease_collected_inside_a_queue_critical_section_does_not_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The cyclic collector runs finalizers wherever it fires, e.g. inside this thread's own
+    # access-queue section, whose lock the release needs. The release must not wait for it
+    # inline (that thread would wait for itself forever).
+    monkeypatch.setattr("uni._lease._FINALIZER_WAIT", 0.05)
+    t = uni.zeros((4,))
+    queue = t.storage.access_queue
+
+    def collect_while_holding_the_queue_lock() -> None:
+        leaked = Cycle([uni.acquire_host_read_access_sync(t[:2]),
+                        uni.acquire_host_write_access_async(t)])  # granted, and queued behind
+        del leaked
+        with queue._lock:  # as if a collection fired inside a queue operation
+            gc.collect()
+
+    with pytest.warns(ResourceWarning) as caught:
+        thread = threading.Thread(target=collect_while_holding_the_queue_lock, daemon=True)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "deadlocked: a finalizer waited for its own thread's lock"
+    messages = sorted(str(w.message) for w in caught)
+    assert len(messages) == 2
+    assert messages[0].startswith("an acquisition of Tensor(shape=(4,)")
+    assert messages[1].startswith("an active read lease was garbage-collected")
+    deadline = time.monotonic() + 10
+    while queue.active_count() + queue.pending_count() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert_idle(t)

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from strategies import reachable_offsets, shapes, strided_layouts
+from strategies import mappings, reachable_offsets, shapes, strided_layouts
 
 import uni
 
@@ -251,3 +251,13 @@ def test_mappings_refuse_invalid_shapes() -> None:
         uni.layout_right((2, -3))
     with pytest.raises(uni.LayoutError):
         uni.layout_stride((-1,), (1,))
+
+
+@settings(max_examples=100)
+@given(mappings())
+def test_every_mapping_is_a_hashable_value_that_maps_by_its_strides(m: object) -> None:
+    twin = attrs.evolve(m)  # type: ignore[misc]
+    assert twin == m and hash(twin) == hash(m)
+    for index in itertools.islice(np.ndindex(*m.extents.shape), 50):  # type: ignore[attr-defined]
+        expected = sum(i * s for i, s in zip(index, m.strides, strict=True))  # type: ignore[attr-defined]
+        assert m(*index) == expected  # type: ignore[operator]

@@ -300,3 +300,62 @@ def test_span_values_match_the_mapping_for_random_layouts(
     np.testing.assert_array_equal(view.reshape(-1), expected)
     for k, index in enumerate(np.ndindex(*shape)):
         assert span[index] == expected[k]
+
+
+# -- custom accessors (independent classes, inheriting nothing) -----------------------------
+FLOAT64 = np.dtype(np.float64)
+
+
+@attrs.frozen
+class PlainCustomAccessor:
+    dtype: np.dtype[Any] = FLOAT64
+    readonly: bool = False
+    domains: frozenset[uni.Domain] = frozenset({uni.HOST})
+
+    @property
+    def element_type(self) -> np.dtype[Any]:
+        return self.dtype
+
+    def access(self, handle: uni.HostHandle, offset: int) -> Any:
+        return handle.buffer[handle.offset + offset]
+
+
+@attrs.frozen
+class TimesTenAccessor(PlainCustomAccessor):
+    readonly: bool = True
+    transforms_values: bool = True
+
+    def access(self, handle: uni.HostHandle, offset: int) -> Any:
+        return handle.buffer[handle.offset + offset] * 10
+
+
+def test_a_plain_custom_accessor_works_in_an_mdspan() -> None:
+    buffer = np.arange(6.0)
+    span = span_over(buffer, uni.layout_stride((2, 3), (-3, 1)), PlainCustomAccessor(), offset=3)
+    assert span[0, 2] == 5.0
+    span[1, 0] = -1.0
+    assert buffer[0] == -1.0
+    view = np.asarray(span)
+    assert view.flags.writeable and np.shares_memory(view, buffer)
+    np.testing.assert_array_equal(view, [[3, 4, 5], [-1, 1, 2]])
+    const = span_over(buffer, uni.layout_right((6,)), uni.ConstAccessor(PlainCustomAccessor()))
+    assert not np.asarray(const).flags.writeable
+    np.testing.assert_array_equal(np.asarray(const), buffer)
+
+
+def test_a_transforming_custom_accessor_without_apply_is_applied_per_element() -> None:
+    buffer = np.arange(4.0)
+    span = span_over(buffer, uni.layout_stride((2, 2), (1, 2)), TimesTenAccessor())
+    view = np.asarray(span)
+    np.testing.assert_array_equal(view, [[0, 20], [10, 30]])
+    assert not view.flags.writeable
+    assert span[1, 1] == 30.0
+
+
+def test_a_tensor_over_a_custom_accessor_reads_through_a_lease() -> None:
+    storage = HostStorage(4, np.float64)
+    storage.buffer[:] = [1, 2, 3, 4]
+    t = uni.Tensor.from_storage(storage, uni.layout_right((2, 2)), PlainCustomAccessor())
+    with uni.acquire_host_read_access_sync(t) as lease:
+        np.testing.assert_array_equal(np.asarray(lease.mdspan()), [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(np.asarray(t.T), [[1, 3], [2, 4]])

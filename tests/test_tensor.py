@@ -657,6 +657,11 @@ def test_mdspec_of_a_host_tensor_is_an_mdspan_of_its_metadata() -> None:
     assert spec.data_handle.buffer is t.storage.buffer
 
 
+def test_backend_selector_lists_the_host_backends_best_first() -> None:
+    t = uni.zeros((2, 2))[::-1]
+    assert [b.name for b in t.backend_selector()] == ["blas", "cpu_reference"]
+
+
 def test_numpy_asarray_of_a_tensor_is_a_copy() -> None:
     a = np.arange(6.0).reshape(2, 3)
     t = uni.from_numpy(a)
@@ -771,3 +776,31 @@ def test_concurrent_from_numpy_of_one_array_finds_one_storage(
     for th in threads:
         th.join()
     assert found[0] is found[1]
+
+
+# -- the shared strategies reach every kind of layout the oracle tests rely on ----------------
+@pytest.mark.parametrize(
+    "kind",
+    ["negative stride", "zero stride", "read-only", "offset into a buffer", "padded", "rank 4",
+     "transposed"],
+)
+def test_numpy_views_reach_every_kind_of_layout(kind: str) -> None:
+    from hypothesis import find
+
+    def has(a: np.ndarray[Any, Any]) -> bool:
+        moving = [s for s, e in zip(a.strides, a.shape, strict=True) if e > 1]
+        if kind == "negative stride":
+            return a.size > 1 and any(s < 0 for s in moving)
+        if kind == "zero stride":
+            return a.size > 1 and any(s == 0 for s in moving)
+        if kind == "read-only":
+            return not a.flags.writeable
+        if kind == "offset into a buffer":
+            return a.size > 0 and uni.from_numpy(a).offset > 0
+        if kind == "padded":
+            return a.ndim == 2 and a.size > 1 and a.strides[0] > a.shape[1] * a.strides[1] > 0
+        if kind == "rank 4":
+            return a.ndim == 4 and a.size > 1
+        return a.ndim >= 2 and a.size > 1 and 0 < a.strides[0] < a.strides[1]
+
+    find(numpy_views(), has, settings=settings(max_examples=3000, database=None))

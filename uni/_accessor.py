@@ -211,11 +211,15 @@ class ScaledAccessor(_AccessorBase):
     def domains(self) -> frozenset[Domain]:  # type: ignore[override]
         return self.base.domains  # type: ignore[no-any-return]
 
+    def _scale(self, value: Any) -> Any:
+        # The same ufunc as ``apply``, so one element and a whole array agree (integers wrap).
+        return np.multiply(np.asarray(value), self.factor, dtype=self.element_type)[()]
+
     def access(self, handle: HostHandle, offset: int) -> Any:
-        return self.element_type.type(self.base.access(handle, offset) * self.factor)
+        return self._scale(self.base.access(handle, offset))
 
     def apply_scalar(self, value: Any) -> Any:
-        return self.element_type.type(_base_scalar(self.base, value) * self.factor)
+        return self._scale(_base_scalar(self.base, value))
 
     def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         base = _base_values(self.base, values)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Generator
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -20,6 +21,7 @@ from uni._lease import (
     WriteTensorLease,
     _Access,
     _Lease,
+    release_from_finalizer,
 )
 from uni._mapping import check_fits
 from uni._mdspec import DataDescriptor
@@ -252,7 +254,8 @@ class PendingAcquisition:
     def __del__(self) -> None:
         if getattr(self, "_state", None) == "registered":
             self._state = "dropped"
-            self._target.storage.access_queue.release(self._request)
+            release_from_finalizer(partial(self._target.storage.access_queue.release,
+                                           self._request))
             warnings.warn(
                 f"an acquisition of {self._target.describe()} was never awaited; its request "
                 "was withdrawn. Await it (`await acquire_...(x)`) or use `async with`",

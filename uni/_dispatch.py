@@ -160,10 +160,22 @@ def _record(record: DispatchRecord) -> None:
 # -- the walk ------------------------------------------------------------------------------
 _decisions: dict[tuple[Any, ...], Any] = {}
 _probes: dict[tuple[Any, ...], Probe] = {}
+# Keys include ids of Python callables (transform) and of backend objects, so the caches are
+# cleared, not grown without bound, when full; refilling them costs one walk per signature.
+_CACHE_MAX = 4096
+
+
+def _remember(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -> None:
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache[key] = value
 
 
 def _clear_decisions() -> None:
+    from uni import _fast_gemm
+
     _decisions.clear()
+    _fast_gemm.forget()
 
 
 def clear_caches() -> None:
@@ -179,7 +191,7 @@ def _probe(backend: Any, op: str, signature: tuple[Any, ...]) -> Probe:
         answer = backend.probe(op, signature)
         if not isinstance(answer, Probe):
             raise TypeError(f"backend {backend.name!r} probe returned {answer!r}, not a uni.Probe")
-        _probes[key] = answer
+        _remember(_probes, key, answer)
     return answer
 
 
@@ -205,7 +217,7 @@ def walk(op: str, call: Any, signature: tuple[Any, ...], chain: tuple[Any, ...])
         if decline is None:
             attempts.append(Attempt(backend.name, answer, None))
             done = tuple(attempts)
-            _decisions[key] = (backend, done)
+            _remember(_decisions, key, (backend, done))
             if sinks:
                 _record(DispatchRecord(op, done, backend.name))
             return str(backend.name)

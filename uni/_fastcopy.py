@@ -178,8 +178,11 @@ def _copy(
 
 
 def _is_nested(extents: Sequence[int], strides: Sequence[int], itemsize: int) -> bool:
-    """Whether each plan axis steps past everything the axes inside it span (so no two
-    indices share an element). Plan strides of the output are >= 0 and descending."""
+    """Whether no two indices share a byte: each axis steps past all the inner axes span.
+
+    Holds for every view numpy's slicing and transposing can make; plan strides of the
+    output are >= 0 and descending, so checking inner to outer is enough.
+    """
     span = itemsize
     for e, s in zip(reversed(extents), reversed(strides), strict=True):
         if s < span:

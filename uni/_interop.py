@@ -47,7 +47,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 
@@ -547,7 +547,7 @@ class PeelFront:
                 axis -= 1
 
 
-def peel_front(t: Tensor, keep: int) -> PeelFront:
+def peel_front(t: Tensor, keep: SupportsIndex) -> PeelFront:
     """The cells of the trailing ``-keep`` axes of ``t``, one tensor view per batch index.
 
     ``keep`` is ``-k`` for cells of the last ``k`` axes, ``-t.ndim <= keep <= 0``: a
@@ -559,12 +559,12 @@ def peel_front(t: Tensor, keep: int) -> PeelFront:
         raise TypeError(f"peel_front expects a uni.Tensor, got {type(t).__name__}")
     if isinstance(keep, (bool, np.bool_)) or not hasattr(keep, "__index__"):
         raise TypeError(f"keep must be an int (-k keeps the trailing k axes), got {keep!r}")
-    keep = operator.index(keep)
+    k = operator.index(keep)
     ndim = t.ndim
-    if not -ndim <= keep <= 0:
+    if not -ndim <= k <= 0:
         raise ShapeError(
             f"expected keep between -{ndim} and 0 for a rank-{ndim} tensor of shape {t.shape} "
-            f"(keep=-k keeps the trailing k axes), got keep={keep}"
+            f"(keep=-k keeps the trailing k axes), got keep={k}"
         )
-    return PeelFront(t, keep)
+    return PeelFront(t, k)
 

@@ -8,15 +8,47 @@ ends with an exception poisons the elements it covered.
 
 from __future__ import annotations
 
+import _thread
 import warnings
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from uni._accessor import ConstAccessor
-from uni._errors import LeaseReleasedError
+from uni._errors import LeaseError, LeaseReleasedError
 from uni._mdspec import MdSpan
 
 Mode = Literal["read", "write"]
+
+#: How long a finalizer waits for the release it handed to a helper thread (seconds).
+_FINALIZER_WAIT = 1.0
+
+
+def release_from_finalizer(release: Callable[[], None]) -> None:
+    """Run ``release`` (which must not raise) on behalf of a ``__del__``, without deadlocking.
+
+    The garbage collector runs finalizers wherever it happens to fire: possibly inside this
+    very thread's access-queue or storage critical section, whose non-reentrant lock
+    ``release`` needs. Called inline, it would wait for itself forever. So it runs in a fresh
+    low-level thread (``_thread``: no ``threading`` locks either), and the finalizer waits a
+    moment for it, which keeps the release synchronous whenever no lock of this thread is in
+    the way; otherwise it completes as soon as the interrupted section lets go.
+    """
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def run() -> None:
+        try:
+            release()
+        finally:
+            done.release()
+
+    try:
+        _thread.start_new_thread(run, ())
+    except RuntimeError:  # interpreter shutdown: no new threads, and nothing left to wait for
+        release()
+        return
+    done.acquire(timeout=_FINALIZER_WAIT)
 
 
 class _Access:
@@ -134,10 +166,18 @@ class _Lease:
     def __del__(self) -> None:
         access = self._access
         if access is not None and not access.finished:
-            access.finish(None)
+            # Nobody saw this writer finish (typically it was dropped by an exception between
+            # acquire and release): treat it as a failed writer, so its data is poisoned and
+            # nothing half-written is written back or vouched for by overwrite=True.
+            abandoned = None if access.mode == "read" else LeaseError(
+                f"a {self._kind} was garbage-collected while active; its writer never "
+                "finished, so the data it covered may be half-written"
+            )
+            release_from_finalizer(lambda: access.finish(abandoned))
             warnings.warn(
-                f"an active {self._kind} was garbage-collected and released; release leases "
-                "explicitly or use them in a with block",
+                f"an active {self._kind} was garbage-collected and released"
+                f"{'' if abandoned is None else ' (its data is now poisoned)'}; release "
+                "leases explicitly or use them in a with block",
                 ResourceWarning,
                 stacklevel=1,
             )

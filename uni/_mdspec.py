@@ -179,10 +179,11 @@ class MdSpan(_Observers):
             buffer = self.data_handle.buffer
             if buffer.ndim != 1:
                 raise LayoutError(f"expected a 1-D host buffer, got {buffer.ndim}-D")
-            if buffer.dtype != self.accessor.stored_type:
+            # A custom accessor need not say what it stores: then it stores what it shows.
+            stored = getattr(self.accessor, "stored_type", None) or self.accessor.element_type
+            if buffer.dtype != stored:
                 raise LayoutError(
-                    f"the accessor stores {self.accessor.stored_type} but the buffer holds "
-                    f"{buffer.dtype}"
+                    f"the accessor stores {stored} but the buffer holds {buffer.dtype}"
                 )
             check_fits(self.mapping, self.data_handle.offset, buffer.shape[0])
 
@@ -218,10 +219,19 @@ class MdSpan(_Observers):
     def to_numpy(self) -> np.ndarray[Any, Any]:
         """A strided numpy view (writeable only for plain, writable accessors)."""
         handle = self._host_handle()
-        plain = not self.accessor.readonly and not self.accessor.transforms_values
+        accessor = self.accessor
+        transforms = bool(getattr(accessor, "transforms_values", False))
+        plain = not accessor.readonly and not transforms
         view = host_view(handle, self.mapping, writeable=plain)
-        if self.accessor.transforms_values:
-            view = np.asarray(self.accessor.apply(view))
+        if transforms:
+            apply = getattr(accessor, "apply", None)
+            if apply is not None:
+                view = np.asarray(apply(view))
+            else:  # a custom transforming accessor without a vectorized form
+                view = np.array(
+                    [accessor.access(handle, self.mapping(*i)) for i in np.ndindex(*self.shape)],
+                    dtype=accessor.element_type,
+                ).reshape(self.shape)
             view.flags.writeable = False
         return view
 

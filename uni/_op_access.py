@@ -15,7 +15,7 @@ import numpy as np
 
 from uni._accessor import HostHandle
 from uni._errors import PoisonedError
-from uni._mapping import layout_right
+from uni._mapping import best_mapping, layout_right
 from uni._mdspec import MdSpan
 from uni.storage._protocol import Region
 
@@ -159,11 +159,20 @@ class OpAccess:
 
 
 def staged(span: MdSpan) -> MdSpan:
-    """A copy of ``span``'s stored elements in fresh memory (same shape, contiguous)."""
+    """A copy of ``span``'s stored elements in fresh memory (same shape, contiguous).
+
+    The copy keeps the view's axis order (numpy's ``order="K"``): a column-major view stays
+    column-major, so a backend addresses the staged operand as it would the original (BLAS
+    can express ``conj(a)`` only in one storage order relative to the output).
+    """
     values = np.array(np.asarray(MdSpan(span.data_handle, span.mapping,
-                                        _stored_accessor(span.accessor))), order="C")
-    flat = values.reshape(-1)
-    return MdSpan(HostHandle(flat, 0, None), layout_right(values.shape), span.accessor)
+                                        _stored_accessor(span.accessor))), order="K")
+    flat = values.ravel(order="K")  # memory order: a view of the fresh, contiguous copy
+    if values.size == 0 or any(s < 0 for s in values.strides):
+        values = np.ascontiguousarray(values)
+        flat = values.reshape(-1)
+    strides = tuple(s // values.itemsize for s in values.strides)
+    return MdSpan(HostHandle(flat, 0, None), best_mapping(values.shape, strides), span.accessor)
 
 
 def _stored_accessor(accessor: Any) -> Any:

@@ -18,8 +18,9 @@ import attrs
 import numpy as np
 import trio
 
-from uni._dispatch import backend_list, walk
-from uni._errors import DomainError, DTypeError, ShapeError
+from uni import _fast_gemm
+from uni._dispatch import _diagnostics, _overrides, backend_list, walk
+from uni._errors import DomainError, DTypeError, KernelDispatchError, LeaseError, ShapeError
 from uni._mapping import layout_stride
 from uni._mdspec import MdSpan
 from uni._op_access import OpAccess, staged
@@ -114,9 +115,13 @@ def _same_dtype(op: str, tensors: dict[str, Tensor]) -> np.dtype[Any]:
     return dtype
 
 
+class ReadOnlyOutputError(LeaseError, ValueError):
+    """An operation was given a read-only output (a uni error, and a ValueError as well)."""
+
+
 def _writable(op: str, name: str, t: Tensor) -> None:
     if t.readonly:
-        raise ValueError(
+        raise ReadOnlyOutputError(
             f"{op}: the output '{name}' is read-only (accessor {type(t.accessor).__name__}"
             f"{', read-only storage' if t.storage.readonly else ''}); pass a writable tensor"
         )
@@ -150,6 +155,22 @@ def _broadcast_batch(op: str, name: str, t: Tensor, batch: tuple[int, ...], core
         new_shape.append(extent)
     return Tensor._view(t.storage, layout_stride((*new_shape, *shape), (*new_strides, *strides)),
                         t.accessor, t.offset)
+
+
+_PLAIN_SCALARS = frozenset({int, float, bool})
+
+
+def _check_scalars(op: str, alpha: Any, beta: Any, dtype: np.dtype[Any]) -> None:
+    """alpha and beta are numbers, and complex only when the operands are."""
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if type(value) in _PLAIN_SCALARS:
+            continue
+        if not isinstance(value, (int, float, complex, np.number, np.bool_)):
+            raise TypeError(f"{op}: {name} must be a number (int, float, complex or a numpy "
+                            f"scalar), got {type(value).__name__}")
+        if dtype.kind != "c" and complex(value).imag != 0:
+            raise DTypeError(f"{op}: {name}={value!r} is complex but the operands are "
+                             f"{dtype.name}; use complex operands")
 
 
 def _check_gemm(a: Any, b: Any, c: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -201,8 +222,40 @@ def _check_copy(src: Any, dst: Any) -> tuple[Tensor, Tensor]:
 
 
 # -- signatures for the walk's decision cache ------------------------------------------------
-def _layout_class(t: Tensor) -> str:
-    return type(t.mapping).__name__
+def _layout_class(t: Tensor) -> Any:
+    """The layout part of the cache key: fine enough that one key means one walk outcome.
+
+    ``layout_right``/``layout_left`` are a class each. A ``layout_stride`` also records, per
+    axis, the kind of stride (unit, other positive, negative, zero; an extent-1 axis never
+    matters), the axes ordered by ``|stride|`` and whether they nest without overlap: that
+    is what a backend's layout declines depend on (BLAS needs a unit-stride axis and a
+    leading dimension), so a negative-stride view that fell back to ``cpu_reference`` does
+    not send a later padded view of the same dtypes there too.
+    """
+    mapping = t.mapping
+    if not isinstance(mapping, layout_stride):
+        return type(mapping).__name__
+    kinds = []
+    live = []
+    for axis, (extent, stride) in enumerate(zip(t.shape, t.strides, strict=True)):
+        if extent <= 1:
+            kinds.append("1")
+            continue
+        live.append(axis)
+        if stride == 0:
+            kinds.append("0")
+        else:
+            kinds.append(("-" if stride < 0 else "") + ("u" if abs(stride) == 1 else "s"))
+    order = sorted(live, key=lambda axis: abs(t.strides[axis]))
+    reach = 0
+    nested = True
+    for axis in order:
+        stride = abs(t.strides[axis])
+        if stride <= reach:
+            nested = False
+            break
+        reach += stride * (t.shape[axis] - 1)
+    return ("layout_stride", tuple(kinds), tuple(order), nested)
 
 
 def _accessor_chain(accessor: Any) -> tuple[type, ...]:
@@ -238,6 +291,11 @@ class _Job:
         access.acquire()
         try:
             selected = walk(self.op, self.build(access), self.signature, self.chain)
+        except KernelDispatchError as err:
+            # Every backend declined, and a decline has no side effects: nothing was written,
+            # so the output is given back (a staged write discarded) but not poisoned.
+            access.finish(err, poison=False)
+            raise
         except BaseException as err:
             access.finish(err)
             raise
@@ -267,6 +325,7 @@ def _stage_folded(access: OpAccess, index: int) -> MdSpan:
 def _gemm_job(a: Any, b: Any, c: Any, alpha: Any, beta: Any, backends: Any,
               owner_thread: Any = "current") -> _Job | None:
     a, b, c = _check_gemm(a, b, c)
+    _check_scalars("gemm", alpha, beta, c.dtype)
     if c.size == 0:
         return None
 
@@ -281,6 +340,7 @@ def _gemm_job(a: Any, b: Any, c: Any, alpha: Any, beta: Any, backends: Any,
 def _gemv_job(a: Any, x: Any, y: Any, alpha: Any, beta: Any, backends: Any,
               owner_thread: Any = "current") -> _Job | None:
     a, x, y = _check_gemv(a, x, y)
+    _check_scalars("gemv", alpha, beta, y.dtype)
     if y.size == 0:
         return None
 
@@ -311,9 +371,25 @@ def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
     Transposes and conjugates are views (``a.T``, ``a.conj()``). ``beta == 0`` never reads
     ``c``; ``alpha == 0`` or ``k == 0`` never reads ``a``/``b``.
     """
+    plain = backends is None and not _diagnostics.get()
+    if plain:
+        # _fast_gemm.lookup, inlined: this is the whole cost of a repeated tiny product.
+        fast = _fast_gemm._entries.get((id(a), id(b), id(c)))
+        if fast is not None and fast.a is a and fast.b is b and fast.c is c and fast(alpha, beta):
+            return
     job = _gemm_job(a, b, c, alpha, beta, backends)
     if job is not None:
-        job()
+        selected = job()
+        if plain and selected == "blas" and not _gemm_overridden():
+            _fast_gemm.remember(a, b, c)
+
+
+def _diagnostics_active() -> bool:
+    return bool(_diagnostics.get())
+
+
+def _gemm_overridden() -> bool:
+    return any(op == "gemm" for op, _ in _overrides)
 
 
 def gemv(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,

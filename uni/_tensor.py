@@ -292,6 +292,7 @@ def _basic_index(
         key = (*key, Ellipsis)
     new_shape: list[int] = []
     new_strides: list[int] = []
+    start_offset = offset
     axis = 0
     for k in key:
         if k is Ellipsis:
@@ -327,6 +328,9 @@ def _basic_index(
                 raise IndexError(f"index {i} is out of bounds for axis {axis} with size {extent}")
             offset += (i % extent) * strides[axis]
             axis += 1
+    if 0 in new_shape or 0 in shape:
+        # An empty view reaches nothing; keep an offset that stays inside the buffer.
+        offset = start_offset
     return new_shape, new_strides, offset
 
 

@@ -17,8 +17,8 @@ Facts about the ABI, checked when the routines are first used (see ``_load``):
   several threads run concurrently.
 
 Edge rules (SPEC §5) are enforced here rather than left to the BLAS build, because BLAS
-libraries have differed on them across versions (OpenBLAS 0.3.27 let NaN in ``y`` leak through
-``beta == 0`` in gemv):
+builds have differed on them across versions (e.g. OpenBLAS 0.3.27 made ?scal with a zero
+factor propagate NaN, and its gemv applies beta through ?scal):
 
 - ``beta == 0`` never reads the output: it is zero-filled first and BLAS then runs with
   ``beta = 1``, which is the same single pass over the output that BLAS would make itself.
@@ -573,6 +573,96 @@ def _gemm(
     else:
         fn(t1, t2, pm, pn, pk, p_alpha, da, pl1, db, pl2, p_beta, dc, plc)
     return None
+
+
+_beta_zero_checked: dict[np.dtype[Any], bool] = {}
+
+
+def _beta_zero_ignores_c(kind: _Kind, dtype: np.dtype[Any]) -> bool:
+    """Does this BLAS overwrite c when beta == 0 (NaN in c ignored)? Checked once per dtype."""
+    known = _beta_zero_checked.get(dtype)
+    if known is None:
+        a = np.ones((3, 3), dtype=dtype, order="F")
+        c = np.full((3, 3), np.nan, dtype=dtype, order="F")
+        ints = (ctypes.c_int * 4)(3, 3, 3, 3)
+        base = ctypes.addressof(ints)
+        step = ctypes.sizeof(ctypes.c_int)
+        one = kind.scalars(*([1.0, 0.0, 0.0, 0.0] if kind.is_complex else [1.0, 0.0]))
+        p_one = ctypes.addressof(one)
+        kind.gemm(_N, _N, base, base + step, base + 2 * step, p_one, _data(a),
+                  base + 3 * step, _data(a), base + 3 * step,
+                  p_one + ctypes.sizeof(one) // 2, _data(c), base + 3 * step)
+        known = _beta_zero_checked[dtype] = bool(np.all(c == 3))
+    return known
+
+
+def prepare_gemm(
+    a: Array, b: Array, c: Array, *, conj_a: bool = False, conj_b: bool = False,
+) -> Callable[[Scalar, Scalar], bool] | None:
+    """A pre-planned gemm on these exact views, for callers that repeat one small product.
+
+    Everything that depends only on the operands (plan, data pointers, alignment, overlap) is
+    decided once; the returned ``run(alpha, beta)`` only converts the scalars and calls BLAS.
+    ``run`` returns False, having touched nothing, for what it does not cover (alpha == 0 or
+    scalars it cannot express): the caller then takes the general path. None when the views
+    are not a plain, non-empty, BLAS-addressable product.
+    """
+    kinds = _kinds if _kinds is not None else _load()
+    if not kinds or not all(isinstance(x, np.ndarray) and x.ndim == 2 for x in (a, b, c)):
+        return None
+    kind = kinds.get(c.dtype)
+    if kind is None or a.dtype != c.dtype or b.dtype != c.dtype or not c.flags.writeable:
+        return None
+    m, k = a.shape
+    n = b.shape[1]
+    if b.shape[0] != k or c.shape != (m, n) or 0 in (m, n, k):
+        return None
+    plan = _plan_gemm(kind, a.shape, a.strides, b.shape, b.strides, c.shape, c.strides,
+                      conj_a, conj_b)
+    if isinstance(plan, Decline):
+        return None
+    # The plan's ints array owns the memory pm..plc point into: keep it alive in the closure.
+    fn, swap, t1, t2, ints, pm, pn, pk, pl1, pl2, plc, _sa, _sb, _sc = plan
+    da, db, dc = _data(a), _data(b), _data(c)
+    if (da | db | dc) & kind.align_mask or _overlaps(c, a) or _overlaps(c, b):
+        return None
+    first, second = (db, da) if swap else (da, db)
+    fill = c.fill
+    direct_beta0 = _beta_zero_ignores_c(kind, c.dtype)
+    scalars_seen: dict[object, tuple[ctypes.Array[Any], int, int] | None] = {}
+
+    def scalars_for(alpha: Scalar, beta: Scalar) -> tuple[ctypes.Array[Any], int, int] | None:
+        entry = _make_scalars(kind, alpha, beta)
+        if entry is None or entry[3] == 0:
+            return None  # alpha == 0 never reads a or b: the general path handles it
+        if entry[4] == 0 and direct_beta0:
+            # This BLAS is known (checked once per dtype) to overwrite c when beta == 0.
+            al = entry[3]
+            buf = (kind.scalars(al.real, al.imag, 0.0, 0.0) if kind.is_complex
+                   else kind.scalars(al.real, 0.0))
+            address = ctypes.addressof(buf)
+            return buf, address, address + ctypes.sizeof(buf) // 2
+        if entry[4] == 0:
+            return None
+        return entry[0], entry[1], entry[2]
+
+    # Default argument: the closure owns the plan's ints and the views whose addresses it uses.
+    def run(alpha: Scalar, beta: Scalar, _keep: object = (ints, a, b, c, fill)) -> bool:
+        key = (alpha, beta)
+        try:
+            scalars = scalars_seen[key]
+        except KeyError:
+            scalars = scalars_seen[key] = scalars_for(alpha, beta)
+            if len(scalars_seen) > 64:
+                scalars_seen.clear()
+        except TypeError:
+            return False
+        if scalars is None:
+            return False
+        fn(t1, t2, pm, pn, pk, scalars[1], first, pl1, second, pl2, scalars[2], dc, plc)
+        return True
+
+    return run
 
 
 def _batch_offsets(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:

@@ -25,7 +25,12 @@ _BLAS_KINDS = frozenset("fc")
 
 
 def _blas_operand(span: Any) -> tuple[np.ndarray[Any, Any], bool, Any] | Decline | str:
-    """(stored-values view, conjugated?, scale factor) for a BLAS input, or why not."""
+    """(stored-values view, conjugated?, scale factor) for a BLAS input, or why not.
+
+    The chain is read from the outside in, keeping ``value == factor * conj?(inner)``: a
+    conjugate flips the flag, and a scale met under an odd number of conjugates enters the
+    factor conjugated (``conj(f * x) == conj(f) * conj(x)``).
+    """
     accessor = span.accessor
     conj = False
     factor: Any = 1
@@ -34,9 +39,8 @@ def _blas_operand(span: Any) -> tuple[np.ndarray[Any, Any], bool, Any] | Decline
             pass
         elif isinstance(accessor, ConjugateAccessor):
             conj = not conj
-            factor = np.conj(factor)
         elif isinstance(accessor, ScaledAccessor):
-            factor = factor * accessor.factor
+            factor = factor * (np.conj(accessor.factor) if conj else accessor.factor)
             if accessor.element_type != accessor.base.element_type:
                 return Decline.UNSUPPORTED_ACCESSOR
         elif type(accessor).__name__ == "TransformAccessor":
@@ -45,6 +49,51 @@ def _blas_operand(span: Any) -> tuple[np.ndarray[Any, Any], bool, Any] | Decline
             return Decline.UNSUPPORTED_ACCESSOR
         accessor = accessor.base
     return host_view(span.data_handle, span.mapping, writeable=False), conj, factor
+
+
+_WHY: dict[Decline, str] = {
+    Decline.UNAVAILABLE: "scipy's BLAS could not be loaded here",
+    Decline.UNSUPPORTED_SHAPE: "an extent, leading dimension or increment beyond 32-bit BLAS integers",
+    Decline.UNSUPPORTED_LAYOUT: (
+        "BLAS needs each matrix to have a unit-stride axis and a leading dimension that "
+        "reaches past it (no negative or zero strides, no steps on both axes), vectors a "
+        "non-zero increment, and aligned data"
+    ),
+    Decline.UNSUPPORTED_ACCESSOR: (
+        "a conjugated operand BLAS cannot express: it has only conjugate-transpose ('C'), so "
+        "conj(a) must be stored in the opposite order to the output, and a vector never"
+    ),
+    Decline.UNSUPPORTED_INSTANCE: (
+        "the output shares memory with an input, or alpha/beta do not fit the dtype (a "
+        "complex scalar with real operands)"
+    ),
+}
+
+
+def _declined(call: Any, decline: Decline | None, detail: str = "") -> Decline | None:
+    """Return ``decline``, leaving the reason in words for the walk's error message."""
+    if decline is not None:
+        details = getattr(call, "decline_details", None)
+        if details is not None:
+            details[Blas.name] = detail or _WHY.get(decline, "")
+    return decline
+
+
+def _operand_decline(call: Any, names: tuple[str, ...], parts: tuple[Any, ...]) -> Decline | None:
+    """The first operand that BLAS cannot take as it is, explained."""
+    for name, part in zip(names, parts, strict=True):
+        if not isinstance(part, Decline):
+            continue
+        accessor = type(getattr(call, name).accessor).__name__
+        if part is Decline.UNSUPPORTED_TRANSFORM:
+            why = (f"'{name}' is read through a TransformAccessor; BLAS multiplies stored values, "
+                   "so evaluate it into a tensor with uni.transform first")
+        elif name in ("c", "y", "dst", "out"):
+            why = f"the output '{name}' is seen through {accessor}; BLAS writes plain values only"
+        else:
+            why = f"'{name}' is read through {accessor}, which BLAS cannot fold into alpha"
+        return _declined(call, part, why)
+    return None
 
 
 def _output(span: Any) -> np.ndarray[Any, Any] | Decline:
@@ -83,14 +132,17 @@ class Blas:
         a = _blas_operand(call.a)
         b = _blas_operand(call.b)
         c = _output(call.c)
-        for part in (a, b, c):
-            if isinstance(part, Decline):
-                return part
+        refused = _operand_decline(call, ("a", "b", "c"), (a, b, c))
+        if refused is not None:
+            return refused
         assert isinstance(a, tuple) and isinstance(b, tuple) and isinstance(c, np.ndarray)
         alpha = call.alpha * a[2] * b[2]
         if c.ndim == 2:
-            return kernels.gemm(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
-        return kernels.gemm_batched(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
+            result = kernels.gemm(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
+        else:
+            result = kernels.gemm_batched(a[0], b[0], c, alpha, call.beta, conj_a=a[1],
+                                          conj_b=b[1])
+        return _declined(call, result)
 
     @staticmethod
     def _gemv(call: Any) -> Decline | None:
@@ -99,16 +151,19 @@ class Blas:
         a = _blas_operand(call.a)
         x = _blas_operand(call.x)
         y = _output(call.y)
-        for part in (a, x, y):
-            if isinstance(part, Decline):
-                return part
+        refused = _operand_decline(call, ("a", "x", "y"), (a, x, y))
+        if refused is not None:
+            return refused
         assert isinstance(a, tuple) and isinstance(x, tuple) and isinstance(y, np.ndarray)
         if x[1]:
-            return Decline.UNSUPPORTED_ACCESSOR  # BLAS has no conjugated-vector gemv
+            return _declined(call, Decline.UNSUPPORTED_ACCESSOR,
+                             "'x' is conjugated; BLAS's gemv has no conjugated-vector form")
         alpha = call.alpha * a[2] * x[2]
         if y.ndim == 1:
-            return kernels.gemv(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
-        return kernels.gemv_batched(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+            result = kernels.gemv(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+        else:
+            result = kernels.gemv_batched(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+        return _declined(call, result)
 
     @staticmethod
     def _copy(call: Any) -> Decline | None:
@@ -116,7 +171,8 @@ class Blas:
             return Decline.INCOMPATIBLE_DEVICES
         dst = _output(call.dst)
         if isinstance(dst, Decline):
-            return dst
+            return _declined(call, dst, "the output 'dst' is seen through "
+                             f"{type(call.dst.accessor).__name__}; it writes plain values only")
         src = np.asarray(call.src)  # applies the source accessor (conj, scale, transform)
         if src.dtype != dst.dtype:
             return Decline.UNSUPPORTED_INSTANCE

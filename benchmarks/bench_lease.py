@@ -1,0 +1,145 @@
+"""Cost of an uncontended lease: acquire + release through the public acquire_* functions.
+
+Prints the median over repeats of each case in µs per acquire + release, next to references
+measured in the same run: an uncontended ``with threading.Lock()`` for the sync cases (the
+target is ≤ 2 µs per sync acquire + release) and ``await trio.lowlevel.checkpoint()`` for the
+async ones.
+
+    .venv/bin/python benchmarks/bench_lease.py [--repeats N] [--number N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+import timeit
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import uni
+
+TARGET_US = 2.0
+
+
+def per_op_us(fn: Callable[[], object], number: int, repeats: int) -> float:
+    times = timeit.repeat(fn, number=number, repeat=repeats)
+    return statistics.median(times) / number * 1e6
+
+
+def bench_sync(number: int, repeats: int) -> dict[str, float]:
+    t = uni.zeros((4, 4))
+    row = t[1]
+    spec = t.mdspec()
+    read, write = uni.acquire_host_read_access_sync, uni.acquire_host_write_access_sync
+    lock = threading.Lock()
+
+    def with_lock() -> None:
+        with lock:
+            pass
+
+    def read_with() -> None:
+        with read(t):
+            pass
+
+    def write_with() -> None:
+        with write(t):
+            pass
+
+    def read_release() -> None:
+        read(t).release()
+
+    def write_view_with() -> None:
+        with write(row):
+            pass
+
+    def read_mdspec_with() -> None:
+        with read(spec):
+            pass
+
+    def read_with_mdspan() -> None:
+        with read(t) as lease:
+            lease.mdspan()
+
+    cases = {
+        "with threading.Lock() (reference)": with_lock,
+        "sync read: with acquire(t)": read_with,
+        "sync write: with acquire(t)": write_with,
+        "sync read: acquire(t).release()": read_release,
+        "sync write on a view t[1]": write_view_with,
+        "sync read of an mdspec (mdspan lease)": read_mdspec_with,
+        "sync read + lease.mdspan()": read_with_mdspan,
+    }
+    return {name: per_op_us(fn, number, repeats) for name, fn in cases.items()}
+
+
+def bench_async(number: int, repeats: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+
+    async def main() -> None:
+        t = uni.zeros((4, 4))
+        read, write = uni.acquire_host_read_access_async, uni.acquire_host_write_access_async
+
+        async def checkpoint() -> None:
+            await trio.lowlevel.checkpoint()
+
+        async def read_async_with() -> None:
+            async with read(t):
+                pass
+
+        async def write_async_with() -> None:
+            async with write(t):
+                pass
+
+        async def read_await_release() -> None:
+            (await read(t)).release()
+
+        async def timed(fn: Callable[[], Awaitable[None]]) -> float:
+            t0 = time.perf_counter()
+            for _ in range(number):
+                await fn()
+            return (time.perf_counter() - t0) / number * 1e6
+
+        cases = {
+            "await trio.lowlevel.checkpoint() (reference)": checkpoint,
+            "async read: async with acquire(t)": read_async_with,
+            "async write: async with acquire(t)": write_async_with,
+            "async read: (await acquire(t)).release()": read_await_release,
+        }
+        for name, fn in cases.items():
+            await timed(fn)  # warm-up
+            out[name] = statistics.median([await timed(fn) for _ in range(repeats)])
+
+    trio.run(main)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7, help="repeats (median taken; >= 5)")
+    parser.add_argument("--number", type=int, default=50_000, help="operations per repeat")
+    args = parser.parse_args()
+    repeats = max(5, args.repeats)
+
+    print(f"python {sys.version.split()[0]}, uni {uni.__version__}, trio "
+          f"{trio.__version__}; medians of {repeats} repeats x {args.number} ops")
+    sync = bench_sync(args.number, repeats)
+    lock = sync["with threading.Lock() (reference)"]
+    for name, us in sync.items():
+        flag = "" if name.endswith("(reference)") else (
+            "  within target" if us <= TARGET_US else f"  over the {TARGET_US} µs target")
+        print(f"{name:<46} {us:8.3f} µs  {us / lock:6.1f}x lock{flag}")
+    asyn = bench_async(args.number // 5, repeats)
+    checkpoint = asyn["await trio.lowlevel.checkpoint() (reference)"]
+    for name, us in asyn.items():
+        print(f"{name:<46} {us:8.3f} µs  {us / checkpoint:6.2f}x checkpoint")
+
+
+if __name__ == "__main__":
+    main()

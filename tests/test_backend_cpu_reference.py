@@ -1,0 +1,127 @@
+"""cpu_reference (uni.backends.cpu_reference): index-by-index, any accessor, the oracle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import uni
+from uni._ops import _signature
+from uni.storage._base import StorageBase
+
+ref = uni.backends.get("cpu_reference")
+ONLY = ["cpu_reference"]
+
+
+def test_probe_accepts_every_host_operation() -> None:
+    t = uni.zeros((2, 2))
+    for op in ("copy", "gemm", "gemv", "transform"):
+        assert ref.probe(op, _signature(t, t)) is uni.Probe.YES
+    assert ref.probe("fft", _signature(t)) is uni.Probe.NO
+    assert ref.available() and ref.name == "cpu_reference"
+
+
+def test_probe_refuses_other_domains() -> None:
+    class FakeCuda(StorageBase):
+        domain = uni.CUDA
+
+    from uni.cuda import CudaPointerAccessor
+
+    t = uni.Tensor.from_storage(FakeCuda(np.float64, 4), uni.layout_right((2, 2)),
+                                CudaPointerAccessor(np.float64))
+    assert ref.probe("gemm", _signature(t, t, t)) is uni.Probe.NO
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.complex128])
+def test_gemm_and_gemv_for_every_numeric_dtype(dtype: Any) -> None:
+    a = np.arange(1, 13).reshape(3, 4).astype(dtype)
+    b = (np.arange(8).reshape(4, 2) - 3).astype(dtype)
+    c = uni.from_numpy(np.ones((3, 2), dtype))
+    uni.gemm(uni.from_numpy(a), uni.from_numpy(b), c, alpha=2, beta=3, backends=ONLY)
+    assert np.array_equal(np.asarray(c), 2 * (a @ b) + 3)
+    y = uni.from_numpy(np.ones(3, dtype))
+    uni.gemv(uni.from_numpy(a), uni.from_numpy(b[:, 0]), y, alpha=2, beta=3, backends=ONLY)
+    assert np.array_equal(np.asarray(y), 2 * (a @ b[:, 0]) + 3)
+
+
+def test_any_accessor_is_read_through() -> None:
+    a_np = np.arange(6.0).reshape(2, 3) - 2
+    b_np = np.arange(6.0).reshape(3, 2)
+    a = uni.from_numpy(a_np)
+    square: Any = uni.ops.square
+    views = [
+        (a.with_accessor(uni.TransformAccessor(a.accessor, square)), a_np**2),
+        (a.with_accessor(uni.TransformAccessor(a.accessor, abs)), np.abs(a_np)),  # a Python callable
+        (a.scaled(0.5).as_readonly(), 0.5 * a_np),
+    ]
+    for view, value in views:
+        c = uni.zeros((2, 2))
+        uni.gemm(view, uni.from_numpy(b_np), c, backends=ONLY)
+        np.testing.assert_allclose(np.asarray(c), value @ b_np)
+        dst = uni.zeros((2, 3))
+        uni.copy(view, dst, backends=ONLY)
+        np.testing.assert_allclose(np.asarray(dst), value)
+
+
+def test_conjugate_views_in_any_layout() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 3)) + 1j * rng.standard_normal((3, 3))
+    x = rng.standard_normal(3) + 1j * rng.standard_normal(3)
+    for view, value in ((uni.from_numpy(a).conj(), a.conj()), (uni.from_numpy(a).conj().T, a.conj().T),
+                        (uni.from_numpy(a)[::-1].conj(), a[::-1].conj())):
+        y = uni.zeros(3, np.complex128)
+        uni.gemv(view, uni.from_numpy(x).conj(), y, backends=ONLY)
+        np.testing.assert_allclose(np.asarray(y), value @ x.conj(), rtol=1e-12)
+
+
+def test_edge_rules_in_the_reference_itself() -> None:
+    nan = np.full((2, 2), np.nan)
+    c = uni.full((2, 2), np.nan)
+    uni.gemm(uni.from_numpy(np.eye(2)), uni.from_numpy(np.eye(2)), c, beta=0, backends=ONLY)
+    assert np.array_equal(np.asarray(c), np.eye(2))
+    c = uni.from_numpy(np.ones((2, 2)))
+    uni.gemm(uni.from_numpy(nan), uni.from_numpy(nan), c, alpha=0, beta=2, backends=ONLY)
+    assert np.array_equal(np.asarray(c), np.full((2, 2), 2.0))
+    y = uni.full(2, np.nan)
+    uni.gemv(uni.from_numpy(nan), uni.from_numpy(nan[0]), y, alpha=0, beta=0, backends=ONLY)
+    assert np.array_equal(np.asarray(y), np.zeros(2))
+
+
+def test_transform_with_python_callables_and_element_ops() -> None:
+    out = uni.zeros(4, np.int32)
+    x = uni.from_numpy(np.array([-2.5, 0.5, 3.0, np.nan]))
+    uni.transform(out, lambda v: v * 2, x, backends=ONLY)
+    # Stores into integers saturate and NaN becomes 0 (SPEC §5).
+    assert np.array_equal(np.asarray(out), [-5, 1, 6, 0])
+    big = uni.zeros(2, np.int32)
+    uni.transform(big, uni.ops.scale(1e12), uni.from_numpy(np.array([1.0, -1.0])), backends=ONLY)
+    assert np.array_equal(np.asarray(big), [2**31 - 1, -(2**31)])
+
+
+def test_batched_with_broadcast_operands() -> None:
+    a = np.arange(24.0).reshape(2, 3, 4)
+    b = np.arange(8.0).reshape(4, 2)
+    c = uni.zeros((2, 3, 2))
+    uni.gemm(uni.from_numpy(a), uni.from_numpy(b), c, backends=ONLY)
+    assert np.array_equal(np.asarray(c), a @ b)
+    y = uni.zeros((2, 3))
+    uni.gemv(uni.from_numpy(a), uni.from_numpy(b[:, 0]), y, backends=ONLY)
+    assert np.array_equal(np.asarray(y), a @ b[:, 0])
+
+
+def test_try_kernel_declines_spans_it_cannot_reach() -> None:
+    from uni._ops import CopyCall
+
+    class Opaque:
+        """An MdSpan-like object over a handle that is not a host buffer."""
+
+        def __init__(self, span: Any) -> None:
+            self.accessor = span.accessor
+            self.data_handle = object()
+            self.shape = span.shape
+
+    with uni.acquire_host_read_access_sync(uni.zeros(2)) as lease:
+        opaque: Any = Opaque(lease.mdspan())
+        assert ref.try_kernel("copy", CopyCall(opaque, opaque)) is uni.Decline.INCOMPATIBLE_DEVICES

@@ -1,0 +1,169 @@
+"""The leases one operation holds (uni._op_access): registration, folding, staging, poison."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import uni
+from uni._op_access import OpAccess, staged
+
+
+def snapshot(t: uni.Tensor) -> list[tuple[str, int, int, bool]]:
+    return [(mode, lo, hi, granted) for mode, lo, hi, _, granted in t.storage.access_queue.snapshot()]
+
+
+def test_requests_are_registered_at_construction_and_released_by_finish() -> None:
+    a, b, c = uni.zeros((2, 3)), uni.zeros((3, 4)), uni.zeros((2, 4))
+    access = OpAccess("gemm", [a, b], [c], [True])
+    assert snapshot(a) == [("read", 0, 5, True)]
+    assert snapshot(b) == [("read", 0, 11, True)]
+    assert snapshot(c) == [("write", 0, 7, True)]
+    access.acquire()
+    assert not access.folded(0) and not access.folded(1)
+    assert np.asarray(access.span(0, "write")).shape == (2, 4)
+    assert access.finish(None) is None
+    assert snapshot(a) == snapshot(b) == snapshot(c) == []
+    assert access.finish(RuntimeError("late")) is None  # idempotent: no poison afterwards
+    np.asarray(c)
+
+
+def test_registration_order_is_program_order() -> None:
+    c = uni.zeros(4)
+    first = OpAccess("copy", [uni.zeros(4)], [c], [True])
+    second = OpAccess("copy", [c], [uni.zeros(4)], [True])
+    assert [(m, g) for m, _, _, g in snapshot(c)] == [("write", True), ("read", False)]
+    first.acquire()
+    first.finish(None)
+    assert [(m, g) for m, _, _, g in snapshot(c)] == [("read", True)]
+    second.acquire()
+    second.finish(None)
+
+
+def test_an_input_overlapping_the_output_is_folded_into_its_write() -> None:
+    base = np.arange(10.0)
+    t = uni.from_numpy(base.copy())
+    src, dst = t[:-2], t[3:]  # elements 0..7 and 3..9
+    access = OpAccess("copy", [src], [dst], [True])
+    # One request only: a write over the union (a read of its own would wait for the write).
+    assert snapshot(t) == [("write", 0, 9, True)]
+    assert access.folded(0)
+    access.acquire()
+    read_span = access.span(0, "read")
+    write_span = access.span(0, "write")
+    assert np.array_equal(np.asarray(read_span), base[:-2])
+    assert np.array_equal(np.asarray(write_span), base[3:])
+    # Staging the folded input gives a private copy, so writing dst cannot change it.
+    copy = staged(read_span)
+    np.asarray(write_span)[...] = -1
+    assert np.array_equal(np.asarray(copy), base[:-2])
+    access.finish(None)
+    assert snapshot(t) == []
+    assert np.array_equal(np.asarray(t)[3:], -np.ones(7))
+
+
+def test_a_folded_input_turns_off_overwrite() -> None:
+    t = uni.from_numpy(np.arange(6.0))
+    access = OpAccess("copy", [t[::-1]], [t], [True])
+    assert access.writes[0].overwrite is False  # the old contents are read
+    access.finish(None)
+
+
+def test_disjoint_views_of_one_storage_are_not_folded() -> None:
+    t = uni.from_numpy(np.arange(12.0))
+    access = OpAccess("copy", [t[:6]], [t[6:]], [True])
+    assert not access.folded(0)
+    assert snapshot(t) == [("read", 0, 5, True), ("write", 6, 11, True)]
+    access.acquire()
+    access.finish(None)
+
+
+def test_finish_with_an_error_poisons_the_written_region_only() -> None:
+    t = uni.from_numpy(np.arange(8.0))
+    access = OpAccess("copy", [t[:4]], [t[4:]], [True])
+    access.acquire()
+    boom = ValueError("boom")
+    access.finish(boom)
+    np.asarray(t[:4])  # the input is fine
+    with pytest.raises(uni.PoisonedError) as info:
+        np.asarray(t[4:])
+    assert info.value.__cause__ is boom
+
+
+def test_finish_without_poison_gives_back_quietly() -> None:
+    t = uni.zeros(4)
+    access = OpAccess("copy", [uni.zeros(4)], [t], [True])
+    access.acquire()
+    access.finish(RuntimeError("declined"), poison=False)
+    assert snapshot(t) == []
+    np.asarray(t)
+
+
+def test_acquire_refuses_a_poisoned_input_and_gives_everything_back() -> None:
+    src, dst = uni.zeros(4), uni.zeros(4)
+    with pytest.raises(KeyError):
+        with uni.acquire_host_write_access_sync(src):
+            raise KeyError("writer failed")
+    access = OpAccess("copy", [src], [dst], [True])
+    with pytest.raises(uni.PoisonedError, match="copy: the input of shape") as info:
+        access.acquire()
+    assert isinstance(info.value.__cause__, KeyError)
+    assert snapshot(src) == snapshot(dst) == []
+    np.asarray(dst)  # the output was not poisoned: nothing was written
+
+
+def test_overwrite_clears_poison_on_success() -> None:
+    t = uni.zeros(4)
+    with pytest.raises(KeyError), uni.acquire_host_write_access_sync(t):
+        raise KeyError("writer failed")
+    access = OpAccess("copy", [uni.zeros(4)], [t], [True])
+    access.acquire()
+    access.finish(None)
+    np.asarray(t)
+
+
+@pytest.mark.parametrize("make", [
+    lambda a: a,
+    lambda a: a.T,
+    lambda a: a[::-1, ::2],
+    lambda a: np.asfortranarray(a)[:, ::-1],
+    lambda a: np.broadcast_to(a[:1], a.shape),
+    lambda a: a[:0],
+], ids=["c", "T", "steps", "F-flipped", "broadcast", "empty"])
+def test_staged_copies_keep_values_accessor_and_axis_order(make: Any) -> None:
+    base = (np.arange(12.0) + 1j * np.arange(12.0)[::-1]).reshape(3, 4)
+    view = make(base)
+    t = uni.from_numpy(view).conj()
+    with uni.acquire_host_read_access_sync(t) as lease:
+        span = lease.mdspan()
+        copy = staged(span)
+    assert copy.accessor == span.accessor
+    assert np.array_equal(np.asarray(copy), view.conj())
+    assert all(s >= 0 for s in copy.mapping.strides)
+    if view.size and view.ndim == 2 and view.strides[0] > 0 and view.strides[0] < view.strides[1]:
+        assert copy.mapping.strides[0] == 1  # column-major stays column-major
+
+
+def test_opposite_operations_on_two_storages_do_not_deadlock() -> None:
+    """Registration is atomic per operation: two threads copying x->y and y->x in a loop
+    always register in one global order, so neither can hold one queue and wait on the other."""
+    x, y = uni.from_numpy(np.zeros(64)), uni.from_numpy(np.ones(64))
+    errors: list[BaseException] = []
+
+    def work(src: uni.Tensor, dst: uni.Tensor) -> None:
+        try:
+            for _ in range(200):
+                uni.copy(src, dst)
+        except BaseException as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=pair) for pair in ((x, y), (y, x))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(20)
+    assert not any(th.is_alive() for th in threads), "deadlocked"
+    assert errors == []
