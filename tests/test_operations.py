@@ -761,6 +761,7 @@ async def test_cancelling_the_waiter_does_not_cancel_the_work() -> None:
     # The work still completes, and later requests still wait for it.
     async with uni.acquire_host_read_access_async(c) as lease:
         assert np.array_equal(np.asarray(lease.mdspan()), np.full((2, 2), 2.0))
+    await future  # (the leases are given back just before the future completes)
     assert future.done() and gated.calls == 1
     await future  # awaiting again after completion returns at once
 

@@ -56,7 +56,8 @@ class _Target:
 
 def _target_of(x: Any, domain: Domain, fn: str) -> _Target:
     if type(x) is Tensor:
-        target = _Target(x.storage, x.mapping, x.accessor, x.offset, True)
+        # Slots, not properties: this line runs on every acquisition.
+        target = _Target(x._storage, x._mapping, x._accessor, x._offset, True)
     elif hasattr(x, "backend_selector") and (hasattr(x, "mdspec") or hasattr(x, "mdspan")):
         target = _from_tensor_view(x, fn)
     elif hasattr(x, "mapping") and hasattr(x, "accessor"):

@@ -20,6 +20,7 @@ import attrs
 from uni import backends as _backends
 from uni._errors import KernelDispatchError
 from uni._probe import Decline, Probe
+from uni.dispatch import Specializer
 
 OPS = ("copy", "gemm", "gemv", "transform")
 
@@ -159,7 +160,6 @@ def _record(record: DispatchRecord) -> None:
 
 # -- the walk ------------------------------------------------------------------------------
 _decisions: dict[tuple[Any, ...], Any] = {}
-_probes: dict[tuple[Any, ...], Probe] = {}
 # Keys include ids of Python callables (transform) and of backend objects, so the caches are
 # cleared, not grown without bound, when full; refilling them costs one walk per signature.
 _CACHE_MAX = 4096
@@ -184,15 +184,23 @@ def clear_caches() -> None:
     _probes.clear()
 
 
-def _probe(backend: Any, op: str, signature: tuple[Any, ...]) -> Probe:
-    key = (backend.name, id(backend), op, signature)
-    answer = _probes.get(key)
-    if answer is None:
-        answer = backend.probe(op, signature)
-        if not isinstance(answer, Probe):
-            raise TypeError(f"backend {backend.name!r} probe returned {answer!r}, not a uni.Probe")
-        _remember(_probes, key, answer)
+def _build_probe(key: tuple[Any, str, tuple[Any, ...]]) -> Probe:
+    backend, op, signature = key
+    answer = backend.probe(op, signature)
+    if not isinstance(answer, Probe):
+        raise TypeError(f"backend {backend.name!r} probe returned {answer!r}, not a uni.Probe")
     return answer
+
+
+# Type-level answers are specializations of (backend, op, operand signature): built once each.
+_probes: Specializer[tuple[Any, str, tuple[Any, ...]], Probe] = Specializer("walk-probe",
+                                                                              _build_probe)
+
+
+def _probe(backend: Any, op: str, signature: tuple[Any, ...]) -> Probe:
+    if len(_probes) >= _CACHE_MAX:
+        _probes.clear()
+    return _probes((backend, op, signature))
 
 
 def walk(op: str, call: Any, signature: tuple[Any, ...], chain: tuple[Any, ...]) -> str:

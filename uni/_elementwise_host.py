@@ -126,14 +126,16 @@ def _store_is_plain_cast(src: DType, dst: DType) -> bool:
     )
 
 
-def execute(op: ElementOp, out: Array, inputs: Sequence[Input]) -> None:
+def execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: Any = None) -> None:
     """``out[...] = op(*inputs)`` with numpy ufuncs, no per-element Python work.
 
     Inputs (arrays, numpy scalars, Python scalars) broadcast to ``out.shape``; the output
-    never broadcasts. The op computes in ``op.result_dtype(*inputs)`` and the result is
-    stored into ``out`` with the store rules (``uni._promotion.store_cast``); a temporary
-    holds the result only when that store needs more than numpy's plain cast (saturating into
-    integers, keeping a real part). An input that overlaps ``out`` at another layout is
+    never broadcasts. The op computes in ``dtype`` when given -- a front end that already
+    broadcast its inputs passes the dtype it promoted them to, since a 0-d input broadcast
+    to a larger shape no longer looks 0-d here -- else in ``op.result_dtype(*inputs)``. The
+    result is stored into ``out`` with the store rules (``uni._promotion.store_cast``); a
+    temporary holds the result only when that store needs more than numpy's plain cast
+    (saturating into integers, keeping a real part). An input that overlaps ``out`` at another layout is
     copied first.
 
     Raises ShapeError (an input does not broadcast to ``out``), DTypeError (a dtype outside
@@ -149,7 +151,7 @@ def execute(op: ElementOp, out: Array, inputs: Sequence[Input]) -> None:
     if len(inputs) != op.arity:
         raise TypeError(f"{op.name} takes {op.arity} inputs, got {len(inputs)}")
     operands = _check_inputs(out.shape, inputs)
-    compute = op.result_dtype(*operands)
+    compute = op.result_dtype(*operands) if dtype is None else as_dtype(dtype)
     staged: list[Input] = []
     for x in inputs:
         if isinstance(x, np.ndarray) and needs_staging(x, out):

@@ -145,7 +145,9 @@ class _Lease:
         return type(self)(access)
 
     def __enter__(self) -> Any:
-        self._live()
+        access = self._access
+        if access is None or access.finished:
+            self._live()  # raises LeaseReleasedError
         return self
 
     def __exit__(

@@ -20,7 +20,14 @@ import trio
 
 from uni import _fast_gemm
 from uni._dispatch import _diagnostics, _overrides, backend_list, walk
-from uni._errors import DomainError, DTypeError, KernelDispatchError, LeaseError, ShapeError
+from uni._errors import (
+    DomainError,
+    DTypeError,
+    KernelDispatchError,
+    LayoutError,
+    LeaseError,
+    ShapeError,
+)
 from uni._mapping import layout_stride
 from uni._mdspec import MdSpan
 from uni._op_access import OpAccess, staged
@@ -417,6 +424,12 @@ def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
 
     out = _tensor(out, "transform", "out")
     _writable("transform", "out", out)
+    for axis, (extent, stride) in enumerate(zip(out.shape, out.strides, strict=True)):
+        if stride == 0 and extent > 1:
+            raise LayoutError(
+                f"transform: the output never broadcasts, but its axis {axis} has extent "
+                f"{extent} and stride 0 (shape {out.shape}, strides {out.strides})"
+            )
     if is_element_op(op):
         if len(inputs) != op.arity:
             raise TypeError(f"transform: {op.name} takes {op.arity} inputs, got {len(inputs)}")
@@ -428,6 +441,12 @@ def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
     for i, x in enumerate(inputs):
         if isinstance(x, Tensor):
             described.append((x.dtype, x.ndim == 0))
+            tail = out.shape[out.ndim - x.ndim:] if x.ndim <= out.ndim else None
+            if tail is None or any(e not in (1, t) for e, t in zip(x.shape, tail, strict=True)):
+                raise ShapeError(
+                    f"transform: input {i} of shape {x.shape} does not broadcast to the output's "
+                    f"shape {out.shape} (inputs broadcast; the output never does)"
+                )
             x = _broadcast_batch("transform", f"input {i}", x, out.shape, 0)
             tensors.append(x)
         elif _promotion.is_python_scalar(x) or isinstance(x, np.generic):
@@ -443,6 +462,14 @@ def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
         compute = op.result_dtype(*described)
     else:
         compute = _promotion.result_dtype(*described) if described else out.dtype
+    # A Python int that does not fit an integer computing dtype is refused here, before any
+    # lease, rather than by a backend (which would poison the output) or wrapped silently.
+    for x in (*operands, getattr(op, "factor", None) if is_element_op(op) else None):
+        if _promotion.is_python_scalar(x):
+            try:
+                _promotion.python_scalar_to(x, compute)
+            except DTypeError as err:
+                raise DTypeError(f"transform: {err}") from None
     return out, operands, tensors, compute
 
 

@@ -60,8 +60,8 @@ _WHY: dict[Decline, str] = {
         "non-zero increment, and aligned data"
     ),
     Decline.UNSUPPORTED_ACCESSOR: (
-        "a conjugated operand BLAS cannot express: it has only conjugate-transpose ('C'), so "
-        "conj(a) must be stored in the opposite order to the output, and a vector never"
+        "BLAS has only conjugate-transpose ('C'): a conjugated matrix must be stored in the "
+        "opposite order (row- vs column-major) to the output"
     ),
     Decline.UNSUPPORTED_INSTANCE: (
         "the output shares memory with an input, or alpha/beta do not fit the dtype (a "
@@ -190,7 +190,8 @@ class Blas:
         if isinstance(out, Decline):
             return out
         inputs = [np.asarray(x) if hasattr(x, "mapping") else x for x in call.inputs]
-        execute(call.op, out, inputs)
+        # The front end's dtype: a 0-d input broadcast to out's shape no longer looks 0-d.
+        execute(call.op, out, inputs, dtype=call.compute_dtype)
         return None
 
 
