@@ -65,6 +65,40 @@ def test_an_input_overlapping_the_output_is_folded_into_its_write() -> None:
     assert np.array_equal(np.asarray(t)[3:], -np.ones(7))
 
 
+@pytest.mark.parametrize("order", ["near input first", "far input first"])
+def test_an_input_overlapping_only_the_widened_lease_is_folded_too(order: str) -> None:
+    t = uni.from_numpy(np.arange(12.0))
+    out, near, far = t[4:8], t[6:10], t[8:12]  # far overlaps near, not out
+    inputs = [near, far] if order == "near input first" else [far, near]
+    access = OpAccess("transform", inputs, [out], [True])
+    assert access.folded(0) and access.folded(1)
+    assert snapshot(t) == [("write", 4, 11, True)]
+    access.acquire()
+    for i, view in enumerate(inputs):
+        start = view.offset
+        assert np.asarray(access.span(i, "read")).tolist() == list(range(start, start + 4))
+    access.finish(RuntimeError("failed"))
+    np.asarray(t[8:12])  # only what the output reaches is poisoned
+    with pytest.raises(uni.PoisonedError):
+        np.asarray(t[4:8])
+
+
+def test_gemm_whose_inputs_chain_overlaps_through_the_output() -> None:
+    base = np.arange(24.0)
+    t = uni.from_numpy(base.copy())
+    c = t[4:8].reshape(2, 2)      # 4..7
+    a = t[6:10].reshape(2, 2)     # 6..9: overlaps c
+    b = t[9:13].reshape(2, 2)     # 9..12: overlaps only a's widening
+    want = base.copy()
+    want[4:8] = (base[6:10].reshape(2, 2) @ base[9:13].reshape(2, 2)).ravel()
+    uni.gemm(a, b, c)
+    np.testing.assert_array_equal(np.asarray(t), want)
+    t2 = uni.from_numpy(base.copy())
+    future = uni.gemm_async(t2[6:10].reshape(2, 2), t2[9:13].reshape(2, 2), t2[4:8].reshape(2, 2))
+    assert future.result(10) == "blas"  # no deadlock on its own lease
+    np.testing.assert_array_equal(np.asarray(t2), want)
+
+
 def test_a_folded_input_turns_off_overwrite() -> None:
     t = uni.from_numpy(np.arange(6.0))
     access = OpAccess("copy", [t[::-1]], [t], [True])

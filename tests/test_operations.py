@@ -678,9 +678,11 @@ async def test_await_returns_and_reraises() -> None:
     ints = uni.zeros((2, 2), np.int64)
     with pytest.raises(uni.KernelDispatchError, match="probe NO"):
         await uni.gemm_async(ints, ints, ints, backends=["blas"])
-    # Declining everywhere wrote nothing, so nothing is poisoned.
-    async with uni.acquire_host_read_access_async(ints):
-        pass
+    # Declining everywhere wrote nothing, but an async failure still poisons the output, so
+    # that operations queued behind it do not compute from stale data (a sync call does not).
+    with pytest.raises(uni.PoisonedError):
+        async with uni.acquire_host_read_access_async(ints):
+            pass
     # An empty output completes at once.
     await uni.gemm_async(uni.zeros((0, 2)), uni.zeros((2, 2)), uni.zeros((0, 2)))
 

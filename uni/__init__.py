@@ -6,6 +6,7 @@ through explicit read/write leases; fixed operations walk an ordered list of bac
 
 from uni import backends as backends
 from uni import concepts as concepts
+from uni import cuda as cuda
 from uni import ops as ops
 from uni import plan as plan
 from uni import storage as storage
@@ -142,6 +143,7 @@ __all__ = [
     "complex128",
     "complex64",
     "concepts",
+    "cuda",
     "copy",
     "copy_async",
     "dispatch_diagnostics",

@@ -50,19 +50,28 @@ class OpAccess:
         self.op = op
         self.writes = [_Item(t, "write", Region.of(t.mapping, t.offset), ow)
                        for t, ow in zip(writes, overwrite, strict=True)]
-        self.reads = []
-        for t in reads:
-            item = _Item(t, "read", Region.of(t.mapping, t.offset), False)
-            for w in self.writes:
-                if w.tensor.storage is t.storage and _overlaps(w.region, item.region):
-                    item.writer = w
-                    w.overwrite = False  # it reads what it writes: the old contents matter
-                    base = w.cover or w.region
-                    lo, hi = min(base.lo, item.region.lo), max(base.hi, item.region.hi)
-                    w.cover = Region(lo, layout_right((hi - lo + 1,)), lo, hi)
-                    break
-            self.reads.append(item)
+        self.reads = [_Item(t, "read", Region.of(t.mapping, t.offset), False) for t in reads]
+        # Fold until nothing changes: widening a write over one input can make it overlap
+        # another input (in either order), which must then be folded too, or the operation
+        # would wait for its own write lease.
+        changed = True
+        while changed:
+            changed = False
+            for item in self.reads:
+                if item.writer is not None:
+                    continue
+                for w in self.writes:
+                    if w.tensor.storage is item.tensor.storage and _overlaps(w.cover or w.region,
+                                                                             item.region):
+                        item.writer = w
+                        w.overwrite = False  # it reads what it writes: the old contents matter
+                        base = w.cover or w.region
+                        lo, hi = min(base.lo, item.region.lo), max(base.hi, item.region.hi)
+                        w.cover = Region(lo, layout_right((hi - lo + 1,)), lo, hi)
+                        changed = True
+                        break
         self.finished = False
+        self.detached = owner_thread != "current"  # run by a worker for an _async call
         kwargs = {} if owner_thread == "current" else {"owner_thread": owner_thread}
         with _registration_lock:
             for item in [*self.reads, *self.writes]:
@@ -97,8 +106,14 @@ class OpAccess:
                 else:
                     item.handle = storage.acquire_write(region, overwrite=item.overwrite)
                 item.opened = True
-        except BaseException:
-            self.finish(None, poison=False)
+        except BaseException as err:
+            # A sync caller hears the error and its outputs stay untouched. An async
+            # operation's outputs are poisoned: operations queued after it must not compute
+            # from stale data (a failure travels down the pipeline as PoisonedError).
+            if self.detached:
+                self.finish(err)
+            else:
+                self.finish(None, poison=False)
             raise
 
     def span(self, tensor_index: int, kind: str) -> MdSpan:
@@ -151,7 +166,9 @@ class OpAccess:
             queue = storage.access_queue
             if item.mode == "write":
                 if error is not None and poison:
-                    queue.poison(region.lo, region.hi, error)
+                    # What the output reaches, not the whole lease: elements only read
+                    # (a widened lease over an input) were never written.
+                    queue.poison(item.region.lo, item.region.hi, error)
                 elif error is None and item.overwrite and item.opened and region.covers_exactly():
                     queue.clear_poison(region.lo, region.hi)
             queue.release(item.request)

@@ -299,9 +299,11 @@ class _Job:
         try:
             selected = walk(self.op, self.build(access), self.signature, self.chain)
         except KernelDispatchError as err:
-            # Every backend declined, and a decline has no side effects: nothing was written,
-            # so the output is given back (a staged write discarded) but not poisoned.
-            access.finish(err, poison=False)
+            # Every backend declined, and a decline has no side effects: nothing was written.
+            # A sync caller hears the error and its output stays as it was (a staged write is
+            # discarded, nothing is poisoned). An async operation's outputs are poisoned like
+            # any failure's: operations queued after it must not compute from stale data.
+            access.finish(err, poison=access.detached)
             raise
         except BaseException as err:
             access.finish(err)
