@@ -684,10 +684,6 @@ def test_accessor_views_are_honoured(backend: str) -> None:
     assert real.to_numpy().tolist() == [1.5, 3.0, 4.5]
 
 
-@pytest.mark.xfail(raises=RuntimeWarning, strict=True,
-                   reason="uni/_accessor.py: ScaledAccessor multiplies without "
-                          "np.errstate, so inf * 1j (or inf * 0) warns, and under "
-                          "warnings-as-errors the transform fails and poisons its output")
 def test_a_scaled_view_of_infinities_does_not_warn() -> None:
     t = uni.from_numpy(np.array([math.inf, 1.0]))
     out = uni.zeros((2,), C16)

@@ -110,11 +110,10 @@ def _conj(value: Any) -> Any:
     return np.conj(value) if np.iscomplexobj(value) else value
 
 
-@attrs.frozen
-class ConstAccessor(_AccessorBase):
-    """Read-only access to the base accessor's values."""
+class _Adapter(_AccessorBase):
+    """An accessor over a ``base`` accessor: read-only, in the base's domains, of its type."""
 
-    base: Any = attrs.field(validator=_check_accessor)
+    base: Any
 
     @property
     def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
@@ -127,6 +126,14 @@ class ConstAccessor(_AccessorBase):
     @property
     def domains(self) -> frozenset[Domain]:  # type: ignore[override]
         return self.base.domains  # type: ignore[no-any-return]
+
+
+@attrs.frozen
+class ConstAccessor(_Adapter):
+    """Read-only access to the base accessor's values."""
+
+    base: Any = attrs.field(validator=_check_accessor)
+
 
     @property
     def transforms_values(self) -> bool:  # type: ignore[override]
@@ -143,23 +150,12 @@ class ConstAccessor(_AccessorBase):
 
 
 @attrs.frozen
-class ConjugateAccessor(_AccessorBase):
+class ConjugateAccessor(_Adapter):
     """Values are the complex conjugate of the base accessor's (read-only)."""
 
     base: Any = attrs.field(validator=_check_accessor)
     transforms_values: bool = attrs.field(default=True, init=False)
 
-    @property
-    def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
-        return self.base.element_type  # type: ignore[no-any-return]
-
-    @property
-    def readonly(self) -> bool:  # type: ignore[override]
-        return True
-
-    @property
-    def domains(self) -> frozenset[Domain]:  # type: ignore[override]
-        return self.base.domains  # type: ignore[no-any-return]
 
     def access(self, handle: HostHandle, offset: int) -> Any:
         return _conj(self.base.access(handle, offset))
@@ -187,7 +183,7 @@ def _scaled_type(base: np.dtype[Any], factor: Any) -> np.dtype[Any]:
 
 
 @attrs.frozen
-class ScaledAccessor(_AccessorBase):
+class ScaledAccessor(_Adapter):
     """Values are the base accessor's multiplied by ``factor`` (read-only)."""
 
     base: Any = attrs.field(validator=_check_accessor)
@@ -203,17 +199,11 @@ class ScaledAccessor(_AccessorBase):
     def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
         return _scaled_type(self.base.element_type, self.factor)
 
-    @property
-    def readonly(self) -> bool:  # type: ignore[override]
-        return True
-
-    @property
-    def domains(self) -> frozenset[Domain]:  # type: ignore[override]
-        return self.base.domains  # type: ignore[no-any-return]
 
     def _scale(self, value: Any) -> Any:
         # The same ufunc as ``apply``, so one element and a whole array agree (integers wrap).
-        return np.multiply(np.asarray(value), self.factor, dtype=self.element_type)[()]
+        with np.errstate(all="ignore"):  # IEEE results (inf * 0 = nan) are the semantics
+            return np.multiply(np.asarray(value), self.factor, dtype=self.element_type)[()]
 
     def access(self, handle: HostHandle, offset: int) -> Any:
         return self._scale(self.base.access(handle, offset))
@@ -223,12 +213,13 @@ class ScaledAccessor(_AccessorBase):
 
     def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         base = _base_values(self.base, values)
-        result: np.ndarray[Any, Any] = np.multiply(base, self.factor, dtype=self.element_type)
+        with np.errstate(all="ignore"):
+            result: np.ndarray[Any, Any] = np.multiply(base, self.factor, dtype=self.element_type)
         return result
 
 
 @attrs.frozen
-class TransformAccessor(_AccessorBase):
+class TransformAccessor(_Adapter):
     """Values are ``op(base value)``: a ``uni.ops`` unary element op or, host only, a callable.
 
     A plain Python callable keeps the base element type unless ``dtype`` says otherwise, and
@@ -236,7 +227,7 @@ class TransformAccessor(_AccessorBase):
     """
 
     base: Any = attrs.field(validator=_check_accessor)
-    op: Callable[..., Any] = attrs.field()
+    op: Any = attrs.field()  # a uni.ops element op, or (host only) any Python callable
     dtype: np.dtype[Any] | None = attrs.field(default=None)
     transforms_values: bool = attrs.field(default=True, init=False)
 

@@ -135,8 +135,8 @@ def _is_unique(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 
 
 @attrs.frozen
-class layout_right(_Strided):
-    """Row-major (C order) mapping: the last index varies fastest."""
+class _Contiguous(_Strided):
+    """A mapping whose strides follow from the extents alone (C or Fortran order)."""
 
     extents: Extents = attrs.field(converter=_as_extents)
     strides: tuple[int, ...] = attrs.field(init=False)
@@ -145,9 +145,13 @@ class layout_right(_Strided):
 
     _bounds: tuple[int, int] = attrs.field(init=False, eq=False, repr=False, hash=False)
 
+    @staticmethod
+    def _strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
+        raise NotImplementedError
+
     @strides.default
     def _strides(self) -> tuple[int, ...]:
-        return _c_strides(self.extents.shape)
+        return self._strides_for(self.extents.shape)
 
     @_bounds.default
     def _compute_bounds(self) -> tuple[int, int]:
@@ -161,29 +165,17 @@ class layout_right(_Strided):
 
 
 @attrs.frozen
-class layout_left(_Strided):
+class layout_right(_Contiguous):
+    """Row-major (C order) mapping: the last index varies fastest."""
+
+    _strides_for = staticmethod(_c_strides)
+
+
+@attrs.frozen
+class layout_left(_Contiguous):
     """Column-major (Fortran order) mapping: the first index varies fastest."""
 
-    extents: Extents = attrs.field(converter=_as_extents)
-    strides: tuple[int, ...] = attrs.field(init=False)
-    is_always_unique: ClassVar[bool] = True
-    is_always_exhaustive: ClassVar[bool] = True
-
-    _bounds: tuple[int, int] = attrs.field(init=False, eq=False, repr=False, hash=False)
-
-    @strides.default
-    def _strides(self) -> tuple[int, ...]:
-        return _f_strides(self.extents.shape)
-
-    @_bounds.default
-    def _compute_bounds(self) -> tuple[int, int]:
-        return _reach(self)
-
-    def is_unique(self) -> bool:
-        return True
-
-    def is_exhaustive(self) -> bool:
-        return True
+    _strides_for = staticmethod(_f_strides)
 
 
 def _as_strides(value: Any) -> tuple[int, ...]:
