@@ -249,10 +249,6 @@ class TransformAccessor(_Adapter):
         return self.base.element_type  # type: ignore[no-any-return]
 
     @property
-    def readonly(self) -> bool:  # type: ignore[override]
-        return True
-
-    @property
     def domains(self) -> frozenset[Domain]:  # type: ignore[override]
         domains: frozenset[Domain] = self.base.domains
         if getattr(self.op, "cuda_expression", None) is None:

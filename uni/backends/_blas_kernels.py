@@ -508,19 +508,25 @@ def gemm(
     return _gemm(kinds, a, b, c, alpha, beta, conj_a, conj_b)
 
 
+def _kind_for(kinds: dict[np.dtype[Any], _Kind], out: object, *inputs: object) -> _Kind | Decline:
+    """The per-dtype entry points for numpy operands of one supported dtype, or why not."""
+    if not kinds:
+        return Decline.UNAVAILABLE
+    if not (isinstance(out, np.ndarray) and all(isinstance(x, np.ndarray) for x in inputs)):
+        return Decline.UNSUPPORTED_INSTANCE
+    kind = kinds.get(out.dtype)
+    if kind is None or any(x.dtype != out.dtype for x in inputs):  # type: ignore[attr-defined]
+        return Decline.UNSUPPORTED_INSTANCE
+    return kind
+
+
 def _gemm(
     kinds: dict[np.dtype[Any], _Kind], a: Array, b: Array, c: Array, alpha: Scalar,
     beta: Scalar, conj_a: bool, conj_b: bool,
 ) -> Decline | None:
-    if not kinds:
-        return Decline.UNAVAILABLE
-    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-            and isinstance(c, np.ndarray)):
-        return Decline.UNSUPPORTED_INSTANCE
-    dt = c.dtype
-    kind = kinds.get(dt)
-    if kind is None or a.dtype != dt or b.dtype != dt:
-        return Decline.UNSUPPORTED_INSTANCE
+    kind = _kind_for(kinds, c, a, b)
+    if isinstance(kind, Decline):
+        return kind
     a_shape = a.shape
     b_shape = b.shape
     c_shape = c.shape
@@ -816,15 +822,9 @@ def _gemv(
     kinds: dict[np.dtype[Any], _Kind], a: Array, x: Array, y: Array, alpha: Scalar,
     beta: Scalar, conj_a: bool,
 ) -> Decline | None:
-    if not kinds:
-        return Decline.UNAVAILABLE
-    if not (isinstance(a, np.ndarray) and isinstance(x, np.ndarray)
-            and isinstance(y, np.ndarray)):
-        return Decline.UNSUPPORTED_INSTANCE
-    dt = y.dtype
-    kind = kinds.get(dt)
-    if kind is None or a.dtype != dt or x.dtype != dt:
-        return Decline.UNSUPPORTED_INSTANCE
+    kind = _kind_for(kinds, y, a, x)
+    if isinstance(kind, Decline):
+        return kind
     a_shape = a.shape
     if len(a_shape) != 2 or x.ndim != 1 or y.ndim != 1:
         return Decline.UNSUPPORTED_SHAPE
