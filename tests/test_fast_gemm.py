@@ -35,12 +35,15 @@ def test_repeats_match_numpy(dtype: str, alpha: float, beta: float) -> None:
         expected = alpha * (a @ b) + (beta * before if beta != 0 else 0)
         np.testing.assert_allclose(c, expected, rtol=tol, atol=tol)
         if round_ == 0:
+            assert _fast_gemm.lookup(ta, tb, tc) is None  # one-off products prepare nothing
+        else:
             assert _fast_gemm.lookup(ta, tb, tc) is not None
 
 
 def test_alpha_zero_and_poison_take_the_general_path() -> None:
     a, b, c = _operands()
     ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
+    uni.gemm(ta, tb, tc)
     uni.gemm(ta, tb, tc)
     assert _fast_gemm.lookup(ta, tb, tc) is not None
     a[0, 0] = np.nan
@@ -101,3 +104,16 @@ def test_views_and_aliasing_are_not_prepared() -> None:
     uni.gemm(square, square, square)  # output aliases the inputs: general path, staged
     np.testing.assert_allclose(square.to_numpy(), np.eye(4))
     assert _fast_gemm.lookup(square, square, square) is None
+
+
+def test_fresh_views_of_the_same_operands_are_found_by_value() -> None:
+    a, b, _ = _operands()
+    ta, tb = uni.from_numpy(a.T.copy()), uni.from_numpy(b)
+    c = uni.zeros((6, 5))
+    for _ in range(3):
+        uni.gemm(ta.T, tb, c)  # ta.T is a new Tensor object every time
+    found = _fast_gemm.lookup(ta.T, tb, c)
+    assert found is not None
+    other = uni.zeros((6, 5))
+    assert _fast_gemm.lookup(ta.T, tb, other) is None  # another storage is another product
+    np.testing.assert_allclose(c.to_numpy(), a @ b)

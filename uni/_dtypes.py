@@ -32,8 +32,23 @@ def supported_names() -> str:
     return ", ".join(d.name for d in SUPPORTED_DTYPES)
 
 
+# Every spelling of a supported dtype uni sees often (dtype objects, scalar types, names),
+# answered by one dict lookup: as_dtype runs several times per operation.
+_KNOWN: dict[Any, np.dtype[Any]] = {}
+for _dt in SUPPORTED_DTYPES:
+    for _spelling in (_dt, _dt.type, _dt.name, _dt.str, _dt.char):
+        _KNOWN[_spelling] = _dt
+_KNOWN.update({bool: bool_, int: np.dtype(int), float: float64, complex: complex128})
+
+
 def as_dtype(value: Any) -> np.dtype[Any]:
     """Normalize ``value`` to one of uni's dtypes or raise DTypeError naming the supported set."""
+    try:
+        known = _KNOWN.get(value)
+    except TypeError:  # unhashable: let numpy say what it is
+        known = None
+    if known is not None:
+        return known
     try:
         dt = np.dtype(value)
     except TypeError:

@@ -69,12 +69,28 @@ class FastGemm:
             qa.release(ra)
 
 
+# Two ways to find an entry: by the operands' identity (a loop over the same tensor objects:
+# three ids, the cheapest check), and by what they are (storage, offset, mapping, accessor:
+# a loop that makes fresh views such as ``a.T`` each time). An entry is prepared only when
+# that value key was seen before, so one-off products do not pay for preparing a repeat.
 _entries: dict[tuple[int, int, int], FastGemm] = {}
+_by_value: dict[tuple[Any, ...], FastGemm] = {}
+_seen: dict[tuple[Any, ...], None] = {}
+
+
+def _value_key(a: Any, b: Any, c: Any) -> tuple[Any, ...]:
+    return (id(a._storage), a._offset, a._mapping, a._accessor,
+            id(b._storage), b._offset, b._mapping, b._accessor,
+            id(c._storage), c._offset, c._mapping, c._accessor)
 
 
 def lookup(a: Any, b: Any, c: Any) -> FastGemm | None:
     entry = _entries.get((id(a), id(b), id(c)))
     if entry is not None and entry.a is a and entry.b is b and entry.c is c:
+        return entry
+    entry = _by_value.get(_value_key(a, b, c))
+    if entry is not None and (entry.a.storage is a.storage and entry.b.storage is b.storage
+                              and entry.c.storage is c.storage):
         return entry
     return None
 
@@ -89,15 +105,27 @@ def remember(a: Any, b: Any, c: Any) -> None:
             return
         if t.ndim != 2:
             return
+    key = _value_key(a, b, c)
+    if key not in _seen:
+        if len(_seen) >= _MAX_ENTRIES:
+            _seen.clear()
+        _seen[key] = None
+        return
     views = [host_view(t.storage.handle(t.offset), t.mapping, writeable=t is c) for t in (a, b, c)]
     run = _blas_kernels.prepare_gemm(views[0], views[1], views[2])
     if run is None:
         return
     if len(_entries) >= _MAX_ENTRIES:
         _entries.clear()
-    _entries[(id(a), id(b), id(c))] = FastGemm(a, b, c, run)
+    if len(_by_value) >= _MAX_ENTRIES:
+        _by_value.clear()
+    entry = FastGemm(a, b, c, run)
+    _entries[(id(a), id(b), id(c))] = entry
+    _by_value[key] = entry
 
 
 def forget() -> None:
     """Drop every prepared entry (the walk's answer may have changed)."""
     _entries.clear()
+    _by_value.clear()
+    _seen.clear()

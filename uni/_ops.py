@@ -382,9 +382,12 @@ def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
     """
     plain = backends is None and not _diagnostics.get()
     if plain:
-        # _fast_gemm.lookup, inlined: this is the whole cost of a repeated tiny product.
+        # The identity check of _fast_gemm.lookup, inlined: for a repeated tiny product on
+        # the same tensors this is the whole overhead.
         fast = _fast_gemm._entries.get((id(a), id(b), id(c)))
-        if fast is not None and fast.a is a and fast.b is b and fast.c is c and fast(alpha, beta):
+        if fast is None or not (fast.a is a and fast.b is b and fast.c is c):
+            fast = _fast_gemm.lookup(a, b, c) if type(a) is type(b) is type(c) is Tensor else None
+        if fast is not None and fast(alpha, beta):
             return
     job = _gemm_job(a, b, c, alpha, beta, backends)
     if job is not None:
