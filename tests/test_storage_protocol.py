@@ -403,3 +403,22 @@ async def test_async_waiter_behind_a_failing_writer_is_not_stuck() -> None:
     assert len(errors) == 1 and errors[0].__cause__ is writer.error
     storage.fail.clear()
     assert_idle(t)
+
+
+def test_host_storage_subclass_release_hooks_still_run() -> None:
+    calls: list[str] = []
+
+    class Audited(uni.storage.HostStorage):
+        def release_read(self, region: object, handle: object) -> None:
+            calls.append("read")
+
+        def release_write(self, region: object, handle: object, *, error: object) -> None:
+            calls.append("write" if error is None else "failed write")
+
+    t = uni.Tensor.from_storage(Audited(4, "f8"), uni.layout_right((4,)))
+    with uni.acquire_host_read_access_sync(t):
+        pass
+    with uni.acquire_host_write_access_sync(t):
+        pass
+    assert calls == ["read", "write"]
+    assert uni.storage.HostStorage.release_is_noop and not Audited.release_is_noop

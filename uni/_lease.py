@@ -80,15 +80,18 @@ class _Access:
             return
         self.finished = True
         region = self.region
-        try:
-            if self.mode == "read":
-                self.storage.release_read(region, self.handle)
-            else:
-                self.storage.release_write(region, self.handle, error=failure)
-        except BaseException as err:
-            self.error = err
-            if failure is None:
-                failure = err
+        storage = self.storage
+        # Plain memory has nothing to hand back: skip two no-op calls on every release.
+        if not getattr(storage, "release_is_noop", False):
+            try:
+                if self.mode == "read":
+                    storage.release_read(region, self.handle)
+                else:
+                    storage.release_write(region, self.handle, error=failure)
+            except BaseException as err:
+                self.error = err
+                if failure is None:
+                    failure = err
         queue = self.queue
         if self.mode == "write":
             if failure is not None:

@@ -30,7 +30,15 @@ class HostStorage(StorageBase):
     """A flat host buffer. Handles are the buffer itself: acquisition moves no data."""
 
     immediate = True
+    #: release_read/release_write do nothing here; leases may skip calling them.
+    release_is_noop = True
     _handles: dict[int, HostHandle]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass may add work to its release hooks: it must say so itself to be skipped.
+        if "release_is_noop" not in cls.__dict__:
+            cls.release_is_noop = False
 
     def __init__(self, size: int, dtype: Any = np.float64, *, buffer: Any = None,
                  readonly: bool = False) -> None:
