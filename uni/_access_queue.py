@@ -79,7 +79,7 @@ class AccessRequest:
         self.released = False
         # Set only while somebody is blocked on the request; whoever grants or withdraws
         # the request takes it (under the queue lock), so each waiter is woken exactly once.
-        self._waker: _LockType | _TrioPark | None = None
+        self._waker: _LockType | _TrioPark | _Callback | None = None
 
     @property
     def state(self) -> Literal["pending", "active", "released", "withdrawn"]:
@@ -132,6 +132,22 @@ class _TrioPark:
         # reported and swallowed; by construction reschedule is called once per park.
         try:
             trio.lowlevel.reschedule(self.task)
+        except BaseException:  # pragma: no cover - defensive
+            traceback.print_exc(file=sys.stderr)
+
+
+class _Callback:
+    """A function to call (in the granting thread, outside the lock) once a request is granted."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+
+    def run(self) -> None:
+        # Runs inside release(), which never raises: report and swallow.
+        try:
+            self.fn()
         except BaseException:  # pragma: no cover - defensive
             traceback.print_exc(file=sys.stderr)
 
@@ -231,6 +247,8 @@ class AccessQueue:
                 raise LeaseError(f"{req.holder} on {self.label} is already being waited for")
             blockers = self._blockers_locked(req)
             mine = [b for b in blockers if b.owner_thread == me]
+            if not in_trio and not mine:
+                mine = self._owned_upstream_locked(blockers, me)
             if not in_trio and not mine:
                 waiter = _allocate_lock()
                 waiter.acquire()
@@ -332,6 +350,24 @@ class AccessQueue:
         if not req.granted:
             raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn while waiting")
 
+    def when_granted(self, req: AccessRequest, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once ``req`` is granted (or withdrawn), without blocking.
+
+        At once, in this thread, when it already is; otherwise in whichever thread grants
+        it, after the queue lock is dropped. ``callback`` must be quick and must not raise
+        (an exception is reported and swallowed). How async operations are dispatched: a
+        worker is taken only once every lease is granted, so the pool never fills up with
+        operations waiting for grants while runnable ones starve behind them.
+        """
+        if not (req.granted or req.released):
+            with self._lock:
+                if not (req.granted or req.released):
+                    if req._waker is not None:
+                        raise LeaseError(f"{req.holder} on {self.label} is already being waited for")
+                    req._waker = _Callback(callback)
+                    return
+        _Callback(callback).run()
+
     # ------------------------------------------------------------------ releasing
 
     def release(self, req: AccessRequest) -> None:
@@ -427,6 +463,21 @@ class AccessQueue:
         found.sort(key=lambda q: not q.granted)
         return found
 
+    def _owned_upstream_locked(self, blockers: list[AccessRequest], me: int) -> list[AccessRequest]:
+        """A request of thread ``me`` that a pending blocker waits for, however indirectly
+        (a worker's or a task's request queued behind this thread's lease): waiting for the
+        blocker would then wait for this very thread, forever. Empty when there is none."""
+        stack = [b for b in blockers if not b.granted]
+        seen = set(stack)
+        while stack:
+            for b in self._blockers_locked(stack.pop()):
+                if b.owner_thread == me:
+                    return [b]
+                if not b.granted and b not in seen:
+                    seen.add(b)
+                    stack.append(b)
+        return []
+
     def _remove_locked(self, req: AccessRequest) -> list[tuple[AccessRequest, _Waker]]:
         """Withdraw the pending ``req`` (its waiter, if any, is the caller) and regrant."""
         req.released = True
@@ -465,11 +516,13 @@ class AccessQueue:
                 if not waker.wake() and req.granted:
                     # The task's trio run is gone, so nobody will ever release this grant.
                     self.release(req)
+            elif isinstance(waker, _Callback):
+                waker.run()
             else:
                 waker.release()
 
 
-_Waker = _LockType | _TrioPark
+_Waker = _LockType | _TrioPark | _Callback
 
 
 def _describe(reqs: list[AccessRequest]) -> str:

@@ -194,6 +194,16 @@ class ScaledAccessor(_Adapter):
     def _check_factor(self, _attr: Any, value: Any) -> None:
         if not isinstance(value, (int, float, complex, np.number, np.bool_)):
             raise TypeError(f"expected a numeric scale factor, got {value!r}")
+        if type(value) is int and not -(2**31) < value < 2**31:
+            try:  # a Python int beyond the element type would fail on every read instead
+                with np.errstate(all="ignore"):
+                    np.multiply(np.zeros((), self.base.element_type), value,
+                                dtype=self.element_type)
+            except OverflowError:
+                from uni._errors import DTypeError
+
+                raise DTypeError(f"scale factor (an int of {value.bit_length()} bits) does not "
+                                 f"fit {self.element_type.name}") from None
 
     @property
     def element_type(self) -> np.dtype[Any]:  # type: ignore[override]

@@ -143,19 +143,24 @@ def _register(target: _Target, mode: Mode) -> tuple[Region, Any]:
     return region, request
 
 
+def _check_poison(target: _Target, mode: Mode, region: Region, *, overwrite: bool,
+                  allow_poisoned: bool) -> None:
+    if not allow_poisoned and not (mode == "write" and overwrite):
+        cause = target.storage.access_queue.poison_of(region.lo, region.hi)
+        if cause is not None:
+            raise PoisonedError(
+                f"{target.describe()} was poisoned by a failed writer "
+                f"({type(cause).__name__}: {cause}); pass allow_poisoned=True to read it "
+                "anyway, or rewrite it with overwrite=True"
+            ) from cause
+
+
 def _complete(target: _Target, mode: Mode, region: Region, request: Any, *, overwrite: bool,
               allow_poisoned: bool, handle: Any = None, have_handle: bool = False) -> _Lease:
     """The request is granted: check poisoning, open the storage, build the lease."""
     queue = target.storage.access_queue
     try:
-        if not allow_poisoned and not (mode == "write" and overwrite):
-            cause = queue.poison_of(region.lo, region.hi)
-            if cause is not None:
-                raise PoisonedError(
-                    f"{target.describe()} was poisoned by a failed writer "
-                    f"({type(cause).__name__}: {cause}); pass allow_poisoned=True to read it "
-                    "anyway, or rewrite it with overwrite=True"
-                ) from cause
+        _check_poison(target, mode, region, overwrite=overwrite, allow_poisoned=allow_poisoned)
         if not have_handle:
             if mode == "read":
                 handle = target.storage.acquire_read(region)
@@ -229,6 +234,9 @@ class PendingAcquisition:
         have_handle = False
         if opener is not None:
             try:
+                # Before opening: a handle the opener made would never be handed back.
+                _check_poison(target, self._mode, self._region, overwrite=overwrite,
+                              allow_poisoned=allow_poisoned)
                 if self._mode == "read":
                     handle = await opener(self._region)
                 else:

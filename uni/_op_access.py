@@ -83,6 +83,24 @@ class OpAccess:
                     holder=f"{op} {item.mode} of shape {item.tensor.shape}", **kwargs,
                 )
 
+    def when_granted(self, callback: Any) -> None:
+        """Call ``callback()`` once every request is granted (see AccessQueue.when_granted):
+        at once, in this thread, if all already are. Never blocks."""
+        items = [item for item in [*self.reads, *self.writes] if item.request is not None]
+        lock = threading.Lock()
+        left = [len(items) + 1]  # +1: not before every request has its callback
+
+        def one() -> None:
+            with lock:
+                left[0] -= 1
+                last = not left[0]
+            if last:
+                callback()
+
+        for item in items:
+            item.tensor.storage.access_queue.when_granted(item.request, one)
+        one()
+
     def acquire(self) -> None:
         """Wait for every grant (this thread), check poisoning, open the storages."""
         try:

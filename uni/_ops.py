@@ -171,6 +171,13 @@ def _check_scalars(op: str, alpha: Any, beta: Any, dtype: np.dtype[Any]) -> None
     """alpha and beta are numbers, and complex only when the operands are."""
     for name, value in (("alpha", alpha), ("beta", beta)):
         if type(value) in _PLAIN_SCALARS:
+            if type(value) is int and dtype.kind in "fc" and abs(value) > 2**1000:
+                try:
+                    complex(value)
+                except OverflowError:
+                    # It would overflow in a backend, after the output was leased.
+                    raise DTypeError(f"{op}: {name} (an int of {value.bit_length()} bits) is "
+                                     f"too large for {dtype.name} operands") from None
             continue
         if not isinstance(value, (int, float, complex, np.number, np.bool_)):
             raise TypeError(f"{op}: {name} must be a number (int, float, complex or a numpy "
@@ -595,21 +602,47 @@ async def _await_future(future: concurrent.futures.Future[Any]) -> Any:
     return future.result()
 
 
+_submitting = threading.local()  # .active: this thread is inside dispatch's submit
+
+
 def _submit(op: str, job: _Job | None) -> OpFuture:
     if job is None:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_result(None)
         return OpFuture(op, future)
     context = contextvars.copy_context()
+    future = concurrent.futures.Future()
 
-    def run() -> Any:
+    def run() -> None:
         try:
-            return context.run(job)
+            result = context.run(job)
         except BaseException as err:
             job.fail(err)  # no-op when the job already poisoned and released
-            raise
+            future.set_exception(err)
+        else:
+            future.set_result(result)
 
-    return OpFuture(op, _workers().submit(run))
+    def dispatch() -> None:
+        # Takes a worker only once every lease is granted: a worker never blocks on a grant,
+        # so runnable operations never starve behind ones waiting (whatever the number of
+        # workers, and whichever thread registered first or submitted first). Runs in the
+        # thread that released the last lease in the way, possibly inside a finalizer that
+        # interrupted this very function in the same thread: the executor's locks are not
+        # reentrant, so such a call submits from a fresh thread instead.
+        if getattr(_submitting, "active", False):
+            threading.Thread(target=dispatch, name="uni-dispatch", daemon=True).start()
+            return
+        _submitting.active = True
+        try:
+            _workers().submit(run)
+        except BaseException as err:  # interpreter shutdown: no new threads
+            job.fail(err)
+            future.set_exception(err)
+        finally:
+            _submitting.active = False
+
+    job.access.when_granted(dispatch)
+    return OpFuture(op, future)
 
 
 def gemm_async(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,

@@ -86,14 +86,6 @@ def _conjugate_scalar(x: PythonScalar) -> PythonScalar:
 # inputs are cast to that dtype inside the ufunc loop, not copied beforehand.
 
 
-def _ufunc_unary(ufunc: np.ufunc) -> Callable[..., Array]:
-    def apply(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
-        result: Array = ufunc(x, out=out, dtype=dtype, casting="unsafe")
-        return result
-
-    return apply
-
-
 def _ufunc_binary(ufunc: np.ufunc) -> Callable[..., Array]:
     def apply(x: Any, y: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
         result: Array = ufunc(x, y, out=out, dtype=dtype, casting="unsafe")
@@ -121,6 +113,17 @@ def _numpy_conjugate(x: Any, *, out: Array | None, dtype: DType, factor: Any) ->
         # np.conjugate on bool returns int8; on real dtypes conj is a copy anyway.
         return _copy(x, out=out, dtype=dtype)
     result: Array = np.conjugate(x, out=out, dtype=dtype, casting="unsafe")
+    return result
+
+
+def _numpy_negate(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+    if dtype.kind == "c":
+        result: Array = np.negative(x, out=out, dtype=dtype, casting="unsafe")
+        return result
+    # Note: numpy 2.4's real np.negative reads the wrong elements for some strided pairs (e.g.
+    # float32 np.negative(x[::4], out=y[::2])); multiplying by -1 is exact, as negation is.
+    minus_one = np.asarray(-1, dtype=dtype)
+    result = np.multiply(x, minus_one, out=out, dtype=dtype, casting="unsafe")
     return result
 
 
@@ -158,7 +161,7 @@ class _Kind:
 
 _KINDS: Mapping[str, _Kind] = {
     "identity": _Kind(1, _numpy_identity, lambda x: x, "({0})", _Rule.PROMOTE),
-    "negate": _Kind(1, _ufunc_unary(np.negative), lambda x: -x, "(-{0})", _Rule.NO_BOOL),
+    "negate": _Kind(1, _numpy_negate, lambda x: -x, "(-{0})", _Rule.NO_BOOL),
     "square": _Kind(1, _numpy_square, lambda x: x * x, "({0} * {0})", _Rule.PROMOTE),
     "reciprocal": _Kind(
         1, _numpy_reciprocal, lambda x: _ieee_divide(1, x), "({T}(1) / {0})", _Rule.TRUE_DIVIDE

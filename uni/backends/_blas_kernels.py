@@ -287,8 +287,11 @@ _SCALAR_TYPES: Final = (int, float, complex, np.number)
 def _make_scalars(kind: _Kind, alpha: object, beta: object) -> _ScalarEntry | None:
     if not isinstance(alpha, _SCALAR_TYPES) or not isinstance(beta, _SCALAR_TYPES):
         return None
-    al = complex(alpha)
-    be = complex(beta)
+    try:
+        al = complex(alpha)
+        be = complex(beta)
+    except OverflowError:  # a Python int beyond double range: not a BLAS scalar
+        return None
     run_beta = 1 if be == 0 else be
     if kind.is_complex:
         buf = kind.scalars(al.real, al.imag, run_beta.real, run_beta.imag)

@@ -63,16 +63,13 @@ class CpuReference:
         for bidx in _indices(tuple(batch)):
             for i in range(m):
                 for j in range(n):
-                    if alpha == 0 or k == 0:
-                        acc: Any = 0
-                    else:
-                        acc = sum(_value(a[(*bidx, i, p)]) * _value(b[(*bidx, p, j)])
-                                  for p in range(k))
-                    value = alpha * acc
+                    # alpha == 0 or k == 0: beta * c, even for alpha = inf or NaN (SPEC §5).
+                    value: Any = 0
+                    if not (alpha == 0 or k == 0):
+                        value = alpha * sum(_value(a[(*bidx, i, p)]) * _value(b[(*bidx, p, j)])
+                                            for p in range(k))
                     if beta != 0:
                         value = value + beta * _value(c[(*bidx, i, j)])
-                    elif alpha == 0 or k == 0:
-                        value = 0
                     _store(c, (*bidx, i, j), value)
 
     @staticmethod
@@ -82,15 +79,12 @@ class CpuReference:
         *batch, m, n = a.shape
         for bidx in _indices(tuple(batch)):
             for i in range(m):
-                if alpha == 0 or n == 0:
-                    acc: Any = 0
-                else:
-                    acc = sum(_value(a[(*bidx, i, p)]) * _value(x[(*bidx, p)]) for p in range(n))
-                value = alpha * acc
+                value: Any = 0  # alpha == 0 or n == 0: beta * y, even for alpha = inf/NaN
+                if not (alpha == 0 or n == 0):
+                    value = alpha * sum(_value(a[(*bidx, i, p)]) * _value(x[(*bidx, p)])
+                                        for p in range(n))
                 if beta != 0:
                     value = value + beta * _value(y[(*bidx, i)])
-                elif alpha == 0 or n == 0:
-                    value = 0
                 _store(y, (*bidx, i), value)
 
     @staticmethod

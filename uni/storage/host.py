@@ -89,7 +89,7 @@ class HostStorage(StorageBase):
 # numpy arrays that share one allocation share one HostStorage, so leases on two views of the
 # same array are ordered by one queue. Keyed by the id of the allocation's owner; the entry
 # dies with the storage.
-_shared: dict[int, weakref.ref[HostStorage]] = {}
+_shared: dict[object, weakref.ref[HostStorage]] = {}
 # Two threads wrapping views of one array at once must find the same storage, or their leases
 # would be ordered by two unrelated queues.
 _shared_lock = threading.Lock()
@@ -104,7 +104,7 @@ def _root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
     return root
 
 
-def _forget(key: int) -> Callable[[weakref.ref[HostStorage]], None]:
+def _forget(key: object) -> Callable[[weakref.ref[HostStorage]], None]:
     def forget(_ref: weakref.ref[HostStorage]) -> None:
         _shared.pop(key, None)
 
@@ -125,16 +125,23 @@ def storage_for_array(array: np.ndarray[Any, Any]) -> tuple[HostStorage, int]:
         )
     readonly = not array.flags.writeable
     root = _root_of(array)
-    if root is not None and root.dtype == array.dtype and array.size > 0:
+    if root is not None and array.size > 0:
         base_ptr = root.ctypes.data
         delta = array.ctypes.data - base_ptr
-        if delta % itemsize == 0:
-            key = id(root)
+        # A view with another dtype than its allocation (``buf.view(np.float64)`` of a byte
+        # buffer) shares a storage with the other views of that dtype, keyed by both: were
+        # each wrapped alone, two views of the same memory would take unordered leases and an
+        # operation would not see its input overlap its output.
+        same = root.dtype == array.dtype
+        if delta % itemsize == 0 and (same or root.nbytes % itemsize == 0):
+            key: object = id(root) if same else (id(root), array.dtype.str)
             with _shared_lock:
                 ref = _shared.get(key)
                 storage = ref() if ref is not None else None
                 if storage is None:
                     flat = root.reshape(-1, order="A")
+                    if not same:
+                        flat = flat.view(np.uint8).view(array.dtype)
                     storage = HostStorage.wrap(flat)
                     _shared[key] = weakref.ref(storage, _forget(key))
             return storage, delta // itemsize
