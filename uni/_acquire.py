@@ -42,16 +42,23 @@ class _Target:
         self.offset = offset
         self.is_tensor = is_tensor
         self.mode = "read"
-        self.thread: threading.Thread | None = None
+        self.thread: int | None = None  # ident of the asking thread; named only on error
 
     def __str__(self) -> str:
-        thread = "" if self.thread is None else f" from thread {self.thread.name!r}"
+        thread = "" if self.thread is None else f" from thread {_thread_name(self.thread)!r}"
         return f"{self.mode} lease on {self.describe()}{thread}"
 
     def describe(self) -> str:
         kind = "Tensor" if self.is_tensor else "mdspec"
         return (f"{kind}(shape={self.mapping.extents.shape}, "
                 f"dtype={self.accessor.element_type.name})")
+
+
+def _thread_name(ident: int) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return f"<finished thread {ident}>"
 
 
 def _target_of(x: Any, domain: Domain, fn: str) -> _Target:
@@ -131,7 +138,7 @@ def _check_write(target: _Target, fn: str) -> None:
 def _holder(target: _Target, mode: Mode) -> _Target:
     # The target doubles as the queue's holder: its text is built only if an error needs it.
     target.mode = mode
-    target.thread = threading.current_thread()
+    target.thread = threading.get_ident()
     return target
 
 
@@ -160,7 +167,8 @@ def _complete(target: _Target, mode: Mode, region: Region, request: Any, *, over
     """The request is granted: check poisoning, open the storage, build the lease."""
     queue = target.storage.access_queue
     try:
-        _check_poison(target, mode, region, overwrite=overwrite, allow_poisoned=allow_poisoned)
+        if queue._poison:  # most queues never saw a failed writer: skip the call
+            _check_poison(target, mode, region, overwrite=overwrite, allow_poisoned=allow_poisoned)
         if not have_handle:
             if mode == "read":
                 handle = target.storage.acquire_read(region)
@@ -187,7 +195,7 @@ def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float
     offset = target.offset
     region = Region(offset, mapping, offset + lo, offset + hi)
     target.mode = mode
-    target.thread = threading.current_thread()
+    target.thread = threading.get_ident()
     queue = target.storage.access_queue
     request = queue.register(mode, region.lo, region.hi, holder=target)
     if not request.granted:
