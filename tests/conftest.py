@@ -8,4 +8,6 @@ from hypothesis import settings
 settings.register_profile("uni", deadline=None)
 # Reproducible runs (CI): the same examples every time, no example database.
 settings.register_profile("ci", deadline=None, derandomize=True, database=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "uni"))
+# CI (CI=true) gets the reproducible profile: a red run must mean a real, repeatable failure.
+_default = "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "uni"
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default))
