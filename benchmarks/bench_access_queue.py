@@ -15,20 +15,15 @@ import statistics
 import sys
 import threading
 import time
-import timeit
-from collections.abc import Callable
 from pathlib import Path
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import per_op_us
+
 from uni._access_queue import AccessQueue, AccessRequest
-
-
-def per_op_us(fn: Callable[[], object], number: int, repeats: int) -> float:
-    times = timeit.repeat(fn, number=number, repeat=repeats)
-    return statistics.median(times) / number * 1e6
 
 
 def bench_sync(repeats: int) -> dict[str, float]:

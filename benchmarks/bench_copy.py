@@ -23,8 +23,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +30,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import once as _time
+
 from uni._fastcopy import _MAX_WORKERS, strided_copy
 
 Array = np.ndarray[Any, Any]
-
-
-def _time(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def run_case(name: str, dst: Array, src: Array, repeats: int) -> None:

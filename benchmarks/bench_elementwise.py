@@ -26,7 +26,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,15 +34,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import once as _time
+
 import uni
 
 Array = np.ndarray[Any, Any]
-
-
-def _time(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def run_case(name: str, nbytes: int, ours: Callable[[], object], reference: Callable[[], object],

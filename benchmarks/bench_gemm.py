@@ -38,6 +38,8 @@ from scipy.linalg import blas as scipy_blas
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import paired_ratio
+
 from uni.backends import _blas_kernels as bk
 
 Array = np.ndarray[Any, Any]
@@ -94,11 +96,6 @@ def timings(cases: dict[str, Case], repeats: int,
             if repeat >= 0:
                 times[name].append(elapsed)
     return times
-
-
-def paired_ratio(reference: list[float], ours: list[float]) -> float:
-    """Median over repeats of reference time / our time, each pair timed back to back."""
-    return statistics.median(r / o for r, o in zip(reference, ours, strict=True))
 
 
 def same_flags_operands(layout: str, a: Array, b: Array, c: Array

@@ -15,7 +15,6 @@ import statistics
 import sys
 import threading
 import time
-import timeit
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -23,14 +22,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import per_op_us
+
 import uni
 
 TARGET_US = 2.0
-
-
-def per_op_us(fn: Callable[[], object], number: int, repeats: int) -> float:
-    times = timeit.repeat(fn, number=number, repeat=repeats)
-    return statistics.median(times) / number * 1e6
 
 
 def bench_sync(number: int, repeats: int) -> dict[str, float]:

@@ -62,6 +62,8 @@ from scipy.linalg import blas as scipy_blas  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import paired_ratio  # noqa: E402
+
 import uni  # noqa: E402
 
 Array = np.ndarray[Any, Any]
@@ -97,10 +99,6 @@ def timings(cases: dict[str, Case], repeats: int,
             if repeat >= 0:
                 times[name].append(elapsed)
     return times
-
-
-def paired_ratio(reference: list[float], ours: list[float]) -> float:
-    return statistics.median(r / o for r, o in zip(reference, ours, strict=True))
 
 
 def ms(ts: list[float]) -> float:

@@ -511,6 +511,15 @@ def gemm(
     return _gemm(kinds, a, b, c, alpha, beta, conj_a, conj_b)
 
 
+def _scale_only(out: Array, address: int, mask: int, beta: complex) -> Decline | None:
+    """The empty-product edge rule (alpha == 0 or an empty inner dimension): out = beta * out,
+    the inputs never read; declined, untouched, when ``out`` is misaligned like any operand."""
+    if address & mask:
+        return Decline.UNSUPPORTED_LAYOUT
+    _scale(out, beta)
+    return None
+
+
 def _kind_for(kinds: dict[np.dtype[Any], _Kind], out: object, *inputs: object) -> _Kind | Decline:
     """The per-dtype entry points for numpy operands of one supported dtype, or why not."""
     if not kinds:
@@ -562,10 +571,7 @@ def _gemm(
     mask = kind.align_mask
     dc = _data(c)
     if k == 0 or al == 0:
-        if dc & mask:
-            return Decline.UNSUPPORTED_LAYOUT
-        _scale(c, be)
-        return None
+        return _scale_only(c, dc, mask, be)
     da = _data(a)
     db = _data(b)
     if (da | db | dc) & mask:
@@ -856,10 +862,7 @@ def _gemv(
     mask = kind.align_mask
     dy = _data(y)
     if n == 0 or al == 0:
-        if dy & mask:
-            return Decline.UNSUPPORTED_LAYOUT
-        _scale(y, be)
-        return None
+        return _scale_only(y, dy, mask, be)
     da = _data(a)
     dx = _data(x)
     if (da | dx | dy) & mask:

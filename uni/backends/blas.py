@@ -102,6 +102,26 @@ def _output(span: Any) -> np.ndarray[Any, Any] | Decline:
     return host_view(span.data_handle, span.mapping, writeable=True)
 
 
+_Operand = tuple[np.ndarray[Any, Any], bool, Any]
+
+
+def _product_operands(
+    call: Any, names: tuple[str, str, str]
+) -> tuple[_Operand, _Operand, np.ndarray[Any, Any]] | Decline:
+    """The two BLAS inputs (view, conjugated?, factor) and the output view of gemm/gemv."""
+    first, second, out = (getattr(call, name) for name in names)
+    if not host_spans(first, second, out):
+        return Decline.INCOMPATIBLE_DEVICES
+    x = _blas_operand(first)
+    y = _blas_operand(second)
+    o = _output(out)
+    refused = _operand_decline(call, names, (x, y, o))
+    if refused is not None:
+        return refused
+    assert isinstance(x, tuple) and isinstance(y, tuple) and isinstance(o, np.ndarray)
+    return x, y, o
+
+
 class Blas:
     name = "blas"
 
@@ -127,15 +147,10 @@ class Blas:
 
     @staticmethod
     def _gemm(call: Any) -> Decline | None:
-        if not host_spans(call.a, call.b, call.c):
-            return Decline.INCOMPATIBLE_DEVICES
-        a = _blas_operand(call.a)
-        b = _blas_operand(call.b)
-        c = _output(call.c)
-        refused = _operand_decline(call, ("a", "b", "c"), (a, b, c))
-        if refused is not None:
-            return refused
-        assert isinstance(a, tuple) and isinstance(b, tuple) and isinstance(c, np.ndarray)
+        operands = _product_operands(call, ("a", "b", "c"))
+        if isinstance(operands, Decline):
+            return operands
+        a, b, c = operands
         alpha = call.alpha * a[2] * b[2]
         if c.ndim == 2:
             result = kernels.gemm(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
@@ -146,15 +161,10 @@ class Blas:
 
     @staticmethod
     def _gemv(call: Any) -> Decline | None:
-        if not host_spans(call.a, call.x, call.y):
-            return Decline.INCOMPATIBLE_DEVICES
-        a = _blas_operand(call.a)
-        x = _blas_operand(call.x)
-        y = _output(call.y)
-        refused = _operand_decline(call, ("a", "x", "y"), (a, x, y))
-        if refused is not None:
-            return refused
-        assert isinstance(a, tuple) and isinstance(x, tuple) and isinstance(y, np.ndarray)
+        operands = _product_operands(call, ("a", "x", "y"))
+        if isinstance(operands, Decline):
+            return operands
+        a, x, y = operands
         if x[1]:
             return _declined(call, Decline.UNSUPPORTED_ACCESSOR,
                              "'x' is conjugated; BLAS's gemv has no conjugated-vector form")
