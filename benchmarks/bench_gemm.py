@@ -1,4 +1,4 @@
-"""Benchmark of the blas backend's numeric core (uni.backends._blas_kernels).
+"""Benchmark of the blas backend's numeric core (uni.backends.blas._kernels).
 
 Run:  .venv/bin/python benchmarks/bench_gemm.py [--quick]
 
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _timing import paired_ratio
 
-from uni.backends import _blas_kernels as bk
+from uni.backends.blas import _kernels as bk
 
 Array = np.ndarray[Any, Any]
 

@@ -246,7 +246,7 @@ def test_random_copy_layouts(data: st.DataObject, dtype: np.dtype[Any], seed: in
 
 
 def _signature(*tensors: uni.Tensor, extra: Any = None) -> Any:
-    from uni._ops import _signature as signature
+    from uni._calls import signature
 
     return signature(*tensors, extra=extra)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import uni
-from uni._ops import _signature
+from uni._calls import signature as _signature
 from uni.storage._base import StorageBase
 
 ref = uni.backends.get("cpu_reference")
@@ -112,7 +112,7 @@ def test_batched_with_broadcast_operands() -> None:
 
 
 def test_try_kernel_declines_spans_it_cannot_reach() -> None:
-    from uni._ops import CopyCall
+    from uni._calls import CopyCall
 
     class Opaque:
         """An MdSpan-like object over a handle that is not a host buffer."""

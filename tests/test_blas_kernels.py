@@ -1,4 +1,4 @@
-"""Conformance of the blas backend's numeric core (uni.backends._blas_kernels) against numpy.
+"""Conformance of the blas backend's numeric core (uni.backends.blas._kernels) against numpy.
 
 Layout names: C = column-major, R = row-major (for gemm, the order of C, A, B in that order).
 Views are cut out of larger buffers filled with a sentinel, so a kernel that reads or writes
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from uni._probe import Decline
-from uni.backends import _blas_kernels as bk
+from uni.backends.blas import _kernels as bk
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 ORDERS = ["C", "R"]

@@ -21,7 +21,7 @@ from test_storage_protocol import AsyncFaultyStorage, assert_idle
 
 import uni
 import uni._lease
-from uni._access_queue import AccessQueue, _TrioPark
+from uni._access_queue import AccessQueue, _TrioWaiter
 from uni.storage import Region
 
 read_sync = uni.acquire_host_read_access_sync
@@ -405,16 +405,16 @@ def test_wake_up_into_a_finished_run_releases_the_grant() -> None:
     # A parked waiter whose run is gone can never take its grant: the queue gives it back.
     t = vec()
     queue = queue_of(t)
-    parks: list[_TrioPark] = []
+    parks: list[_TrioWaiter] = []
 
     async def main() -> None:
-        parks.append(_TrioPark(trio.lowlevel.current_task(), trio.lowlevel.current_trio_token()))
+        parks.append(_TrioWaiter(trio.lowlevel.current_task(), trio.lowlevel.current_trio_token()))
 
     trio.run(main)
     held = write_sync(t)
     req = queue.register("write", 0, 7, holder="orphan", owner_thread=None)
     with queue._lock:
-        req._waker = parks[0]
+        req._waiter = parks[0]
     join(run_thread(held.release))  # run_sync_soon -> RunFinishedError: released, no raise
     assert req.state == "released"
     assert_idle(t)
@@ -427,7 +427,7 @@ def test_wake_up_into_a_finished_run_releases_the_grant() -> None:
 
 @pytest.fixture
 def short_finalizer_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(uni._lease, "_FINALIZER_WAIT", 0.05)
+    monkeypatch.setattr(uni._access, "FINALIZER_WAIT", 0.05)
 
 
 def test_lease_collected_while_this_thread_holds_the_queue_lock(short_finalizer_wait: None) -> None:
@@ -602,7 +602,7 @@ def test_another_thread_waiting_behind_the_op_is_not_a_conflict() -> None:
 def test_dispatch_reentered_in_the_submitting_thread_hands_off() -> None:
     # As if a finalizer released the last lease in an operation's way while this thread was
     # inside the executor's submit (whose locks are not reentrant).
-    from uni import _ops
+    from uni import _executor as _ops
 
     src, dst = vec(value=6.0), vec()
     held = write_sync(src)

@@ -305,7 +305,7 @@ def test_lease_collected_inside_a_queue_critical_section_does_not_deadlock(
     # The cyclic collector runs finalizers wherever it fires, e.g. inside this thread's own
     # access-queue section, whose lock the release needs. The release must not wait for it
     # inline (that thread would wait for itself forever).
-    monkeypatch.setattr("uni._lease._FINALIZER_WAIT", 0.05)
+    monkeypatch.setattr("uni._access.FINALIZER_WAIT", 0.05)
     t = uni.zeros((4,))
     queue = t.storage.access_queue
 

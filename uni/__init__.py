@@ -9,14 +9,11 @@ from uni import concepts as concepts
 from uni import cuda as cuda
 from uni import ops as ops
 from uni import plan as plan
+from uni import specialize as specialize
 from uni import storage as storage
-from uni._accessor import CUDA as CUDA
-from uni._accessor import HOST as HOST
 from uni._accessor import ConjugateAccessor as ConjugateAccessor
 from uni._accessor import ConstAccessor as ConstAccessor
 from uni._accessor import DefaultAccessor as DefaultAccessor
-from uni._accessor import Domain as Domain
-from uni._accessor import HostHandle as HostHandle
 from uni._accessor import ScaledAccessor as ScaledAccessor
 from uni._accessor import TransformAccessor as TransformAccessor
 from uni._acquire import PendingAcquisition as PendingAcquisition
@@ -28,6 +25,7 @@ from uni._acquire import acquire_host_read_access_async as acquire_host_read_acc
 from uni._acquire import acquire_host_read_access_sync as acquire_host_read_access_sync
 from uni._acquire import acquire_host_write_access_async as acquire_host_write_access_async
 from uni._acquire import acquire_host_write_access_sync as acquire_host_write_access_sync
+from uni._batch import peel_front as peel_front
 from uni._dispatch import dispatch_diagnostics as dispatch_diagnostics
 from uni._dispatch import override_backends as override_backends
 from uni._dtypes import SUPPORTED_DTYPES as SUPPORTED_DTYPES
@@ -39,6 +37,7 @@ from uni._dtypes import float64 as float64
 from uni._dtypes import int32 as int32
 from uni._dtypes import int64 as int64
 from uni._errors import CudaError as CudaError
+from uni._errors import DLPackError as DLPackError
 from uni._errors import DomainError as DomainError
 from uni._errors import DTypeError as DTypeError
 from uni._errors import KernelDispatchError as KernelDispatchError
@@ -47,14 +46,25 @@ from uni._errors import LeaseConflictError as LeaseConflictError
 from uni._errors import LeaseError as LeaseError
 from uni._errors import LeaseReleasedError as LeaseReleasedError
 from uni._errors import LeaseTimeoutError as LeaseTimeoutError
+from uni._errors import PerformanceWarning as PerformanceWarning
 from uni._errors import PoisonedError as PoisonedError
+from uni._errors import ReadOnlyOutputError as ReadOnlyOutputError
 from uni._errors import ShapeError as ShapeError
 from uni._errors import UniError as UniError
 from uni._errors import WouldBlockError as WouldBlockError
+from uni._executor import OpFuture as OpFuture
 from uni._extents import Extents as Extents
 from uni._extents import dynamic_extent as dynamic_extent
-from uni._interop import from_dlpack as from_dlpack
-from uni._interop import peel_front as peel_front
+from uni._factories import arange as arange
+from uni._factories import empty as empty
+from uni._factories import from_numpy as from_numpy
+from uni._factories import full as full
+from uni._factories import zeros as zeros
+from uni._handle import CUDA as CUDA
+from uni._handle import HOST as HOST
+from uni._handle import Domain as Domain
+from uni._handle import HostHandle as HostHandle
+from uni._import import from_dlpack as from_dlpack
 from uni._lease import ReadMdspanLease as ReadMdspanLease
 from uni._lease import ReadTensorLease as ReadTensorLease
 from uni._lease import WriteMdspanLease as WriteMdspanLease
@@ -65,7 +75,6 @@ from uni._mapping import layout_stride as layout_stride
 from uni._mdspec import DataDescriptor as DataDescriptor
 from uni._mdspec import MdSpan as MdSpan
 from uni._mdspec import MdSpec as MdSpec
-from uni._ops import OpFuture as OpFuture
 from uni._ops import copy as copy
 from uni._ops import copy_async as copy_async
 from uni._ops import gemm as gemm
@@ -77,11 +86,6 @@ from uni._ops import transform_async as transform_async
 from uni._probe import Decline as Decline
 from uni._probe import Probe as Probe
 from uni._tensor import Tensor as Tensor
-from uni._tensor import arange as arange
-from uni._tensor import empty as empty
-from uni._tensor import from_numpy as from_numpy
-from uni._tensor import full as full
-from uni._tensor import zeros as zeros
 from uni.concepts import is_immediate_tensor_view as is_immediate_tensor_view
 from uni.concepts import is_mdspan_like as is_mdspan_like
 from uni.concepts import is_mdspec_like as is_mdspec_like
@@ -98,6 +102,7 @@ __all__ = [
     "ConjugateAccessor",
     "ConstAccessor",
     "CudaError",
+    "DLPackError",
     "DTypeError",
     "DataDescriptor",
     "Decline",
@@ -116,9 +121,11 @@ __all__ = [
     "MdSpec",
     "OpFuture",
     "PendingAcquisition",
+    "PerformanceWarning",
     "PoisonedError",
     "Probe",
     "ReadMdspanLease",
+    "ReadOnlyOutputError",
     "ReadTensorLease",
     "ScaledAccessor",
     "ShapeError",
@@ -172,6 +179,7 @@ __all__ = [
     "override_backends",
     "peel_front",
     "plan",
+    "specialize",
     "storage",
     "strides",
     "transform",

@@ -1,22 +1,33 @@
-"""The FIFO/epoch access queue behind every storage.
+"""The FIFO/epoch access queue behind every storage, with the fences of finished accesses.
 
-One queue per storage decides who may touch which elements, and when. Requests are
-granted in registration order: a request is granted as soon as no *earlier* request that
-conflicts with it (overlapping inclusive element ranges, at least one of the two a write)
-is still pending or active. Readers that arrive together therefore share an epoch, a
-writer waits for everything before it and holds back everything after it, and requests on
-disjoint ranges never wait for each other.
+One queue per memory decides who may touch which units, and when. Requests are granted in
+registration order: a request is granted as soon as no *earlier* request that conflicts with
+it (overlapping inclusive ranges, at least one of the two a write) is still pending or
+active. Readers that arrive together therefore share an epoch, a writer waits for everything
+before it and holds back everything after it, and requests on disjoint ranges never wait for
+each other. Ranges are in the queue's ``unit`` (bytes per unit); a storage that owns its
+queue uses its itemsize, so its element ranges are queue ranges.
 
-Three kinds of waiter share the queue: a thread blocked in :meth:`AccessQueue.wait_sync`,
-a trio task parked in :meth:`AccessQueue.wait_async`, and whoever polls
-:attr:`AccessRequest.granted` (a worker, a CUDA stream set-up). Grants are decided under
-one ``threading.Lock``; waiters are woken after that lock is dropped, so a wake-up never
-runs foreign code (trio's scheduler, another thread) while the queue is locked.
+Fences. A request may be released before the work it ordered is over: a CUDA stream records
+an event and the kernel runs on; an async host operation's completion comes later. Such a
+release carries a *fence* (:class:`Fence`: ``done()``, ``wait()``, optionally
+``add_done_callback()``). Successors are granted at once, as for any release, and the grant
+carries the pending fences of the conflicting released predecessors (a read: the writers
+before it; a write: the writers and every reader since). Host waiters wait on those fences
+after the grant and outside the lock (a thread blocks, a trio task parks without blocking the
+loop); a stream waiter just makes its stream wait on them. The released-but-fenced requests
+stay in a per-queue *tail* until their fences are done; :meth:`AccessQueue.outstanding_fences`
+lists what is left (what a buffer must wait for before it is freed).
 
-The uncontended path (register, wait, release with nobody in the way) allocates one
-request object, takes the lock twice and never touches trio: everything that costs more
-(a wait primitive, trio's run-state checks, error text) is built only once a request
-really has to wait.
+Waiters are one small protocol (:class:`Waiter`, ``wake(queue, request)``): a blocked thread,
+a parked trio task, a callback. Grants are decided under one ``threading.Lock``; waiters are
+woken after that lock is dropped, so a wake-up never runs foreign code (trio's scheduler,
+another thread) while the queue is locked.
+
+The uncontended path (register, wait, release with nobody in the way) allocates one request
+object, takes the lock twice and never touches trio: everything that costs more (a wait
+primitive, trio's run-state checks, error text) is built only once a request really has to
+wait.
 """
 
 from __future__ import annotations
@@ -25,9 +36,10 @@ import _thread
 import enum
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
-from typing import Final, Literal, NoReturn
+from typing import Final, Literal, NoReturn, Protocol, runtime_checkable
 
 import trio
 
@@ -41,57 +53,199 @@ from uni._errors import (
 
 Mode = Literal["read", "write"]
 
-__all__ = ["AccessQueue", "AccessRequest", "Mode"]
+__all__ = [
+    "CURRENT_THREAD",
+    "AccessQueue",
+    "AccessRequest",
+    "Fence",
+    "HostFence",
+    "Mode",
+    "Waiter",
+    "wait_fences_async",
+    "wait_fences_sync",
+]
 
 
-class _Default(enum.Enum):
+class _Sentinel(enum.Enum):
     CURRENT_THREAD = enum.auto()
 
 
-_CURRENT_THREAD: Final = _Default.CURRENT_THREAD
+#: "The thread that makes this call": the one sentinel for request ownership.
+CURRENT_THREAD: Final = _Sentinel.CURRENT_THREAD
 
 _get_ident = threading.get_ident
 _allocate_lock = _thread.allocate_lock
 _LockType = _thread.LockType
 
 
-class AccessRequest:
-    """One request for read or write access to the inclusive element range ``[lo, hi]``.
+# ------------------------------------------------------------------------------ fences
 
-    Created only by :meth:`AccessQueue.register`. ``granted`` flips to True once, under
-    the queue's lock; ``released`` flips to True once, when the request is released or
-    withdrawn (a withdrawn request is released without ever having been granted).
-    Reading either flag without the lock is safe: each only ever goes from False to True.
+
+@runtime_checkable
+class Fence(Protocol):
+    """Where a released access's work ends: a CUDA event, an async host operation's end."""
+
+    def done(self) -> bool:
+        """True once the work is over (never goes back to False)."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block the calling thread until done; False when ``timeout`` seconds passed first."""
+        ...
+
+
+class HostFence:
+    """A fence set from host code: the completion of an async host operation.
+
+    ``set()`` marks it done (idempotent) and runs the callbacks added so far, in the setting
+    thread; a callback added after that runs at once in the adding thread.
     """
 
-    __slots__ = ("_waker", "_write", "granted", "hi", "holder", "lo", "mode", "owner_thread", "released")
+    __slots__ = ("_callbacks", "_event", "_lock", "label")
 
-    def __init__(
-        self, mode: Mode, write: bool, lo: int, hi: int, holder: object, owner_thread: int | None
-    ) -> None:
-        self.mode: Mode = mode
-        self._write = write
-        self.lo = lo
-        self.hi = hi
-        self.holder = holder
-        self.owner_thread = owner_thread
-        self.granted = False
-        self.released = False
-        # Set only while somebody is blocked on the request; whoever grants or withdraws
-        # the request takes it (under the queue lock), so each waiter is woken exactly once.
-        self._waker: _LockType | _TrioPark | _Callback | None = None
+    def __init__(self, label: str = "host work") -> None:
+        self.label = label
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
 
-    @property
-    def state(self) -> Literal["pending", "active", "released", "withdrawn"]:
-        if self.released:
-            return "released" if self.granted else "withdrawn"
-        return "active" if self.granted else "pending"
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def set(self) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            _run_quietly(fn)
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        _run_quietly(fn)
 
     def __repr__(self) -> str:
-        return f"<AccessRequest {self.mode} [{self.lo}, {self.hi}] {self.state}: {self.holder}>"
+        return f"<HostFence {self.label}: {'done' if self.done() else 'pending'}>"
 
 
-class _TrioPark:
+def _run_quietly(fn: Callable[[], None]) -> None:
+    # Callbacks run inside release()/set(), which never raise: report and swallow.
+    try:
+        fn()
+    except BaseException:  # pragma: no cover - defensive
+        traceback.print_exc(file=sys.stderr)
+
+
+def _describe_fence(fence: object) -> str:
+    return str(getattr(fence, "label", None) or repr(fence))
+
+
+def wait_fences_sync(fences: list[Fence], timeout: float | None) -> Fence | None:
+    """Block until every fence is done; the first one still pending after ``timeout``, else None."""
+    deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+    for fence in fences:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not fence.wait(left):
+            return fence
+    return None
+
+
+async def wait_fences_async(fences: list[Fence]) -> None:
+    """Wait in trio until every fence is done, without blocking the event loop.
+
+    A fence with ``add_done_callback`` wakes the task from whichever thread completes it (no
+    thread per wait); any other fence is polled with a backoff from 50 us to 5 ms. Cancelling
+    the task stops the waiting, never the work the fence stands for.
+    """
+    for fence in fences:
+        if fence.done():
+            continue
+        add = getattr(fence, "add_done_callback", None)
+        if add is None:
+            delay = 50e-6
+            while not fence.done():
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5e-3)
+            continue
+        await _park_until_done(fence, add)
+
+
+async def _park_until_done(fence: Fence, add: Callable[[Callable[[], None]], None]) -> None:
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+    lock = threading.Lock()
+    parked = [True]
+
+    def on_done() -> None:
+        with lock:
+            if not parked[0]:
+                return
+            parked[0] = False
+        try:
+            token.run_sync_soon(_reschedule_quietly, task)
+        except trio.RunFinishedError:
+            pass
+
+    def abort(_: object) -> trio.lowlevel.Abort:
+        with lock:
+            if not parked[0]:
+                return trio.lowlevel.Abort.FAILED  # the wake-up is on its way
+            parked[0] = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    add(on_done)
+    if fence.done():
+        # Done around the registration: if the callback already claimed the wake-up, it is
+        # queued through run_sync_soon and lands once this task parks below; otherwise take
+        # it back here and do not park at all.
+        with lock:
+            claimed_here = parked[0]
+            parked[0] = False
+        if claimed_here:
+            await trio.lowlevel.checkpoint()
+            return
+    await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def _reschedule_quietly(task: trio.lowlevel.Task) -> None:
+    # An exception escaping a run_sync_soon callback kills the whole trio run.
+    try:
+        trio.lowlevel.reschedule(task)
+    except BaseException:  # pragma: no cover - defensive
+        traceback.print_exc(file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------ waiters
+
+
+class Waiter(Protocol):
+    """Someone waiting for one request; ``wake`` is called once, outside the queue lock,
+    when the request is granted or withdrawn (check ``request.granted``)."""
+
+    def wake(self, queue: AccessQueue, request: AccessRequest) -> None: ...
+
+
+class _ThreadWaiter:
+    """A thread blocked on a lock that the granting thread releases."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self) -> None:
+        self.lock = _allocate_lock()
+        self.lock.acquire()
+
+    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+        self.lock.release()
+
+
+class _TrioWaiter:
     """How to wake one parked trio task, from any thread."""
 
     __slots__ = ("raise_cancel", "task", "token")
@@ -103,7 +257,12 @@ class _TrioPark:
         # withdrawal) had already claimed the wake-up; the task raises it once woken.
         self.raise_cancel: Callable[[], NoReturn] | None = None
 
-    def wake(self) -> bool:
+    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+        if not self._wake() and request.granted:
+            # The task's trio run is gone, so nobody will ever release this grant.
+            queue.release(request)
+
+    def _wake(self) -> bool:
         """Reschedule the task; False when its run is gone and the wake-up cannot land."""
         if self._in_own_run():
             # Inside a task step of the very run the task belongs to, trio itself
@@ -112,7 +271,7 @@ class _TrioPark:
             trio.lowlevel.reschedule(self.task)
             return True
         try:
-            self.token.run_sync_soon(self._reschedule_soon)
+            self.token.run_sync_soon(_reschedule_quietly, self.task)
         except trio.RunFinishedError:
             return False
         return True
@@ -127,49 +286,104 @@ class _TrioPark:
         except RuntimeError:
             return False
 
-    def _reschedule_soon(self) -> None:
-        # An exception escaping a run_sync_soon callback kills the whole trio run, so it is
-        # reported and swallowed; by construction reschedule is called once per park.
-        try:
-            trio.lowlevel.reschedule(self.task)
-        except BaseException:  # pragma: no cover - defensive
-            traceback.print_exc(file=sys.stderr)
 
-
-class _Callback:
-    """A function to call (in the granting thread, outside the lock) once a request is granted."""
+class _CallbackWaiter:
+    """A function to call (in the granting thread, outside the lock) once granted."""
 
     __slots__ = ("fn",)
 
     def __init__(self, fn: Callable[[], None]) -> None:
         self.fn = fn
 
-    def run(self) -> None:
-        # Runs inside release(), which never raises: report and swallow.
-        try:
-            self.fn()
-        except BaseException:  # pragma: no cover - defensive
-            traceback.print_exc(file=sys.stderr)
+    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+        _run_quietly(self.fn)
+
+
+# ------------------------------------------------------------------------------ requests
+
+
+class AccessRequest:
+    """One request for read or write access to the inclusive unit range ``[lo, hi]``.
+
+    Created only by :meth:`AccessQueue.register`. ``granted`` flips to True once, under
+    the queue's lock; ``released`` flips to True once, when the request is released or
+    withdrawn (a withdrawn request is released without ever having been granted).
+    Reading either flag without the lock is safe: each only ever goes from False to True.
+    ``fences`` is set with the grant: the pending fences of conflicting predecessors.
+    """
+
+    __slots__ = ("_waiter", "_write", "fences", "granted", "hi", "holder", "lo", "mode",
+                 "owner_thread", "released")
+
+    def __init__(
+        self, mode: Mode, write: bool, lo: int, hi: int, holder: object, owner_thread: int | None
+    ) -> None:
+        self.mode: Mode = mode
+        self._write = write
+        self.lo = lo
+        self.hi = hi
+        self.holder = holder
+        self.owner_thread = owner_thread
+        self.granted = False
+        self.released = False
+        self.fences: list[Fence] = _NO_FENCES
+        # Set only while somebody waits on the request; whoever grants or withdraws the
+        # request takes it (under the queue lock), so each waiter is woken exactly once.
+        self._waiter: Waiter | None = None
+
+    @property
+    def state(self) -> Literal["pending", "active", "released", "withdrawn"]:
+        if self.released:
+            return "released" if self.granted else "withdrawn"
+        return "active" if self.granted else "pending"
+
+    def __repr__(self) -> str:
+        return f"<AccessRequest {self.mode} [{self.lo}, {self.hi}] {self.state}: {self.holder}>"
+
+
+# Shared by every request granted with nothing to wait for; never mutated.
+_NO_FENCES: Final[list[Fence]] = []
+
+
+class _Fenced:
+    """A released request whose work is not over yet: kept until its fence is done."""
+
+    __slots__ = ("fence", "hi", "lo", "write")
+
+    def __init__(self, lo: int, hi: int, write: bool, fence: Fence) -> None:
+        self.lo = lo
+        self.hi = hi
+        self.write = write
+        self.fence = fence
+
+
+# ------------------------------------------------------------------------------ the queue
 
 
 class AccessQueue:
-    """The thread-safe FIFO/epoch access queue of one storage; see the module docstring."""
+    """The thread-safe FIFO/epoch access queue of one memory; see the module docstring."""
 
-    __slots__ = ("_entries", "_lock", "_pending", "_poison", "label")
+    __slots__ = ("_entries", "_lock", "_pending", "_poison", "_tail", "has_poison", "label",
+                 "unit")
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, *, unit: int = 1) -> None:
         self.label = label
+        #: Bytes per queue unit: ranges registered here count in these units.
+        self.unit = unit
         self._lock = threading.Lock()
         # Registration order is grant order; a dict keeps that order and removes any
         # entry in O(1). Values are unused.
         self._entries: dict[AccessRequest, None] = {}
         self._pending = 0
+        self._tail: list[_Fenced] = []
         self._poison: list[tuple[int, int, BaseException]] = []
+        #: False while no failed writer left poison here: lets the hot path skip the check.
+        self.has_poison = False
 
     def __repr__(self) -> str:
         with self._lock:
-            n, p = len(self._entries), self._pending
-        return f"<AccessQueue {self.label}: {n - p} active, {p} pending>"
+            n, p, f = len(self._entries), self._pending, len(self._tail)
+        return f"<AccessQueue {self.label}: {n - p} active, {p} pending, {f} fenced>"
 
     # ------------------------------------------------------------------ registering
 
@@ -180,7 +394,7 @@ class AccessQueue:
         hi: int,
         *,
         holder: object,
-        owner_thread: int | Literal[_Default.CURRENT_THREAD] | None = _CURRENT_THREAD,
+        owner_thread: int | Literal[_Sentinel.CURRENT_THREAD] | None = CURRENT_THREAD,
     ) -> AccessRequest:
         """Enqueue a request now; it is granted at once iff nothing earlier conflicts.
 
@@ -195,7 +409,7 @@ class AccessQueue:
             write = False
         else:
             raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
-        if owner_thread is _CURRENT_THREAD:
+        if owner_thread is CURRENT_THREAD:
             owner_thread = _get_ident()
         req = AccessRequest(mode, write, lo, hi, holder, owner_thread)
         if lo > hi:
@@ -214,6 +428,8 @@ class AccessQueue:
                         self._pending += 1
                         return req
             req.granted = True
+            if self._tail:
+                req.fences = self._fences_for_locked(lo, hi, write)
             entries[req] = None
         finally:
             lock.release()
@@ -228,14 +444,19 @@ class AccessQueue:
         timeout: float | None = None,
         async_hint: str = "the _async variant",
     ) -> None:
-        """Block the calling thread until ``req`` is granted.
+        """Block the calling thread until ``req`` is granted and its fences are done.
 
         Raises, after withdrawing ``req``: WouldBlockError inside a running trio run,
         LeaseConflictError when the calling thread owns an earlier conflicting request
         (it could never be granted), LeaseTimeoutError when ``timeout`` seconds pass.
         """
-        if req.granted:
-            return
+        if not req.granted:
+            self._wait_grant_sync(req, timeout, async_hint)
+        if req.fences:
+            self._wait_fences_sync(req, timeout, async_hint)
+
+    def _wait_grant_sync(self, req: AccessRequest, timeout: float | None,
+                         async_hint: str) -> None:
         in_trio = trio.lowlevel.in_trio_run()
         me = _get_ident()
         with self._lock:
@@ -243,16 +464,15 @@ class AccessQueue:
                 return
             if req.released:
                 raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn")
-            if req._waker is not None:
+            if req._waiter is not None:
                 raise LeaseError(f"{req.holder} on {self.label} is already being waited for")
             blockers = self._blockers_locked(req)
             mine = [b for b in blockers if b.owner_thread == me]
             if not in_trio and not mine:
                 mine = self._owned_upstream_locked(blockers, me)
             if not in_trio and not mine:
-                waiter = _allocate_lock()
-                waiter.acquire()
-                req._waker = waiter
+                waiter = _ThreadWaiter()
+                req._waiter = waiter
                 woken = None
             else:
                 woken = self._remove_locked(req)
@@ -263,7 +483,8 @@ class AccessQueue:
         if in_trio:
             raise WouldBlockError(
                 f"{req.holder} on {self.label} would block inside a running trio task "
-                f"(waiting for {_describe(blockers)}); use `await {async_hint}(...)` instead"
+                f"(it waits for what is {_describe(blockers)}); use `await {async_hint}(...)` "
+                "instead"
             )
         b = mine[0]
         how = "holds" if b.granted else "has already requested"
@@ -272,17 +493,41 @@ class AccessQueue:
             f"while this thread {how} {b.holder}; release it first"
         )
 
-    def _block(self, req: AccessRequest, waiter: _LockType, timeout: float | None) -> None:
+    def _wait_fences_sync(self, req: AccessRequest, timeout: float | None,
+                          async_hint: str) -> None:
+        pending = [f for f in req.fences if not f.done()]
+        if not pending:
+            return
+        if trio.lowlevel.in_trio_run():
+            self.release(req)
+            raise WouldBlockError(
+                f"{req.holder} on {self.label} would block inside a running trio task (it "
+                f"waits for {_describe_fence(pending[0])} to finish); use "
+                f"`await {async_hint}(...)` instead"
+            )
+        try:
+            late = wait_fences_sync(pending, timeout)
+        except BaseException:
+            self.release(req)
+            raise
+        if late is not None:
+            self.release(req)
+            raise LeaseTimeoutError(
+                f"{req.holder} on {self.label} was not ready within {timeout} s: waiting for "
+                f"{_describe_fence(late)} (the work of an earlier access) to finish"
+            )
+
+    def _block(self, req: AccessRequest, waiter: _ThreadWaiter, timeout: float | None) -> None:
         try:
             if timeout is None:
-                got = waiter.acquire()
+                got = waiter.lock.acquire()
             else:
-                got = waiter.acquire(timeout=max(timeout, 0.0))
+                got = waiter.lock.acquire(timeout=min(max(timeout, 0.0), threading.TIMEOUT_MAX))
         except BaseException:
             # Interrupted (KeyboardInterrupt): whatever state the request reached, the
             # caller will never learn of it, so it must not stay in the queue.
             with self._lock:
-                req._waker = None
+                req._waiter = None
             self.release(req)
             raise
         if got:
@@ -296,7 +541,7 @@ class AccessQueue:
                 woken = None
             else:
                 holders = self._blockers_locked(req)
-                req._waker = None
+                req._waiter = None
                 woken = self._remove_locked(req)
         if woken is None:
             if req.granted:
@@ -304,36 +549,45 @@ class AccessQueue:
             raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn while waiting")
         self._wake(woken)
         raise LeaseTimeoutError(
-            f"{req.holder} on {self.label} was not granted within {timeout} s: "
-            f"waiting for {_describe(holders)}"
+            f"{req.holder} on {self.label} was not granted within {timeout} s: it waits for "
+            f"what is {_describe(holders)}"
         )
 
     async def wait_async(self, req: AccessRequest) -> None:
-        """Park the calling trio task until ``req`` is granted.
+        """Park the calling trio task until ``req`` is granted and its fences are done.
 
-        Already granted: returns without a checkpoint (zero schedule points), so the lease
-        layer decides whether an uncontended acquisition checkpoints. Otherwise parking is
-        the one checkpoint. Cancelled while parked: a request not yet granted is withdrawn;
-        one whose grant raced the cancellation is released, and Cancelled propagates.
+        Already granted with nothing to wait for: returns without a checkpoint (zero
+        schedule points), so the lease layer decides whether an uncontended acquisition
+        checkpoints. Otherwise parking is the one checkpoint. Cancelled while parked: a
+        request not yet granted is withdrawn; one whose grant raced the cancellation, or
+        that waits on fences, is released; Cancelled propagates.
         """
-        if req.granted:
-            return
-        park = _TrioPark(trio.lowlevel.current_task(), trio.lowlevel.current_trio_token())
+        if not req.granted:
+            await self._wait_grant_async(req)
+        if req.fences:
+            try:
+                await wait_fences_async(req.fences)
+            except BaseException:
+                self.release(req)
+                raise
+
+    async def _wait_grant_async(self, req: AccessRequest) -> None:
+        park = _TrioWaiter(trio.lowlevel.current_task(), trio.lowlevel.current_trio_token())
         with self._lock:
             if req.granted:
                 return
             if req.released:
                 raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn")
-            if req._waker is not None:
+            if req._waiter is not None:
                 raise LeaseError(f"{req.holder} on {self.label} is already being waited for")
-            req._waker = park
+            req._waiter = park
 
         def abort(raise_cancel: Callable[[], NoReturn]) -> trio.lowlevel.Abort:
             with self._lock:
-                if req._waker is park:
+                if req._waiter is park:
                     # Nobody has claimed the wake-up, so nobody ever will: withdrawing
                     # now is final, and trio reschedules the task with Cancelled.
-                    req._waker = None
+                    req._waiter = None
                     woken = self._remove_locked(req)
                 else:
                     park.raise_cancel = raise_cancel
@@ -357,24 +611,46 @@ class AccessQueue:
         it, after the queue lock is dropped. ``callback`` must be quick and must not raise
         (an exception is reported and swallowed). How async operations are dispatched: a
         worker is taken only once every lease is granted, so the pool never fills up with
-        operations waiting for grants while runnable ones starve behind them.
+        operations waiting for grants while runnable ones starve behind them. The grant's
+        fences are not waited for here (see :meth:`when_ready`).
+        """
+        self.wait_with(req, _CallbackWaiter(callback))
+
+    def when_ready(self, req: AccessRequest, callback: Callable[[], None]) -> None:
+        """Like :meth:`when_granted`, but also after every fence of the grant is done.
+
+        Fences that offer ``add_done_callback`` are chained without blocking anyone; for
+        any other fence the callback runs at the grant and the caller must still
+        :meth:`wait_fences <wait_fences_sync>` before touching the data.
+        """
+
+        def granted() -> None:
+            _after_fences(req.fences if req.granted else _NO_FENCES, callback)
+
+        self.when_granted(req, granted)
+
+    def wait_with(self, req: AccessRequest, waiter: Waiter) -> None:
+        """Have ``waiter.wake`` called once ``req`` is granted or withdrawn (at once if it is).
+
+        The hook for waiters of other kinds (an asyncio task, a CUDA stream set-up).
         """
         if not (req.granted or req.released):
             with self._lock:
                 if not (req.granted or req.released):
-                    if req._waker is not None:
+                    if req._waiter is not None:
                         raise LeaseError(f"{req.holder} on {self.label} is already being waited for")
-                    req._waker = _Callback(callback)
+                    req._waiter = waiter
                     return
-        _Callback(callback).run()
+        waiter.wake(self, req)
 
     # ------------------------------------------------------------------ releasing
 
-    def release(self, req: AccessRequest) -> None:
+    def release(self, req: AccessRequest, fence: Fence | None = None) -> None:
         """Release a granted request or withdraw a pending one; idempotent, never raises.
 
-        Successors that become grantable are granted in FIFO order under the lock and
-        woken after it is dropped.
+        ``fence``: where the released access's work ends, when it is not over yet.
+        Conflicting successors are granted now and wait on it. Successors that become
+        grantable are granted in FIFO order under the lock and woken after it is dropped.
         """
         if req.released:
             return
@@ -389,17 +665,19 @@ class AccessQueue:
             except KeyError:  # an empty range, never queued
                 return
             if req.granted:
+                if fence is not None and not fence.done():
+                    self._add_fenced_locked(req, fence)
                 if not self._pending:
                     return
                 woken = self._grant_locked()
             else:
                 self._pending -= 1
-                waker = req._waker
+                waiter = req._waiter
                 woken = self._grant_locked() if self._pending else []
-                if waker is not None:
+                if waiter is not None:
                     # Withdrawn while somebody waits on it: that waiter must hear of it.
-                    req._waker = None
-                    woken.append((req, waker))
+                    req._waiter = None
+                    woken.append((req, waiter))
                 elif not woken:
                     return
         finally:
@@ -407,6 +685,41 @@ class AccessQueue:
         self._wake(woken)
 
     withdraw = release
+
+    # ------------------------------------------------------------------ fences
+
+    def outstanding_fences(self) -> list[Fence]:
+        """The fences of released accesses whose work is not over yet (oldest first)."""
+        with self._lock:
+            self._prune_locked()
+            return [f.fence for f in self._tail]
+
+    def fenced_count(self) -> int:
+        """How many released requests still wait for their fence (after pruning)."""
+        with self._lock:
+            self._prune_locked()
+            return len(self._tail)
+
+    def _add_fenced_locked(self, req: AccessRequest, fence: Fence) -> None:
+        self._prune_locked()
+        lo, hi, write = req.lo, req.hi, req._write
+        if write:
+            # This writer waited on every conflicting fence before it (they came with its
+            # grant), so its own fence being done implies theirs are: entries it covers
+            # are dominated and need not be kept.
+            self._tail = [f for f in self._tail if not (lo <= f.lo and f.hi <= hi)]
+        self._tail.append(_Fenced(lo, hi, write, fence))
+
+    def _prune_locked(self) -> None:
+        if self._tail:
+            self._tail = [f for f in self._tail if not f.fence.done()]
+
+    def _fences_for_locked(self, lo: int, hi: int, write: bool) -> list[Fence]:
+        """Pending fences a request granted now must wait for (a read: writers; a write: all)."""
+        self._prune_locked()
+        found = [f.fence for f in self._tail
+                 if f.lo <= hi and lo <= f.hi and (write or f.write)]
+        return found or _NO_FENCES
 
     # ------------------------------------------------------------------ poisoning
 
@@ -416,10 +729,11 @@ class AccessQueue:
             return
         with self._lock:
             self._poison.append((lo, hi, exc))
+            self.has_poison = True
 
     def poison_of(self, lo: int, hi: int) -> BaseException | None:
         """The failure of the first poison entry overlapping ``[lo, hi]``, else None."""
-        if lo > hi or not self._poison:
+        if lo > hi or not self.has_poison:
             return None
         with self._lock:
             for plo, phi, exc in self._poison:
@@ -429,12 +743,18 @@ class AccessQueue:
 
     def clear_poison(self, lo: int, hi: int) -> None:
         """Drop the poison entries that lie entirely inside ``[lo, hi]``."""
-        if lo > hi:
+        if lo > hi or not self.has_poison:
             return
         with self._lock:
             self._poison = [p for p in self._poison if not (lo <= p[0] and p[1] <= hi)]
+            self.has_poison = bool(self._poison)
 
     # ------------------------------------------------------------------ diagnostics
+
+    def busy(self) -> bool:
+        """True while some thread is inside the queue's critical section (a finalizer that
+        fires there on that very thread must not call back into the queue)."""
+        return self._lock.locked()
 
     def pending_count(self) -> int:
         with self._lock:
@@ -478,7 +798,7 @@ class AccessQueue:
                     stack.append(b)
         return []
 
-    def _remove_locked(self, req: AccessRequest) -> list[tuple[AccessRequest, _Waker]]:
+    def _remove_locked(self, req: AccessRequest) -> list[tuple[AccessRequest, Waiter]]:
         """Withdraw the pending ``req`` (its waiter, if any, is the caller) and regrant."""
         req.released = True
         if req in self._entries:
@@ -487,10 +807,11 @@ class AccessQueue:
                 self._pending -= 1
         return self._grant_locked() if self._pending else []
 
-    def _grant_locked(self) -> list[tuple[AccessRequest, _Waker]]:
-        woken: list[tuple[AccessRequest, _Waker]] = []
+    def _grant_locked(self) -> list[tuple[AccessRequest, Waiter]]:
+        woken: list[tuple[AccessRequest, Waiter]] = []
         seen: list[AccessRequest] = []
         left = self._pending
+        tail = self._tail
         for r in self._entries:
             if not r.granted:
                 lo, hi, write = r.lo, r.hi, r._write
@@ -499,30 +820,42 @@ class AccessQueue:
                         break
                 else:
                     r.granted = True
+                    if tail:
+                        r.fences = self._fences_for_locked(lo, hi, write)
                     self._pending -= 1
-                    waker = r._waker
-                    if waker is not None:
-                        r._waker = None
-                        woken.append((r, waker))
+                    waiter = r._waiter
+                    if waiter is not None:
+                        r._waiter = None
+                        woken.append((r, waiter))
                 left -= 1
                 if not left:
                     break
             seen.append(r)
         return woken
 
-    def _wake(self, woken: list[tuple[AccessRequest, _Waker]]) -> None:
-        for req, waker in woken:
-            if isinstance(waker, _TrioPark):
-                if not waker.wake() and req.granted:
-                    # The task's trio run is gone, so nobody will ever release this grant.
-                    self.release(req)
-            elif isinstance(waker, _Callback):
-                waker.run()
-            else:
-                waker.release()
+    def _wake(self, woken: list[tuple[AccessRequest, Waiter]]) -> None:
+        for req, waiter in woken:
+            waiter.wake(self, req)
 
 
-_Waker = _LockType | _TrioPark | _Callback
+def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
+    """Run ``callback`` once every fence is done, chaining done-callbacks where offered."""
+    pending = [f for f in fences if not f.done()]
+    if not pending or any(getattr(f, "add_done_callback", None) is None for f in pending):
+        _run_quietly(callback)
+        return
+    lock = threading.Lock()
+    left = [len(pending)]
+
+    def one() -> None:
+        with lock:
+            left[0] -= 1
+            last = not left[0]
+        if last:
+            _run_quietly(callback)
+
+    for fence in pending:
+        fence.add_done_callback(one)  # type: ignore[attr-defined]
 
 
 def _describe(reqs: list[AccessRequest]) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -10,37 +9,7 @@ import attrs
 import numpy as np
 
 from uni._dtypes import as_dtype
-
-
-class Domain(enum.Enum):
-    """An execution domain: where an mdspan may be evaluated."""
-
-    HOST = "host"
-    CUDA = "cuda"
-
-    def __repr__(self) -> str:
-        return f"uni.{self.name}"
-
-    # Members are singletons: identity hashing keeps `HOST in accessor.domains` cheap (Enum's
-    # own __hash__ is Python code and sits on every acquisition's path).
-    __hash__ = object.__hash__
-
-
-HOST = Domain.HOST
-CUDA = Domain.CUDA
-
-
-@attrs.frozen
-class HostHandle:
-    """A host data handle: a flat numpy buffer and the element offset of index (0, ..., 0).
-
-    ``owner`` is the storage the buffer belongs to (None for a bare buffer); acquisition
-    through an mdspan with an owner still goes through that storage's access queue.
-    """
-
-    buffer: np.ndarray[Any, Any] = attrs.field(eq=False)
-    offset: int = 0
-    owner: Any = attrs.field(default=None, eq=False)
+from uni._handle import CUDA, HOST, Domain, HostHandle
 
 
 class _AccessorBase:
@@ -297,3 +266,18 @@ def unwrap_const(accessor: Any) -> Any:
     while isinstance(accessor, ConstAccessor):
         accessor = accessor.base
     return accessor
+
+
+__all__ = [
+    "CUDA",
+    "HOST",
+    "Accessor",
+    "ConjugateAccessor",
+    "ConstAccessor",
+    "DefaultAccessor",
+    "Domain",
+    "HostHandle",
+    "ScaledAccessor",
+    "TransformAccessor",
+    "unwrap_const",
+]

@@ -1,17 +1,19 @@
 """The backend walk: choose the backend that runs an operation, and say why.
 
 For each backend in the list: a type-level ``probe`` (NO / MAYBE / YES), then
-``try_kernel``, which runs the operation or declines with a ``Decline`` reason and no side
-effects. The list comes from ``backends=``, else ``override_backends``, else the output
-storage's default list. The winning backend per operand signature is remembered, so a tiny
-operation does not pay for the whole walk twice.
+``try_kernel``, which runs the operation or declines (a :class:`~uni.Decline`, or a
+:class:`~uni._probe.Declined` with words) and has no side effects. The list comes from
+``backends=``, else ``override_backends`` (context-local), else the output storage's default
+list. The winning backend per operand signature is remembered, so a tiny operation does not
+pay for the whole walk twice. A backend that cannot be loaded here is in the list as an
+:class:`~uni.backends.UnavailableBackend` that declines ``UNAVAILABLE`` with the import
+error; it never breaks the walk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -19,10 +21,25 @@ import attrs
 
 from uni import backends as _backends
 from uni._errors import KernelDispatchError
-from uni._probe import Decline, Probe
-from uni.dispatch import Specializer
+from uni._probe import Decline, Declined, Probe, reason_of
+from uni.specialize import Specializer
 
 OPS = ("copy", "gemm", "gemv", "transform")
+
+__all__ = [
+    "OPS",
+    "Attempt",
+    "Backend",
+    "DispatchRecord",
+    "backend_list",
+    "clear_caches",
+    "describe_call",
+    "diagnostics_active",
+    "dispatch_diagnostics",
+    "override_backends",
+    "overridden",
+    "walk",
+]
 
 
 class Backend(Protocol):
@@ -30,9 +47,9 @@ class Backend(Protocol):
 
     name: str
 
-    def probe(self, op: str, signature: tuple[Any, ...]) -> Probe: ...
+    def probe(self, op: str, signature: Any) -> Probe: ...
 
-    def try_kernel(self, op: str, call: Any) -> Decline | None: ...
+    def try_kernel(self, op: str, call: Any) -> Decline | Declined | None: ...
 
 
 @attrs.frozen
@@ -76,16 +93,17 @@ class DispatchRecord:
 
 
 # -- overrides -----------------------------------------------------------------------------
-_overrides: dict[tuple[str, type], tuple[Any, ...]] = {}
-_overrides_lock = threading.Lock()
+# Context-local: an override made inside one trio task (or thread) is seen by that task and
+# the tasks and uni operations it starts, never by an unrelated task interleaved with it.
+_overrides: contextvars.ContextVar[tuple[tuple[tuple[str, type], tuple[Any, ...]], ...]] = (
+    contextvars.ContextVar("uni_backend_overrides", default=()))
 
 
 class _Override:
     """Returned by ``override_backends``: already in effect; ``with`` restores what was before."""
 
-    def __init__(self, key: tuple[str, type], previous: tuple[Any, ...] | None) -> None:
-        self._key = key
-        self._previous = previous
+    def __init__(self, token: contextvars.Token[Any]) -> None:
+        self._token: contextvars.Token[Any] | None = token
 
     def __enter__(self) -> _Override:
         return self
@@ -94,19 +112,24 @@ class _Override:
         self.restore()
 
     def restore(self) -> None:
-        with _overrides_lock:
-            if self._previous is None:
-                _overrides.pop(self._key, None)
-            else:
-                _overrides[self._key] = self._previous
+        """Put back the overrides in effect before this one (once; later calls do nothing)."""
+        token, self._token = self._token, None
+        if token is None:
+            return
+        try:
+            _overrides.reset(token)
+        except ValueError:
+            # Restored from another context than the one it was made in (a different task):
+            # that context's own overrides are not this override's to undo.
+            return
         _clear_decisions()
 
 
 def override_backends(op: str, storage_type: type, backends: Sequence[Any] | None) -> _Override:
     """Use ``backends`` (names or objects, best first) for ``op`` on outputs of ``storage_type``.
 
-    Takes effect at once; as a context manager it is undone on exit. ``None`` removes the
-    override.
+    Takes effect at once in the current context (this thread, or this trio task and what it
+    starts); as a context manager it is undone on exit. ``None`` removes the override.
     """
     if op not in OPS:
         raise ValueError(f"expected an operation name from {OPS}, got {op!r}")
@@ -114,26 +137,32 @@ def override_backends(op: str, storage_type: type, backends: Sequence[Any] | Non
         raise TypeError(f"expected a storage type (a class), got {storage_type!r}")
     key = (op, storage_type)
     resolved = None if backends is None else _backends.resolve(backends)
-    with _overrides_lock:
-        previous = _overrides.get(key)
-        if resolved is None:
-            _overrides.pop(key, None)
-        else:
-            _overrides[key] = resolved
+    current = tuple(item for item in _overrides.get() if item[0] != key)
+    if resolved is not None:
+        current = (*current, (key, resolved))
+    token = _overrides.set(current)
     _clear_decisions()
-    return _Override(key, previous)
+    return _Override(token)
+
+
+def overridden(op: str) -> bool:
+    """Whether an override for ``op`` is in effect in this context."""
+    return any(key[0] == op for key, _ in _overrides.get())
 
 
 def backend_list(op: str, storage: Any, backends: Sequence[Any] | None) -> tuple[Any, ...]:
     if backends is not None:
         if isinstance(backends, str):
             backends = [backends]
-        return _backends.resolve(backends)
-    for cls in type(storage).__mro__:
-        found = _overrides.get((op, cls))
-        if found is not None:
-            return found
-    return _backends.resolve(storage.default_backends())
+        return _backends.resolve(backends, lenient=True)
+    found = _overrides.get()
+    if found:
+        table = dict(found)
+        for cls in type(storage).__mro__:
+            chosen = table.get((op, cls))
+            if chosen is not None:
+                return chosen
+    return _backends.resolve(storage.default_backends(), lenient=True)
 
 
 # -- diagnostics ---------------------------------------------------------------------------
@@ -153,6 +182,10 @@ def dispatch_diagnostics() -> Iterator[list[DispatchRecord]]:
         _diagnostics.reset(token)
 
 
+def diagnostics_active() -> bool:
+    return bool(_diagnostics.get())
+
+
 def _record(record: DispatchRecord) -> None:
     for sink in _diagnostics.get():
         sink.append(record)
@@ -163,6 +196,9 @@ _decisions: dict[tuple[Any, ...], Any] = {}
 # Keys include ids of Python callables (transform) and of backend objects, so the caches are
 # cleared, not grown without bound, when full; refilling them costs one walk per signature.
 _CACHE_MAX = 4096
+# Called when remembered decisions become stale (an override changed): other layers that
+# cache what the walk decided (prepared calls) register here.
+_forget_hooks: list[Any] = []
 
 
 def _remember(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -> None:
@@ -172,19 +208,23 @@ def _remember(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: An
 
 
 def _clear_decisions() -> None:
-    from uni import _fast_gemm
-
     _decisions.clear()
-    _fast_gemm.forget()
+    for hook in _forget_hooks:
+        hook()
+
+
+def on_forget(hook: Any) -> None:
+    """Call ``hook()`` whenever remembered walk decisions are dropped."""
+    _forget_hooks.append(hook)
 
 
 def clear_caches() -> None:
     """Forget remembered walk decisions and probes (after registering a backend, say)."""
-    _decisions.clear()
+    _clear_decisions()
     _probes.clear()
 
 
-def _build_probe(key: tuple[Any, str, tuple[Any, ...]]) -> Probe:
+def _build_probe(key: tuple[Any, str, Any]) -> Probe:
     backend, op, signature = key
     answer = backend.probe(op, signature)
     if not isinstance(answer, Probe):
@@ -193,55 +233,55 @@ def _build_probe(key: tuple[Any, str, tuple[Any, ...]]) -> Probe:
 
 
 # Type-level answers are specializations of (backend, op, operand signature): built once each.
-_probes: Specializer[tuple[Any, str, tuple[Any, ...]], Probe] = Specializer("walk-probe",
-                                                                              _build_probe)
+_probes: Specializer[tuple[Any, str, Any], Probe] = Specializer("walk-probe", _build_probe)
 
 
-def _probe(backend: Any, op: str, signature: tuple[Any, ...]) -> Probe:
+def _probe(backend: Any, op: str, signature: Any) -> Probe:
     if len(_probes) >= _CACHE_MAX:
         _probes.clear()
     return _probes((backend, op, signature))
 
 
-def walk(op: str, call: Any, signature: tuple[Any, ...], chain: tuple[Any, ...]) -> str:
-    """Run ``call`` on the first backend of ``chain`` that accepts it; return its name."""
+def walk(op: str, call: Any, signature: Any, chain: tuple[Any, ...]) -> Any:
+    """Run ``call`` on the first backend of ``chain`` that accepts it; return that backend."""
     key = (op, signature, tuple(id(b) for b in chain))
     remembered = _decisions.get(key)
     sinks = _diagnostics.get()
     if remembered is not None:
         backend, earlier = remembered
-        decline = backend.try_kernel(op, call)
-        if decline is None:
+        if backend.try_kernel(op, call) is None:
             if sinks:
                 _record(DispatchRecord(op, earlier, backend.name, cached=True))
-            return str(backend.name)
+            return backend
     attempts: list[Attempt] = []
     for backend in chain:
         answer = _probe(backend, op, signature)
         if answer is Probe.NO:
             attempts.append(Attempt(backend.name, answer, None))
             continue
-        decline = backend.try_kernel(op, call)
-        if decline is None:
+        outcome = backend.try_kernel(op, call)
+        if outcome is None:
             attempts.append(Attempt(backend.name, answer, None))
             done = tuple(attempts)
             _remember(_decisions, key, (backend, done))
             if sinks:
                 _record(DispatchRecord(op, done, backend.name))
-            return str(backend.name)
-        if not isinstance(decline, Decline):
+            return backend
+        if not isinstance(outcome, (Decline, Declined)):
             raise TypeError(
-                f"backend {backend.name!r} try_kernel returned {decline!r}; expected None or a "
-                "uni.Decline"
+                f"backend {backend.name!r} try_kernel returned {outcome!r}; expected None or a "
+                "uni.Decline (or a Declined with its detail)"
             )
+        reason = reason_of(outcome)
         if answer is Probe.YES:
             raise KernelDispatchError(
                 f"backend {backend.name!r} answered YES to {op} and then declined "
-                f"({decline.value}): this is a bug in the backend",
+                f"({reason.value}): this is a bug in the backend",
                 op=op,
-                attempts=[*attempts, Attempt(backend.name, answer, decline)],
+                attempts=[*attempts, Attempt(backend.name, answer, reason)],
             )
-        attempts.append(Attempt(backend.name, answer, decline, _detail(call, backend)))
+        detail = outcome.detail if isinstance(outcome, Declined) else ""
+        attempts.append(Attempt(backend.name, answer, reason, detail))
     if sinks:
         _record(DispatchRecord(op, tuple(attempts), None))
     lines = "\n".join(a.describe() for a in attempts) or "  (the backend list is empty)"
@@ -252,13 +292,6 @@ def walk(op: str, call: Any, signature: tuple[Any, ...], chain: tuple[Any, ...])
         op=op,
         attempts=attempts,
     )
-
-
-def _detail(call: Any, backend: Any) -> str:
-    details = getattr(call, "decline_details", None)
-    if details is None:
-        return ""
-    return str(details.pop(backend.name, ""))
 
 
 def describe_call(call: Any) -> str:

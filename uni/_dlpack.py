@@ -39,7 +39,7 @@ from typing import Any, Final
 import numpy as np
 
 from uni._dtypes import as_dtype, supported_names
-from uni._errors import DomainError, DTypeError, LayoutError, UniError
+from uni._errors import DLPackError, DomainError, DTypeError, LayoutError
 
 # --------------------------------------------------------------------------------------
 # The C ABI (dlpack.h, v1.x)
@@ -185,14 +185,6 @@ class DLManagedTensorVersioned(ctypes.Structure):
         ("flags", ctypes.c_uint64),
         ("dl_tensor", DLTensor),
     )
-
-
-class DLPackError(UniError, BufferError):
-    """A tensor that cannot cross the DLPack boundary as asked.
-
-    A BufferError because that is what the DLPack protocol tells consumers to expect from
-    ``__dlpack__`` when a producer cannot export (so they may fall back to a copy).
-    """
 
 
 # --------------------------------------------------------------------------------------

@@ -49,6 +49,10 @@ class PoisonedError(LeaseError):
     """The data was left half-written by a failed writer; ``__cause__`` is that failure."""
 
 
+class ReadOnlyOutputError(LeaseError, ValueError):
+    """An operation was given a read-only output (a uni error, and a ValueError as well)."""
+
+
 class KernelDispatchError(UniError, LookupError):
     """Every backend in the walk declined the operation."""
 
@@ -62,8 +66,21 @@ class CudaError(UniError, RuntimeError):
     """A CUDA driver, runtime, NVRTC or cuBLAS call failed."""
 
 
+class DLPackError(UniError, BufferError):
+    """A tensor that cannot cross the DLPack boundary as asked.
+
+    A BufferError because that is what the DLPack protocol tells consumers to expect from
+    ``__dlpack__`` when a producer cannot export (so they may fall back to a copy).
+    """
+
+
+class PerformanceWarning(UserWarning):
+    """uni had to take a slow path; the message names why and what to change."""
+
+
 __all__ = [
     "CudaError",
+    "DLPackError",
     "DTypeError",
     "DomainError",
     "KernelDispatchError",
@@ -72,7 +89,9 @@ __all__ = [
     "LeaseError",
     "LeaseReleasedError",
     "LeaseTimeoutError",
+    "PerformanceWarning",
     "PoisonedError",
+    "ReadOnlyOutputError",
     "ShapeError",
     "UniError",
     "WouldBlockError",

@@ -1,104 +1,28 @@
 """Leases: the objects through which acquired data is reached, and how they end.
 
-A lease owns one granted access (an ``_Access``). Ending it — ``release()``, leaving its
-``with`` block, ``transfer()`` to another lease, or garbage collection — hands the data
-back to the storage and lets the access queue grant the next request. A write lease that
-ends with an exception poisons the elements it covered.
+A lease holds one opened :class:`~uni._access.Access`. Ending it -- ``release()``, leaving its
+``with`` block, ``transfer()`` to another lease, or garbage collection -- finishes the
+access: the data goes back to the storage and the access queue grants the next request. A
+write lease that ends with an exception poisons the elements it covered.
 """
 
 from __future__ import annotations
 
-import _thread
 import warnings
-from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from uni import backends
+from uni._access import Access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._errors import LeaseError, LeaseReleasedError
+from uni._export import access_array, dlpack_device_of, export_access
 from uni._mdspec import MdSpan
 
-Mode = Literal["read", "write"]
-
-#: How long a finalizer waits for the release it handed to a helper thread (seconds).
-_FINALIZER_WAIT = 1.0
-
-
-def release_from_finalizer(release: Callable[[], None]) -> None:
-    """Run ``release`` (which must not raise) on behalf of a ``__del__``, without deadlocking.
-
-    The garbage collector runs finalizers wherever it happens to fire: possibly inside this
-    very thread's access-queue or storage critical section, whose non-reentrant lock
-    ``release`` needs. Called inline, it would wait for itself forever. So it runs in a fresh
-    low-level thread (``_thread``: no ``threading`` locks either), and the finalizer waits a
-    moment for it, which keeps the release synchronous whenever no lock of this thread is in
-    the way; otherwise it completes as soon as the interrupted section lets go.
-    """
-    done = _thread.allocate_lock()
-    done.acquire()
-
-    def run() -> None:
-        try:
-            release()
-        finally:
-            done.release()
-
-    try:
-        _thread.start_new_thread(run, ())
-    except RuntimeError:  # interpreter shutdown: no new threads, and nothing left to wait for
-        release()
-        return
-    done.acquire(timeout=_FINALIZER_WAIT)
-
-
-class _Access:
-    """One granted access: everything needed to use it and to give it back (exactly once)."""
-
-    __slots__ = (
-        "accessor", "error", "finished", "handle", "mapping", "mode", "overwrite", "queue",
-        "region", "request", "storage",
-    )
-
-    def __init__(self, storage: Any, queue: Any, request: Any, region: Any, handle: Any,
-                 mode: Mode, mapping: Any, accessor: Any, overwrite: bool) -> None:
-        self.storage = storage
-        self.queue = queue
-        self.request = request
-        self.region = region
-        self.handle = handle
-        self.mode = mode
-        self.mapping = mapping
-        self.accessor = accessor
-        self.overwrite = overwrite
-        self.finished = False
-        self.error: BaseException | None = None
-
-    def finish(self, failure: BaseException | None) -> None:
-        """Give the access back. Never raises: a failing write-back is recorded in ``error``
-        and poisons the region, so the next acquisition reports it."""
-        if self.finished:
-            return
-        self.finished = True
-        region = self.region
-        storage = self.storage
-        # Plain memory has nothing to hand back: skip two no-op calls on every release.
-        if not getattr(storage, "release_is_noop", False):
-            try:
-                if self.mode == "read":
-                    storage.release_read(region, self.handle)
-                else:
-                    storage.release_write(region, self.handle, error=failure)
-            except BaseException as err:
-                self.error = err
-                if failure is None:
-                    failure = err
-        queue = self.queue
-        if self.mode == "write":
-            if failure is not None:
-                queue.poison(region.lo, region.hi, failure)
-            elif self.overwrite and region.covers_exactly():
-                queue.clear_poison(region.lo, region.hi)
-        queue.release(self.request)
+__all__ = ["ReadMdspanLease", "ReadTensorLease", "WriteMdspanLease", "WriteTensorLease",
+           "lease_for"]
 
 
 class _Lease:
@@ -106,12 +30,12 @@ class _Lease:
 
     _kind = "lease"
 
-    def __init__(self, access: _Access) -> None:
-        self._access: _Access | None = access
+    def __init__(self, access: Access) -> None:
+        self._access: Access | None = access
 
-    def _live(self) -> _Access:
+    def _live(self) -> Access:
         access = self._access
-        if access is None or access.finished:
+        if access is None or not access.active:
             raise LeaseReleasedError(
                 f"this {self._kind} was released or transferred; acquire the data again"
             )
@@ -120,14 +44,15 @@ class _Lease:
     @property
     def active(self) -> bool:
         access = self._access
-        return access is not None and not access.finished
+        return access is not None and access.active
 
     def mdspan(self) -> MdSpan:
         access = self._live()
-        accessor = access.accessor
-        if access.mode == "read" and not accessor.readonly:
+        spec = access.spec
+        accessor = spec.accessor
+        if spec.mode == "read" and not accessor.readonly:
             accessor = ConstAccessor(accessor)
-        return MdSpan(access.handle, access.mapping, accessor)
+        return MdSpan(access.handle, spec.mapping, accessor)
 
     def release(self) -> None:
         """End the access. Idempotent; never raises (see ``error`` for a failed write-back)."""
@@ -149,7 +74,7 @@ class _Lease:
 
     def __enter__(self) -> Any:
         access = self._access
-        if access is None or access.finished:
+        if access is None or not access.active:
             self._live()  # raises LeaseReleasedError
         return self
 
@@ -162,19 +87,19 @@ class _Lease:
         access = self._access
         if access is None:
             return
-        access.finish(exc)
-        if exc is None and access.error is not None:
+        release_error = access.finish(exc)
+        if exc is None and release_error is not None:
             # The body succeeded but handing the data back failed (e.g. a write-back):
             # the caller must hear about it; the region is poisoned with it too.
-            raise access.error
+            raise release_error
 
     def __del__(self) -> None:
         access = self._access
-        if access is not None and not access.finished:
+        if access is not None and access.active:
             # Nobody saw this writer finish (typically it was dropped by an exception between
             # acquire and release): treat it as a failed writer, so its data is poisoned and
             # nothing half-written is written back or vouched for by overwrite=True.
-            abandoned = None if access.mode == "read" else LeaseError(
+            abandoned = None if access.spec.mode == "read" else LeaseError(
                 f"a {self._kind} was garbage-collected while active; its writer never "
                 "finished, so the data it covered may be half-written"
             )
@@ -192,32 +117,25 @@ class _Lease:
         access = self._access
         if access is None:
             return f"<{type(self).__name__} {state}>"
-        return (
-            f"<{type(self).__name__} {state} shape={access.mapping.extents.shape} "
-            f"dtype={access.accessor.element_type.name}>"
-        )
+        spec = access.spec
+        return (f"<{type(self).__name__} {state} shape={spec.mapping.extents.shape} "
+                f"dtype={spec.accessor.element_type.name}>")
 
-    # -- DLPack and numpy boundary (uni._interop) -----------------------------------------
+    # -- DLPack and numpy boundary (uni._export) ------------------------------------------
     def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
                    dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
         """Export the leased view through DLPack (read-only under a read lease). The capsule
         holds its own share of this access until the consumer releases it, so releasing
         the lease never pulls memory away from a consumer. See docs/interop.md."""
-        from uni._interop import export_lease
-
-        return export_lease(self, stream=stream, max_version=max_version, dl_device=dl_device,
-                            copy=copy)
+        return export_access(self._live(), self.mdspan(), self._kind, stream=stream,
+                             max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from uni._interop import dlpack_device_of
-
-        return dlpack_device_of(self._live().storage)
+        return dlpack_device_of(self._live().spec.storage)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
         """The leased view as numpy (like ``.numpy()``: valid while the lease is active)."""
-        from uni._interop import lease_array
-
-        return lease_array(self, dtype, copy)
+        return access_array(self.mdspan(), self._kind, dtype, copy)
 
 
 class ReadMdspanLease(_Lease):
@@ -239,39 +157,35 @@ class _TensorLeaseMixin:
 
     if TYPE_CHECKING:
 
-        def _live(self) -> _Access: ...
+        def _live(self) -> Access: ...
 
         def mdspan(self) -> MdSpan: ...
 
     def backend_selector(self) -> tuple[Any, ...]:
-        from uni import backends
-
-        return backends.resolve(self._live().storage.default_backends())
+        return backends.resolve(self._live().spec.storage.default_backends())
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self._live().mapping.extents.shape  # type: ignore[no-any-return]
+        return self._live().spec.mapping.extents.shape  # type: ignore[no-any-return]
 
     @property
     def dtype(self) -> Any:
-        return self._live().accessor.element_type
+        return self._live().spec.accessor.element_type
 
     @property
     def mapping(self) -> Any:
-        return self._live().mapping
+        return self._live().spec.mapping
 
     @property
     def accessor(self) -> Any:
-        return self._live().accessor
+        return self._live().spec.accessor
 
     @property
     def offset(self) -> int:
-        return self._live().region.offset  # type: ignore[no-any-return]
+        return self._live().spec.offset
 
     def numpy(self) -> Any:
         """The leased data as a numpy view (read-only under a read lease)."""
-        import numpy as np
-
         return np.asarray(self.mdspan())
 
 
@@ -281,10 +195,23 @@ class ReadTensorLease(ReadMdspanLease, _TensorLeaseMixin):
     __slots__ = ()
 
     def storage(self) -> Any:
-        return self._live().storage
+        return self._live().spec.storage
 
 
 class WriteTensorLease(WriteMdspanLease, _TensorLeaseMixin):
     """Write access to a tensor: an immediate tensor view (``.mdspan()``); no ``storage()``."""
 
     __slots__ = ()
+
+
+_LEASES = {
+    ("read", True): ReadTensorLease,
+    ("write", True): WriteTensorLease,
+    ("read", False): ReadMdspanLease,
+    ("write", False): WriteMdspanLease,
+}
+
+
+def lease_for(access: Access, is_tensor: bool) -> _Lease:
+    """The lease of the right kind over an opened access."""
+    return _LEASES[access.spec.mode, is_tensor](access)

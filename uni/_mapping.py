@@ -94,10 +94,13 @@ class _Strided:
         return size == self.required_span_size() and (size == 0 or self.is_unique())
 
 
-def _reach(self: Any) -> tuple[int, int]:
-    # Computed once per mapping: every acquisition asks for it.
-    shape, strides = self.extents.shape, self.strides
-    if 0 in shape or len(shape) != len(strides):  # the strides validator reports a mismatch
+def reach(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
+    """The smallest and largest offset a strided layout reaches from index (0, ..., 0).
+
+    ``(0, -1)`` when it reaches nothing (some extent is 0). The one place uni computes a
+    layout's reach: mappings, plans, BLAS spans and numpy imports all ask here.
+    """
+    if 0 in shape:
         return (0, -1)
     lo = hi = 0
     for e, s in zip(shape, strides, strict=True):
@@ -108,28 +111,47 @@ def _reach(self: Any) -> tuple[int, int]:
     return (lo, hi)
 
 
+def nests(shape: tuple[int, ...], strides: tuple[int, ...], unit: int = 1) -> bool:
+    """Whether no two indices of the layout share a unit: taken by ascending ``|stride|``,
+    every axis (of extent > 1) steps past the whole span of the axes inside it.
+
+    ``unit`` is the size of one element in the strides' units (1 for element strides, the
+    itemsize for byte strides). True for every view that slicing, transposing, reversing and
+    padding make of one allocation; False for broadcast (zero) strides and for interleaved
+    layouts, which this sufficient test cannot prove disjoint. The one place uni decides it.
+    """
+    span = unit
+    for stride, extent in sorted((abs(s), n) for n, s in zip(shape, strides, strict=True)
+                                 if n > 1):
+        if stride < span:
+            return False
+        span += stride * (extent - 1)
+    return True
+
+
+def _reach(self: Any) -> tuple[int, int]:
+    # Computed once per mapping: every acquisition asks for it.
+    shape, strides = self.extents.shape, self.strides
+    if len(shape) != len(strides):  # the strides validator reports the mismatch
+        return (0, -1)
+    return reach(shape, strides)
+
+
 def _is_unique(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     size = math.prod(shape)
     if size <= 1:
         return True
-    axes = sorted((abs(s), e) for e, s in zip(shape, strides, strict=True) if e > 1)
-    if axes[0][0] == 0:
+    if any(s == 0 and n > 1 for n, s in zip(shape, strides, strict=True)):
         return False
-    reach = 0
-    nested = True
-    for stride, extent in axes:
-        if stride <= reach:
-            nested = False
-            break
-        reach += stride * (extent - 1)
-    if nested:
+    if nests(shape, strides):
         return True
     if size > _BRUTE_FORCE_UNIQUE_LIMIT:
         # Note: conservative answer for huge interleaved layouts; such a mapping is treated as
         # possibly aliasing, which only costs a staging copy, never a wrong result.
         return False
     offsets = {0}
-    for stride, extent in axes:
+    for stride, extent in sorted((abs(s), n) for n, s in zip(shape, strides, strict=True)
+                                 if n > 1):
         offsets = {o + i * stride for o in offsets for i in range(extent)}
     return len(offsets) == size
 

@@ -8,9 +8,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from uni._accessor import HOST, HostHandle, _check_accessor
+from uni._accessor import _check_accessor
 from uni._errors import LayoutError
 from uni._extents import Extents
+from uni._handle import HOST, HostHandle
 from uni._mapping import check_fits
 
 

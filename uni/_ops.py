@@ -1,96 +1,48 @@
 """The fixed operations' front ends: copy, gemm, gemv, transform (+ ``_async``).
 
 Each front end validates shapes, dtypes and domains first (nothing is touched on bad
-input), then takes its leases (reads on inputs, a write on the output), then walks the
-backends. A failure while the output is leased poisons it.
+input), broadcasts and promotes, chooses the backend list by where the operation runs, and
+hands a :class:`~uni._executor.Job` to an executor: the calling thread for the sync forms,
+uni's workers (host) for the ``_async`` forms. A failure while an output is leased poisons
+it. Front ends never name a backend; a backend that can prepare a repeat of a small call
+offers it through :mod:`uni._prepared`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextvars
-import os
-import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
 import numpy as np
-import trio
 
-from uni import _fast_gemm
-from uni._dispatch import _diagnostics, _overrides, backend_list, walk
+from uni import _prepared, _promotion
+from uni._access_queue import CURRENT_THREAD
+from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall, signature
+from uni._dispatch import backend_list, diagnostics_active
 from uni._errors import (
     DomainError,
     DTypeError,
-    KernelDispatchError,
     LayoutError,
-    LeaseError,
+    ReadOnlyOutputError,
     ShapeError,
 )
+from uni._executor import Job, OperationAccess, OpFuture, done_future, run_inline, stage, submit
+from uni._handle import HOST
 from uni._mapping import layout_stride
 from uni._mdspec import MdSpan
-from uni._op_access import OpAccess, staged
 from uni._tensor import Tensor
+from uni.ops import is_element_op
 
-
-# -- call records handed to backends ---------------------------------------------------------
-def _describe_span(name: str, span: Any) -> str:
-    acc = type(span.accessor).__name__
-    return f"{name}: {span.dtype.name}{list(span.shape)} strides {span.strides} via {acc}"
-
-
-@attrs.define
-class CopyCall:
-    src: MdSpan
-    dst: MdSpan
-    decline_details: dict[str, str] = attrs.field(factory=dict)
-
-    def describe(self) -> str:
-        return f"{_describe_span('src', self.src)}, {_describe_span('dst', self.dst)}"
-
-
-@attrs.define
-class GemmCall:
-    a: MdSpan
-    b: MdSpan
-    c: MdSpan
-    alpha: Any
-    beta: Any
-    decline_details: dict[str, str] = attrs.field(factory=dict)
-
-    def describe(self) -> str:
-        return ", ".join(_describe_span(n, s) for n, s in (("a", self.a), ("b", self.b),
-                                                         ("c", self.c)))
-
-
-@attrs.define
-class GemvCall:
-    a: MdSpan
-    x: MdSpan
-    y: MdSpan
-    alpha: Any
-    beta: Any
-    decline_details: dict[str, str] = attrs.field(factory=dict)
-
-    def describe(self) -> str:
-        return ", ".join(_describe_span(n, s) for n, s in (("a", self.a), ("x", self.x),
-                                                         ("y", self.y)))
-
-
-@attrs.define
-class TransformCall:
-    out: MdSpan
-    op: Any
-    inputs: tuple[Any, ...]  # MdSpans (broadcast to out's shape) or Python scalars
-    compute_dtype: np.dtype[Any]
-    decline_details: dict[str, str] = attrs.field(factory=dict)
-
-    def describe(self) -> str:
-        parts = [_describe_span("out", self.out), f"op {getattr(self.op, 'name', self.op)!r}"]
-        for i, x in enumerate(self.inputs):
-            parts.append(_describe_span(f"in{i}", x) if isinstance(x, MdSpan) else f"in{i}: {x!r}")
-        return ", ".join(parts)
+__all__ = [
+    "copy",
+    "copy_async",
+    "gemm",
+    "gemm_async",
+    "gemv",
+    "gemv_async",
+    "transform",
+    "transform_async",
+]
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -120,10 +72,6 @@ def _same_dtype(op: str, tensors: dict[str, Tensor]) -> np.dtype[Any]:
     if op in ("gemm", "gemv") and dtype.kind == "b":
         raise DTypeError(f"{op} expects a numeric dtype, got bool")
     return dtype
-
-
-class ReadOnlyOutputError(LeaseError, ValueError):
-    """An operation was given a read-only output (a uni error, and a ValueError as well)."""
 
 
 def _writable(op: str, name: str, t: Tensor) -> None:
@@ -235,205 +183,63 @@ def _check_copy(src: Any, dst: Any) -> tuple[Tensor, Tensor]:
     return _broadcast_batch("copy", "src", src, dst.shape, 0), dst
 
 
-# -- signatures for the walk's decision cache ------------------------------------------------
-def _layout_class(t: Tensor) -> Any:
-    """The layout part of the cache key: fine enough that one key means one walk outcome.
-
-    ``layout_right``/``layout_left`` are a class each. A ``layout_stride`` also records, per
-    axis, the kind of stride (unit, other positive, negative, zero; an extent-1 axis never
-    matters), the axes ordered by ``|stride|`` and whether they nest without overlap: that
-    is what a backend's layout declines depend on (BLAS needs a unit-stride axis and a
-    leading dimension), so a negative-stride view that fell back to ``cpu_reference`` does
-    not send a later padded view of the same dtypes there too.
-    """
-    mapping = t.mapping
-    if not isinstance(mapping, layout_stride):
-        return type(mapping).__name__
-    kinds = []
-    live = []
-    for axis, (extent, stride) in enumerate(zip(t.shape, t.strides, strict=True)):
-        if extent <= 1:
-            kinds.append("1")
-            continue
-        live.append(axis)
-        if stride == 0:
-            kinds.append("0")
-        else:
-            kinds.append(("-" if stride < 0 else "") + ("u" if abs(stride) == 1 else "s"))
-    order = sorted(live, key=lambda axis: abs(t.strides[axis]))
-    reach = 0
-    nested = True
-    for axis in order:
-        stride = abs(t.strides[axis])
-        if stride <= reach:
-            nested = False
-            break
-        reach += stride * (t.shape[axis] - 1)
-    return ("layout_stride", tuple(kinds), tuple(order), nested)
-
-
-def _accessor_chain(accessor: Any) -> tuple[type, ...]:
-    chain = []
-    while accessor is not None:
-        chain.append(type(accessor))
-        accessor = getattr(accessor, "base", None)
-    return tuple(chain)
-
-
-def _signature(*tensors: Tensor, extra: Any = None) -> tuple[Any, ...]:
-    return (
-        tuple((t.dtype.str, _layout_class(t), _accessor_chain(t.accessor), type(t.storage))
-              for t in tensors),
-        extra,
-    )
-
-
-# -- running -----------------------------------------------------------------------------------
-class _Job:
-    """One registered operation: wait for grants, run the walk, give everything back."""
-
-    def __init__(self, op: str, access: OpAccess, build: Callable[[OpAccess], Any],
-                 signature: tuple[Any, ...], chain: tuple[Any, ...]) -> None:
-        self.op = op
-        self.access = access
-        self.build = build
-        self.signature = signature
-        self.chain = chain
-
-    def __call__(self) -> str:
-        access = self.access
-        access.acquire()
-        try:
-            selected = walk(self.op, self.build(access), self.signature, self.chain)
-        except KernelDispatchError as err:
-            # Every backend declined, and a decline has no side effects: nothing was written.
-            # A sync caller hears the error and its output stays as it was (a staged write is
-            # discarded, nothing is poisoned). An async operation's outputs are poisoned like
-            # any failure's: operations queued after it must not compute from stale data.
-            access.finish(err, poison=access.detached)
-            raise
-        except BaseException as err:
-            access.finish(err)
-            raise
-        release_error = access.finish(None)
-        if release_error is not None:
-            raise release_error
-        return selected
-
-    def fail(self, err: BaseException) -> None:
-        """For an async job that failed before running: poison its outputs."""
-        self.access.finish(err)
-
-
-def _run(op: str, reads: list[Tensor], writes: list[Tensor], overwrite: list[bool],
-         build: Callable[[OpAccess], Any], signature: tuple[Any, ...],
-         backends: Sequence[Any] | None, owner_thread: Any = "current") -> _Job:
+# -- jobs ----------------------------------------------------------------------------------------
+def _job(op: str, reads: list[Tensor], writes: list[Tensor], overwrite: list[bool],
+         build: Callable[[OperationAccess], Any], sig: Any, backends: Sequence[Any] | None,
+         owner: Any) -> Job:
     chain = backend_list(op, writes[0].storage, backends)
-    access = OpAccess(op, reads, writes, overwrite, owner_thread=owner_thread)
-    return _Job(op, access, build, signature, chain)
+    access = OperationAccess(op, reads, writes, overwrite, owner=owner)
+    return Job(op, access, build, sig, chain)
 
 
-def _stage_folded(access: OpAccess, index: int) -> MdSpan:
+def _stage_folded(access: OperationAccess, index: int) -> MdSpan:
     span = access.span(index, "read")
-    return staged(span) if access.folded(index) else span
+    return stage(span) if access.folded(index) else span
 
 
 def _gemm_job(a: Any, b: Any, c: Any, alpha: Any, beta: Any, backends: Any,
-              owner_thread: Any = "current") -> _Job | None:
+              owner: Any = CURRENT_THREAD) -> Job | None:
     a, b, c = _check_gemm(a, b, c)
     _check_scalars("gemm", alpha, beta, c.dtype)
     if c.size == 0:
         return None
 
-    def build(access: OpAccess) -> GemmCall:
+    def build(access: OperationAccess) -> GemmCall:
         return GemmCall(_stage_folded(access, 0), _stage_folded(access, 1),
                         access.span(0, "write"), alpha, beta)
 
-    return _run("gemm", [a, b], [c], [beta == 0], build,
-                _signature(a, b, c, extra=(alpha == 0, beta == 0)), backends, owner_thread)
+    return _job("gemm", [a, b], [c], [beta == 0], build,
+                signature(a, b, c, extra=(alpha == 0, beta == 0)), backends, owner)
 
 
 def _gemv_job(a: Any, x: Any, y: Any, alpha: Any, beta: Any, backends: Any,
-              owner_thread: Any = "current") -> _Job | None:
+              owner: Any = CURRENT_THREAD) -> Job | None:
     a, x, y = _check_gemv(a, x, y)
     _check_scalars("gemv", alpha, beta, y.dtype)
     if y.size == 0:
         return None
 
-    def build(access: OpAccess) -> GemvCall:
+    def build(access: OperationAccess) -> GemvCall:
         return GemvCall(_stage_folded(access, 0), _stage_folded(access, 1),
                         access.span(0, "write"), alpha, beta)
 
-    return _run("gemv", [a, x], [y], [beta == 0], build,
-                _signature(a, x, y, extra=(alpha == 0, beta == 0)), backends, owner_thread)
+    return _job("gemv", [a, x], [y], [beta == 0], build,
+                signature(a, x, y, extra=(alpha == 0, beta == 0)), backends, owner)
 
 
-def _copy_job(src: Any, dst: Any, backends: Any, owner_thread: Any = "current") -> _Job | None:
+def _copy_job(src: Any, dst: Any, backends: Any, owner: Any = CURRENT_THREAD) -> Job | None:
     src, dst = _check_copy(src, dst)
     if dst.size == 0:
         return None
 
-    def build(access: OpAccess) -> CopyCall:
+    def build(access: OperationAccess) -> CopyCall:
         return CopyCall(_stage_folded(access, 0), access.span(0, "write"))
 
-    return _run("copy", [src], [dst], [True], build, _signature(src, dst), backends,
-                owner_thread)
-
-
-def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
-         backends: Sequence[Any] | None = None) -> None:
-    """``c <- alpha * a @ b + beta * c`` (leading batch axes run as a batch).
-
-    Transposes and conjugates are views (``a.T``, ``a.conj()``). ``beta == 0`` never reads
-    ``c``; ``alpha == 0`` or ``k == 0`` never reads ``a``/``b``.
-    """
-    plain = backends is None and not _diagnostics.get()
-    if plain:
-        # The identity check of _fast_gemm.lookup, inlined: for a repeated tiny product on
-        # the same tensors this is the whole overhead.
-        fast = _fast_gemm._entries.get((id(a), id(b), id(c)))
-        if fast is None or not (fast.a is a and fast.b is b and fast.c is c):
-            fast = _fast_gemm.lookup(a, b, c) if type(a) is type(b) is type(c) is Tensor else None
-        if fast is not None and fast(alpha, beta):
-            return
-    job = _gemm_job(a, b, c, alpha, beta, backends)
-    if job is not None:
-        selected = job()
-        if plain and selected == "blas" and not _gemm_overridden():
-            _fast_gemm.remember(a, b, c)
-
-
-def _diagnostics_active() -> bool:
-    return bool(_diagnostics.get())
-
-
-def _gemm_overridden() -> bool:
-    return any(op == "gemm" for op, _ in _overrides)
-
-
-def gemv(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
-         backends: Sequence[Any] | None = None) -> None:
-    """``y <- alpha * a @ x + beta * y`` (leading batch axes run as a batch)."""
-    job = _gemv_job(a, x, y, alpha, beta, backends)
-    if job is not None:
-        job()
-
-
-def copy(src: Any, dst: Any, *, backends: Sequence[Any] | None = None) -> None:
-    """Copy ``src`` into ``dst`` (same dtype; ``src`` broadcasts to ``dst``'s shape).
-
-    Overlapping source and destination in one buffer copy correctly.
-    """
-    job = _copy_job(src, dst, backends)
-    if job is not None:
-        job()
+    return _job("copy", [src], [dst], [True], build, signature(src, dst), backends, owner)
 
 
 def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
                         ) -> tuple[Tensor, list[Any], list[Tensor], np.dtype[Any]]:
-    from uni import _promotion
-    from uni.ops import is_element_op
-
     out = _tensor(out, "transform", "out")
     _writable("transform", "out", out)
     for axis, (extent, stride) in enumerate(zip(out.shape, out.strides, strict=True)):
@@ -490,21 +296,19 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
 
 
 def _transform_job(out: Any, op: Any, inputs: tuple[Any, ...], backends: Any,
-                   owner_thread: Any = "current") -> _Job | None:
-    from uni.ops import is_element_op
-
+                   owner: Any = CURRENT_THREAD) -> Job | None:
     out, operands, tensors, compute = _transform_operands(out, op, inputs)
     if out.size == 0:
         return None
 
-    def build(access: OpAccess) -> TransformCall:
+    def build(access: OperationAccess) -> TransformCall:
         spans: list[Any] = []
         k = 0
         for x in operands:
             if isinstance(x, Tensor):
                 span = access.span(k, "read")
                 if access.folded(k) and not _same_layout(x, out):
-                    span = staged(span)  # overlapping at another layout: read a copy
+                    span = stage(span)  # overlapping at another layout: read a copy
                 spans.append(span)
                 k += 1
             else:
@@ -512,8 +316,44 @@ def _transform_job(out: Any, op: Any, inputs: tuple[Any, ...], backends: Any,
         return TransformCall(access.span(0, "write"), op, tuple(spans), compute)
 
     key = ("element-op", op) if is_element_op(op) else ("callable", id(op))
-    return _run("transform", tensors, [out], [True], build,
-                _signature(out, *tensors, extra=key), backends, owner_thread)
+    return _job("transform", tensors, [out], [True], build,
+                signature(out, *tensors, extra=key), backends, owner)
+
+
+# -- sync front ends ----------------------------------------------------------------------------
+def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
+         backends: Sequence[Any] | None = None) -> None:
+    """``c <- alpha * a @ b + beta * c`` (leading batch axes run as a batch).
+
+    Transposes and conjugates are views (``a.T``, ``a.conj()``). ``beta == 0`` never reads
+    ``c``; ``alpha == 0`` or ``k == 0`` never reads ``a``/``b``.
+    """
+    plain = backends is None and not diagnostics_active()
+    if plain and _prepared.run_gemm(a, b, c, alpha, beta):
+        return
+    job = _gemm_job(a, b, c, alpha, beta, backends)
+    if job is not None:
+        backend = run_inline(job)
+        if plain:
+            _prepared.offer_gemm(backend, a, b, c)
+
+
+def gemv(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
+         backends: Sequence[Any] | None = None) -> None:
+    """``y <- alpha * a @ x + beta * y`` (leading batch axes run as a batch)."""
+    job = _gemv_job(a, x, y, alpha, beta, backends)
+    if job is not None:
+        run_inline(job)
+
+
+def copy(src: Any, dst: Any, *, backends: Sequence[Any] | None = None) -> None:
+    """Copy ``src`` into ``dst`` (same dtype; ``src`` broadcasts to ``dst``'s shape).
+
+    Overlapping source and destination in one buffer copy correctly.
+    """
+    job = _copy_job(src, dst, backends)
+    if job is not None:
+        run_inline(job)
 
 
 def transform(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = None) -> None:
@@ -525,141 +365,44 @@ def transform(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = 
     """
     job = _transform_job(out, op, inputs, backends)
     if job is not None:
-        job()
+        run_inline(job)
 
 
-# -- async -----------------------------------------------------------------------------------
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _workers() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            # BLAS and numpy copies release the GIL: one worker per core overlaps them; a
-            # couple more keep independent work moving while some wait for their grants.
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(2, os.cpu_count() or 2) + 2, thread_name_prefix="uni-worker"
+# -- async front ends ---------------------------------------------------------------------------
+def _async(op: str, job: Job | None, stream: Any) -> OpFuture:
+    if stream is not None and job is not None:
+        domain = job.access.writes[0].tensor.storage.domain
+        if domain is HOST:
+            raise DomainError(
+                f"uni.{op}_async(stream=...) orders work on a CUDA stream, but this operation's "
+                "data is host data, which uni's host workers order by leases alone; leave "
+                "stream=None for host tensors"
             )
-        return _pool
-
-
-class OpFuture:
-    """A dispatched async operation: ``await`` it in trio, or ``.result()`` in a thread."""
-
-    __slots__ = ("_future", "op")
-
-    def __init__(self, op: str, future: concurrent.futures.Future[Any]) -> None:
-        self.op = op
-        self._future = future
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def result(self, timeout: float | None = None) -> Any:
-        """Block this thread until the operation finished; re-raise its error."""
-        return self._future.result(timeout)
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        return _await_future(self._future).__await__()
-
-    def __repr__(self) -> str:
-        state = "done" if self._future.done() else "running"
-        return f"<uni.OpFuture {self.op} {state}>"
-
-
-async def _await_future(future: concurrent.futures.Future[Any]) -> Any:
-    if future.done():
-        await trio.lowlevel.checkpoint()
-        return future.result()
-    task = trio.lowlevel.current_task()
-    token = trio.lowlevel.current_trio_token()
-    lock = threading.Lock()
-    parked = [True]
-
-    def on_done(_: Any) -> None:
-        with lock:
-            if not parked[0]:
-                return
-            parked[0] = False
-        try:
-            token.run_sync_soon(trio.lowlevel.reschedule, task)
-        except trio.RunFinishedError:
-            pass
-
-    def abort(_: Any) -> trio.lowlevel.Abort:
-        # Cancelling the waiter stops the waiting, not the work: the operation is ordered
-        # and keeps its outputs ordered after it, as on a CUDA stream.
-        with lock:
-            if not parked[0]:
-                return trio.lowlevel.Abort.FAILED
-            parked[0] = False
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    future.add_done_callback(on_done)
-    await trio.lowlevel.wait_task_rescheduled(abort)
-    return future.result()
-
-
-_submitting = threading.local()  # .active: this thread is inside dispatch's submit
-
-
-def _submit(op: str, job: _Job | None) -> OpFuture:
     if job is None:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        future.set_result(None)
-        return OpFuture(op, future)
-    context = contextvars.copy_context()
-    future = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            result = context.run(job)
-        except BaseException as err:
-            job.fail(err)  # no-op when the job already poisoned and released
-            future.set_exception(err)
-        else:
-            future.set_result(result)
-
-    def dispatch() -> None:
-        # Takes a worker only once every lease is granted: a worker never blocks on a grant,
-        # so runnable operations never starve behind ones waiting (whatever the number of
-        # workers, and whichever thread registered first or submitted first). Runs in the
-        # thread that released the last lease in the way, possibly inside a finalizer that
-        # interrupted this very function in the same thread: the executor's locks are not
-        # reentrant, so such a call submits from a fresh thread instead.
-        if getattr(_submitting, "active", False):
-            threading.Thread(target=dispatch, name="uni-dispatch", daemon=True).start()
-            return
-        _submitting.active = True
-        try:
-            _workers().submit(run)
-        except BaseException as err:  # interpreter shutdown: no new threads
-            job.fail(err)
-            future.set_exception(err)
-        finally:
-            _submitting.active = False
-
-    job.access.when_granted(dispatch)
-    return OpFuture(op, future)
+        return done_future(op)
+    return submit(job)
 
 
 def gemm_async(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
-               backends: Sequence[Any] | None = None) -> OpFuture:
-    """Register gemm's leases now and run it on uni's workers; await the result."""
-    return _submit("gemm", _gemm_job(a, b, c, alpha, beta, backends, owner_thread=None))
+               backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
+    """Register gemm's leases now and run it once granted (uni's workers for host data);
+    ``await`` the returned future, or call ``.result()``."""
+    return _async("gemm", _gemm_job(a, b, c, alpha, beta, backends, owner=None), stream)
 
 
 def gemv_async(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
-               backends: Sequence[Any] | None = None) -> OpFuture:
-    return _submit("gemv", _gemv_job(a, x, y, alpha, beta, backends, owner_thread=None))
+               backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
+    """Register gemv's leases now and run it once granted; ``await`` the result."""
+    return _async("gemv", _gemv_job(a, x, y, alpha, beta, backends, owner=None), stream)
 
 
-def copy_async(src: Any, dst: Any, *, backends: Sequence[Any] | None = None) -> OpFuture:
-    return _submit("copy", _copy_job(src, dst, backends, owner_thread=None))
+def copy_async(src: Any, dst: Any, *, backends: Sequence[Any] | None = None,
+               stream: Any = None) -> OpFuture:
+    """Register the copy's leases now and run it once granted; ``await`` the result."""
+    return _async("copy", _copy_job(src, dst, backends, owner=None), stream)
 
 
-def transform_async(out: Any, op: Any, *inputs: Any,
-                    backends: Sequence[Any] | None = None) -> OpFuture:
-    return _submit("transform", _transform_job(out, op, inputs, backends, owner_thread=None))
+def transform_async(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = None,
+                    stream: Any = None) -> OpFuture:
+    """Register the transform's leases now and run it once granted; ``await`` the result."""
+    return _async("transform", _transform_job(out, op, inputs, backends, owner=None), stream)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+import attrs
+
 
 class Probe(enum.Enum):
     """A backend's type-level answer before it sees the instance."""
@@ -24,3 +26,24 @@ class Decline(enum.Enum):
     UNAVAILABLE = "unavailable"
     INSUFFICIENT_RESOURCES = "insufficient resources"
     INCOMPATIBLE_DEVICES = "incompatible devices"
+
+
+@attrs.frozen
+class Declined:
+    """A decline with its explanation: what ``try_kernel`` returns instead of running.
+
+    ``reason`` is the :class:`Decline` category; ``detail`` says in words what the backend
+    could not do and, where it can, what to change. A backend may also return a bare
+    ``Decline`` (no words); the walk treats both alike.
+    """
+
+    reason: Decline
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return self.reason.value + (f" ({self.detail})" if self.detail else "")
+
+
+def reason_of(answer: Decline | Declined) -> Decline:
+    """The Decline category of a backend's answer."""
+    return answer.reason if isinstance(answer, Declined) else answer

@@ -1,4 +1,4 @@
-"""Tensor: a storage plus (mapping, accessor, offset), the factories, and metadata-only views."""
+"""Tensor: a storage plus (mapping, accessor, offset), and its metadata-only views."""
 
 from __future__ import annotations
 
@@ -9,35 +9,34 @@ from typing import Any
 
 import numpy as np
 
-from uni._accessor import (
-    HOST,
-    ConjugateAccessor,
-    ConstAccessor,
-    DefaultAccessor,
-    ScaledAccessor,
-)
-from uni._dtypes import as_dtype
+from uni import backends
+from uni._access import StorageView
+from uni._accessor import ConjugateAccessor, ConstAccessor, ScaledAccessor
+from uni._acquire import acquire_host_read_access_sync, try_read_values
 from uni._errors import DomainError, DTypeError, LayoutError, ShapeError
+from uni._export import check_request, dlpack_device_of
 from uni._extents import Extents
-from uni._mapping import best_mapping, c_strides, check_fits, f_strides, layout_stride
+from uni._handle import HOST
+from uni._mapping import best_mapping, c_strides, check_fits
 from uni._mdspec import DataDescriptor, MdSpan, MdSpec
+from uni.storage._protocol import default_accessor_of
 
 # Tensors up to this many elements show their values in repr, like numpy's summarised print.
 _REPR_VALUES_LIMIT = 1000
 
 
-class Tensor:
+class Tensor(StorageView):
     """A view of a storage: the owning storage plus mapping, accessor and element offset.
 
     Views (``t[...]``, ``t.T``, ``t.conj()``, ...) share the storage and change metadata only.
     Reaching the data goes through a lease: ``uni.acquire_host_read_access_sync(t)``.
     """
 
-    __slots__ = ("__weakref__", "_accessor", "_mapping", "_offset", "_storage")
+    __slots__ = ("__weakref__",)
 
     def __init__(self, storage: Any, mapping: Any, accessor: Any = None, *, offset: int = 0):
         if accessor is None:
-            accessor = DefaultAccessor(storage.dtype)
+            accessor = default_accessor_of(storage)
         if not hasattr(mapping, "strides") or not hasattr(mapping, "extents"):
             raise LayoutError(f"expected a strided mapping (layout_right/left/stride), got {mapping!r}")
         stored = getattr(accessor, "stored_type", accessor.element_type)
@@ -132,15 +131,24 @@ class Tensor:
         return self.shape[0]
 
     def mdspec(self) -> MdSpan | MdSpec:
-        """An MdSpan when the data is immediately host-reachable, else an MdSpec."""
-        if getattr(self._storage, "immediate", False):
-            return MdSpan(self._storage.handle(self._offset), self._mapping, self._accessor)
+        """An MdSpan when the data is immediately reachable (plain memory), else an MdSpec.
+
+        Never acquires: an immediate storage hands out its ``handle(offset)`` directly.
+        """
+        storage = self._storage
+        if getattr(storage, "immediate", False):
+            handle = getattr(storage, "handle", None)
+            if handle is None:
+                raise TypeError(
+                    f"{type(storage).__name__} says immediate = True but has no "
+                    "handle(offset) method; an immediate storage must hand out its handle "
+                    "(see uni.storage.Storage)"
+                )
+            return MdSpan(handle(self._offset), self._mapping, self._accessor)
         return MdSpec(DataDescriptor(self._storage, self._offset), self._mapping, self._accessor)
 
     def backend_selector(self) -> tuple[Any, ...]:
         """The storage's backends, best first."""
-        from uni import backends
-
         return backends.resolve(self._storage.default_backends())
 
     # -- views -------------------------------------------------------------------------
@@ -237,8 +245,6 @@ class Tensor:
                 "use `with uni.acquire_host_read_access_sync(t) as lease: "
                 "numpy.asarray(lease.mdspan())`"
             )
-        from uni._acquire import acquire_host_read_access_sync
-
         with acquire_host_read_access_sync(self) as lease:
             values = np.array(lease.mdspan(), copy=True)
         return values if dtype is None else values.astype(dtype)
@@ -252,14 +258,16 @@ class Tensor:
         """Export through DLPack: read-only, zero-copy, under a read lease that the capsule
         holds until the consumer releases it (or a private copy where sharing is impossible).
         See docs/interop.md; write access is exported from a write lease."""
-        from uni._interop import export_tensor
-
-        return export_tensor(self, stream=stream, max_version=max_version, dl_device=dl_device,
-                             copy=copy)
+        # Arguments first: a refused request must not wait for (or take) a lease.
+        check_request(self._storage, stream, max_version, dl_device, copy)
+        lease = acquire_host_read_access_sync(self)
+        try:
+            return lease.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device,
+                                    copy=copy)
+        finally:
+            lease.release()  # a zero-copy capsule holds its own share of the access
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from uni._interop import dlpack_device_of
-
         return dlpack_device_of(self._storage)
 
     def __repr__(self) -> str:
@@ -268,8 +276,6 @@ class Tensor:
             head += ", readonly"
         if self.size > _REPR_VALUES_LIMIT or self._storage.domain is not HOST:
             return f"uni.Tensor({head})"
-        from uni._acquire import try_read_values
-
         values = try_read_values(self)
         if values is None:
             return f"uni.Tensor({head}, values unavailable: the data is leased for writing)"
@@ -378,83 +384,3 @@ def _reshape_strides(
             stride *= new_shape[news[k]]
         oi, ni = o_end, n_end
     return new_strides
-
-
-# -- factories ---------------------------------------------------------------------------
-def _host_tensor(shape: Any, dtype: Any, order: str, device: str) -> Tensor:
-    from uni.storage.host import HostStorage
-
-    _check_device(device)
-    dt = as_dtype(dtype)
-    ext = Extents(shape)
-    if order not in ("C", "F"):
-        raise ValueError(f"order must be 'C' or 'F', got {order!r}")
-    storage = HostStorage(ext.size(), dt)
-    strides = c_strides(ext.shape) if order == "C" else f_strides(ext.shape)
-    return Tensor._view(storage, best_mapping(ext.shape, strides), DefaultAccessor(dt), 0)
-
-
-def _check_device(device: str) -> None:
-    if device == "host" or device == "cpu":
-        return
-    if device == "cuda" or device.startswith("cuda:"):
-        from uni import cuda
-
-        reason = cuda.unavailable_reason() or "CUDA tensors are not implemented yet"
-        raise DomainError(f"device {device!r} is not usable here: {reason}")
-    raise DomainError(f"expected device 'host', 'cuda' or 'cuda:N', got {device!r}")
-
-
-def empty(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
-    """An uninitialized tensor (C or Fortran order)."""
-    return _host_tensor(shape, dtype, order, device)
-
-
-def zeros(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
-    t = _host_tensor(shape, dtype, order, device)
-    t.storage.buffer[...] = 0
-    return t
-
-
-def full(
-    shape: Any, fill_value: Any, dtype: Any = None, *, order: str = "C", device: str = "host"
-) -> Tensor:
-    if dtype is None:
-        dtype = np.asarray(fill_value).dtype
-        if dtype == np.int64 and isinstance(fill_value, bool):
-            dtype = np.bool_
-    t = _host_tensor(shape, dtype, order, device)
-    t.storage.buffer[...] = fill_value
-    return t
-
-
-def arange(n: int, dtype: Any = np.int64, *, device: str = "host") -> Tensor:
-    t = _host_tensor((operator.index(n),), dtype, "C", device)
-    t.storage.buffer[...] = np.arange(n)
-    return t
-
-
-def from_numpy(array: Any, *, copy: bool = False) -> Tensor:
-    """A host tensor over ``array``'s memory (zero-copy, any strides), or over a copy.
-
-    Views of one numpy array share one storage, so their leases are ordered by one queue.
-    A read-only array gives a read-only tensor.
-    """
-    from uni.storage.host import HostStorage, storage_for_array
-
-    arr = np.asarray(array)
-    dt = as_dtype(arr.dtype)
-    if copy:
-        t = _host_tensor(arr.shape, dt, "C", "host")
-        t.storage.buffer[...] = arr.reshape(-1)
-        return t
-    if arr.dtype != dt:
-        arr = arr.view(dt)
-    storage: HostStorage
-    storage, offset = storage_for_array(arr)
-    strides = tuple(s // arr.itemsize for s in arr.strides)
-    accessor: Any = DefaultAccessor(dt)
-    if not arr.flags.writeable:
-        accessor = ConstAccessor(accessor)
-    mapping = best_mapping(arr.shape, strides) if arr.size else layout_stride(arr.shape, strides)
-    return Tensor(storage, mapping, accessor, offset=offset)

@@ -322,7 +322,7 @@ class ElementOp:
 
         Inputs are arrays, numpy scalars or Python scalars; they are cast into ``dtype``
         inside the ufunc. ``out``, when given, receives the result through numpy's plain cast
-        (use it only where that cast agrees with the store rules; ``uni._elementwise_host``
+        (use it only where that cast agrees with the store rules; ``uni.backends.blas._elementwise``
         decides). Never warns.
         """
         self._check_arity(len(inputs), "inputs")

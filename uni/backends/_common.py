@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from uni._accessor import HOST
+from uni._handle import HOST
+
+__all__ = ["host_signature", "host_spans"]
 
 
-def host_storage_types(signature: tuple[Any, ...]) -> bool:
-    """True when every operand's storage type in ``signature`` lives in the host domain."""
-    operands = signature[0] if signature else ()
-    return all(getattr(entry[3], "domain", HOST) is HOST for entry in operands)
+def host_signature(signature: Any) -> bool:
+    """True when every operand in ``signature`` lives in the host domain."""
+    return all(o.domain is HOST for o in signature.operands)
 
 
 def host_spans(*spans: Any) -> bool:
-    return all(HOST in s.accessor.domains and hasattr(s.data_handle, "buffer") for s in spans)
+    """True when every span is host-accessible and backed by a host buffer."""
+    return all(HOST in s.accessor.domains and getattr(s.data_handle, "domain", None) is HOST
+               for s in spans)

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from uni import backends as _registry
-from uni._probe import Decline, Probe
+from uni._calls import Signature, spans_of
+from uni._probe import Decline, Declined, Probe
 from uni._promotion import cast_value, store_scalar
-from uni.backends._common import host_spans, host_storage_types
+from uni.backends._common import host_signature, host_spans
 from uni.ops import is_element_op
 
 
@@ -37,14 +38,13 @@ class CpuReference:
     def available(self) -> bool:
         return True
 
-    def probe(self, op: str, signature: tuple[Any, ...]) -> Probe:
-        if not host_storage_types(signature):
+    def probe(self, op: str, signature: Signature) -> Probe:
+        if not host_signature(signature):
             return Probe.NO
         return Probe.YES if op in ("copy", "gemm", "gemv", "transform") else Probe.NO
 
-    def try_kernel(self, op: str, call: Any) -> Decline | None:
-        spans = [s for s in _spans_of(op, call)]
-        if not host_spans(*spans):
+    def try_kernel(self, op: str, call: Any) -> Decline | Declined | None:
+        if not host_spans(*spans_of(call)):
             return Decline.INCOMPATIBLE_DEVICES
         getattr(self, f"_{op}")(call)
         return None
@@ -101,16 +101,6 @@ class CpuReference:
             else:
                 value = _value(op(*args))
             _store(out, index, value)
-
-
-def _spans_of(op: str, call: Any) -> list[Any]:
-    if op == "copy":
-        return [call.src, call.dst]
-    if op == "gemm":
-        return [call.a, call.b, call.c]
-    if op == "gemv":
-        return [call.a, call.x, call.y]
-    return [call.out, *(x for x in call.inputs if hasattr(x, "mapping"))]
 
 
 cpu_reference = _registry.register(CpuReference())

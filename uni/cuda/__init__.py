@@ -14,8 +14,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from uni._accessor import CUDA, Domain, _AccessorBase
+from uni._accessor import _AccessorBase
 from uni._dtypes import as_dtype
+from uni._factories import register_device
+from uni._handle import CUDA, Domain
 
 
 @functools.cache
@@ -63,3 +65,11 @@ class CudaPointerAccessor(_AccessorBase):
 
 
 __all__ = ["CudaPointerAccessor", "is_available", "unavailable_reason"]
+
+
+def _no_cuda_tensors() -> str:
+    return unavailable_reason() or "CUDA tensors are not implemented yet"
+
+
+register_device("cuda", None, unavailable=_no_cuda_tensors)
+register_device("pinned", None, unavailable=_no_cuda_tensors)

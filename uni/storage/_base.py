@@ -1,4 +1,4 @@
-"""A base class for storages: the per-storage access queue and the shared defaults."""
+"""A base class for storages: the access queue and the shared defaults."""
 
 from __future__ import annotations
 
@@ -7,30 +7,52 @@ from typing import Any
 import numpy as np
 
 from uni._access_queue import AccessQueue
-from uni._accessor import HOST, Domain
+from uni._accessor import DefaultAccessor
 from uni._dtypes import as_dtype
+from uni._errors import LayoutError
+from uni._handle import HOST, Domain
 
 HOST_BACKENDS: tuple[str, ...] = ("blas", "cpu_reference")
 
 
 class StorageBase:
-    """Owns the access queue that orders every lease on this storage.
+    """Owns (or shares) the access queue that orders every lease on this storage.
 
-    Subclasses set ``dtype``, ``size``, ``domain``, ``readonly``, ``immediate`` and implement
-    the acquire/release hooks of ``uni.storage.Storage``.
+    Subclasses set ``domain``, ``immediate`` and implement the acquire/release hooks of
+    ``uni.storage.Storage``. ``queue`` shares another storage's queue (the same memory seen
+    with another dtype, or another byte range of one file); ``queue_offset`` is then the byte
+    offset of this storage's element 0 in that queue's space.
     """
 
     domain: Domain = HOST
     immediate: bool = False
+    #: True when release_read/release_write do nothing; leases may then skip calling them.
+    release_is_noop: bool = False
+    #: The executor that runs asynchronous work on this storage's data.
+    executor: str = "host"
 
-    def __init__(self, dtype: Any, size: int, *, readonly: bool = False, label: str = "") -> None:
+    def __init__(self, dtype: Any, size: int, *, readonly: bool = False, label: str = "",
+                 queue: AccessQueue | None = None, queue_offset: int = 0) -> None:
         self.dtype: np.dtype[Any] = as_dtype(dtype)
-        self.size = int(size)
+        size = int(size)
+        if size < 0:
+            raise LayoutError(f"a storage holds a non-negative number of elements, got {size}")
+        self.size = size
         self.readonly = bool(readonly)
-        self.access_queue = AccessQueue(label or f"{type(self).__name__}@{id(self):#x}")
+        if queue is None:
+            queue = AccessQueue(label or f"{type(self).__name__}@{id(self):#x}",
+                                unit=self.dtype.itemsize)
+        self.access_queue = queue
+        self.queue_offset = int(queue_offset)
 
     def default_backends(self) -> tuple[str, ...]:
         return HOST_BACKENDS
+
+    def default_accessor(self) -> Any:
+        if self.domain is HOST:
+            return DefaultAccessor(self.dtype)
+        raise TypeError(f"{type(self).__name__} lives in the {self.domain.value} domain: "
+                        "override default_accessor() with that domain's accessor")
 
     def __repr__(self) -> str:
         flags = ", readonly" if self.readonly else ""

@@ -6,7 +6,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from uni._accessor import Domain
+from uni._accessor import DefaultAccessor
+from uni._errors import DomainError
+from uni._handle import HOST, Domain
 
 
 class Region:
@@ -57,17 +59,26 @@ class Storage(Protocol):
     * ``domain``: where handles can be used (``uni.HOST`` or ``uni.CUDA``).
     * ``dtype``, ``size``: element type and number of elements in the buffer.
     * ``readonly``: when True, write acquisitions are refused.
-    * ``immediate``: True when the data is host-reachable without acquisition work (plain
-      memory); then ``Tensor.mdspec()`` returns an MdSpan instead of an MdSpec.
+    * ``access_queue``: the FIFO/epoch queue that orders every access (``StorageBase`` makes
+      one; storages over the same memory share one, and then ``queue_offset`` says where, in
+      bytes, this storage's element 0 sits in the queue's space).
+    * ``immediate``: True when the data is reachable without acquisition work (plain
+      memory); then ``handle(offset)`` must return the handle of index (0, ..., 0) at element
+      ``offset`` and ``Tensor.mdspec()`` returns an MdSpan over it instead of an MdSpec.
     * ``acquire_read(region)`` / ``acquire_write(region, overwrite=...)``: return a handle
       (``uni.HostHandle`` on the host) through which the region's mapping reaches its data.
     * ``release_read(region, handle)`` / ``release_write(region, handle, error=...)``: end the
       access; ``error`` is None when the writer succeeded (write back) and the exception
       otherwise (abandon the new contents or keep them; either way uni marks them poisoned).
+    * ``release_is_noop``: True when both release hooks do nothing (plain memory): leases may
+      then skip calling them.
     * ``default_backends()``: backend names, best first.
+    * ``default_accessor()``: the accessor a tensor over this storage gets unless given one
+      (``DefaultAccessor(dtype)`` on the host; a device-pointer accessor on CUDA).
 
-    Optional coroutine methods ``acquire_read_async`` / ``acquire_write_async`` are awaited
-    instead of the sync forms by the ``_async`` acquisitions.
+    Optional: coroutine methods ``acquire_read_async`` / ``acquire_write_async``, awaited
+    instead of the sync forms by the ``_async`` acquisitions; a classmethod
+    ``allocate(size, dtype, *, device=None)`` that factories (``uni.empty``...) use.
     """
 
     domain: Domain
@@ -75,6 +86,8 @@ class Storage(Protocol):
     size: int
     readonly: bool
     immediate: bool
+    release_is_noop: bool
+    access_queue: Any
 
     def acquire_read(self, region: Region) -> Any: ...
 
@@ -86,3 +99,18 @@ class Storage(Protocol):
         ...
 
     def default_backends(self) -> tuple[str, ...]: ...
+
+    def default_accessor(self) -> Any: ...
+
+
+def default_accessor_of(storage: Any) -> Any:
+    """``storage.default_accessor()``, or plain host access for a host storage without one."""
+    method = getattr(storage, "default_accessor", None)
+    if method is not None:
+        return method()
+    if storage.domain is HOST:
+        return DefaultAccessor(storage.dtype)
+    raise DomainError(
+        f"{type(storage).__name__} lives in the {storage.domain.value} domain but names no "
+        "default accessor; give it a default_accessor() method or pass accessor= explicitly"
+    )

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from uni._accessor import HostHandle
 from uni._errors import LayoutError
+from uni._handle import HostHandle
 from uni.storage._base import StorageBase
 from uni.storage._protocol import Region
 
@@ -56,6 +56,15 @@ class HostStorage(StorageBase):
                              readonly=readonly or not buffer.flags.writeable)
             self.buffer = buffer
         self._handles = {}
+
+    @classmethod
+    def allocate(cls, size: int, dtype: Any, *, device: str | None = None,
+                 fill: Any = None) -> HostStorage:
+        """A fresh aligned buffer of ``size`` elements (uninitialized unless ``fill``)."""
+        storage = cls(size, dtype)
+        if fill is not None:
+            storage.buffer[...] = fill
+        return storage
 
     @classmethod
     def wrap(cls, buffer: np.ndarray[Any, Any], *, readonly: bool = False) -> HostStorage:

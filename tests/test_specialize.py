@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from uni._errors import LayoutError
-from uni.dispatch import (
+from uni.specialize import (
     INT32_MAX,
     INT32_MIN,
     Specializer,

@@ -1,4 +1,4 @@
-"""The leases one operation holds (uni._op_access): registration, folding, staging, poison."""
+"""The leases one operation holds (uni._executor): registration, folding, staging, poison."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import uni
-from uni._op_access import OpAccess, staged
+from uni._executor import OperationAccess as OpAccess
+from uni._executor import stage as staged
 
 
 def snapshot(t: uni.Tensor) -> list[tuple[str, int, int, bool]]:

@@ -27,6 +27,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from uni._errors import DTypeError, ShapeError
+from uni._mapping import nests
 from uni.plan import IterationPlan, iteration_plan
 
 __all__ = ["strided_copy"]
@@ -137,7 +138,7 @@ def _copy(
     # Plans work in any unit; numpy's byte strides need not be multiples of the itemsize.
     plan = iteration_plan((dst.shape, dst.strides), (src.shape, src.strides))
     tiling = _tiling(plan.extents, plan.strides[1], dst.itemsize, tile_bytes)
-    if tiling is None or not _is_nested(plan.extents, plan.strides[0], dst.itemsize):
+    if tiling is None or not nests(plan.extents, plan.strides[0], dst.itemsize):
         # Layouts that agree, or a destination that may write one element twice (a
         # zero-stride or sliding-window view): there the order of writes decides the
         # result, so np.copyto keeps its own.
@@ -175,20 +176,6 @@ def _copy(
     src_v = _plan_view(src.view(np.ndarray), plan, 1)
     _run_tiles(dst_v, src_v, tiles, workers)
     return "tiled"
-
-
-def _is_nested(extents: Sequence[int], strides: Sequence[int], itemsize: int) -> bool:
-    """Whether no two indices share a byte: each axis steps past all the inner axes span.
-
-    Holds for every view numpy's slicing and transposing can make; plan strides of the
-    output are >= 0 and descending, so checking inner to outer is enough.
-    """
-    span = itemsize
-    for e, s in zip(reversed(extents), reversed(strides), strict=True):
-        if s < span:
-            return False
-        span += s * (e - 1)
-    return True
 
 
 def _data_address(a: np.ndarray[Any, Any]) -> int:

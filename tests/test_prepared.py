@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import uni
-from uni import _fast_gemm
+from uni import _prepared
 
 
 def _operands(dtype: str = "f8", seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -35,9 +35,9 @@ def test_repeats_match_numpy(dtype: str, alpha: float, beta: float) -> None:
         expected = alpha * (a @ b) + (beta * before if beta != 0 else 0)
         np.testing.assert_allclose(c, expected, rtol=tol, atol=tol)
         if round_ == 0:
-            assert _fast_gemm.lookup(ta, tb, tc) is None  # one-off products prepare nothing
+            assert _prepared.lookup("gemm", ta, tb, tc) is None  # one-off products prepare nothing
         else:
-            assert _fast_gemm.lookup(ta, tb, tc) is not None
+            assert _prepared.lookup("gemm", ta, tb, tc) is not None
 
 
 def test_alpha_zero_and_poison_take_the_general_path() -> None:
@@ -45,7 +45,7 @@ def test_alpha_zero_and_poison_take_the_general_path() -> None:
     ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
     uni.gemm(ta, tb, tc)
     uni.gemm(ta, tb, tc)
-    assert _fast_gemm.lookup(ta, tb, tc) is not None
+    assert _prepared.lookup("gemm", ta, tb, tc) is not None
     a[0, 0] = np.nan
     c[...] = 2.0
     uni.gemm(ta, tb, tc, alpha=0, beta=3)  # alpha == 0 never reads a
@@ -85,7 +85,7 @@ def test_overrides_and_diagnostics_bypass_the_shortcut() -> None:
     ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
     uni.gemm(ta, tb, tc)
     with uni.override_backends("gemm", uni.storage.HostStorage, ["cpu_reference"]):
-        assert _fast_gemm.lookup(ta, tb, tc) is None
+        assert _prepared.lookup("gemm", ta, tb, tc) is None
         with uni.dispatch_diagnostics() as records:
             uni.gemm(ta, tb, tc)
         assert records[-1].selected == "cpu_reference"
@@ -103,7 +103,7 @@ def test_views_and_aliasing_are_not_prepared() -> None:
     square = uni.from_numpy(np.eye(4))
     uni.gemm(square, square, square)  # output aliases the inputs: general path, staged
     np.testing.assert_allclose(square.to_numpy(), np.eye(4))
-    assert _fast_gemm.lookup(square, square, square) is None
+    assert _prepared.lookup("gemm", square, square, square) is None
 
 
 def test_fresh_views_of_the_same_operands_are_found_by_value() -> None:
@@ -112,8 +112,8 @@ def test_fresh_views_of_the_same_operands_are_found_by_value() -> None:
     c = uni.zeros((6, 5))
     for _ in range(3):
         uni.gemm(ta.T, tb, c)  # ta.T is a new Tensor object every time
-    found = _fast_gemm.lookup(ta.T, tb, c)
+    found = _prepared.lookup("gemm", ta.T, tb, c)
     assert found is not None
     other = uni.zeros((6, 5))
-    assert _fast_gemm.lookup(ta.T, tb, other) is None  # another storage is another product
+    assert _prepared.lookup("gemm", ta.T, tb, other) is None  # another storage is another product
     np.testing.assert_allclose(c.to_numpy(), a @ b)

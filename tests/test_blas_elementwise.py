@@ -13,13 +13,13 @@ import pytest
 from uni import _promotion as P
 from uni import ops
 from uni._dtypes import SUPPORTED_DTYPES
-from uni._elementwise_host import (
+from uni._errors import DTypeError, LayoutError, ShapeError
+from uni.backends.blas._elementwise import (
     _store_is_plain_cast,
     execute,
     execute_reference,
     needs_staging,
 )
-from uni._errors import DTypeError, LayoutError, ShapeError
 from uni.ops import ElementOp
 
 Array = np.ndarray[Any, Any]

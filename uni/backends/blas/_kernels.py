@@ -37,7 +37,9 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from uni._mapping import nests, reach
 from uni._probe import Decline
+from uni.backends._geometry import plan_gemm, plan_gemv
 
 __all__ = ["gemm", "gemm_batched", "gemv", "gemv_batched", "available"]
 
@@ -323,63 +325,9 @@ def _scalar_entry(kind: _Kind, alpha: object, beta: object) -> _ScalarEntry | No
     return entry
 
 
-def _orientations(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
-                  ) -> tuple[int, int]:
-    """Leading dimensions under which a 2-D view is a BLAS matrix: ``(col_ld, row_ld)``.
-
-    ``col_ld`` is the lda of the view as a column-major matrix, ``row_ld`` that of its transpose
-    (the view read as row-major); 0 where that reading is impossible. The stride of an axis of
-    extent <= 1 never selects an element, so it is ignored and the leading dimension is then
-    the smallest legal value, max(1, rows). Negative, zero and non-itemsize-multiple strides on
-    a longer axis make that reading impossible.
-    """
-    rows, cols = shape
-    rstride, cstride = strides
-    er = ec = 0
-    if rows > 1:
-        er, rem = divmod(rstride, itemsize)
-        if rem:
-            return 0, 0
-    if cols > 1:
-        ec, rem = divmod(cstride, itemsize)
-        if rem:
-            return 0, 0
-    col_ld = 0
-    if rows <= 1 or er == 1:
-        if cols <= 1:
-            col_ld = max(1, rows)
-        elif ec >= max(1, rows):
-            col_ld = ec
-    row_ld = 0
-    if cols <= 1 or ec == 1:
-        if rows <= 1:
-            row_ld = max(1, cols)
-        elif er >= max(1, cols):
-            row_ld = er
-    if col_ld > _INT_MAX or row_ld > _INT_MAX:
-        return 0, 0
-    return col_ld, row_ld
-
-
 def _span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
     """Bytes from the first element to past the last, for a view with non-negative strides."""
-    return itemsize + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if n > 1)
-
-
-def _pick(col_ld: int, row_ld: int, want_t: bool, conj: bool) -> tuple[int, int]:
-    """BLAS trans flag (address) and lda for an operand; ``(0, 0)`` if conj is inexpressible.
-
-    ``want_t`` asks for the transpose of the logical operand (the row-major-output case).
-    'N' needs the memory to be column-major in the wanted orientation; 'T'/'C' needs the
-    other one. BLAS conjugates only together with a transpose ('C'), so a conjugated operand
-    must take the 'T' reading.
-    """
-    n_ld, t_ld = (row_ld, col_ld) if want_t else (col_ld, row_ld)
-    if conj:
-        return (_C, t_ld) if t_ld else (0, 0)
-    if n_ld:
-        return _N, n_ld
-    return _T, t_ld
+    return reach(shape, strides)[1] + itemsize
 
 
 # Bound on the exact overlap solver's work (numpy's stubs only admit its -1/0 sentinels).
@@ -399,22 +347,6 @@ def _overlaps(out: Array, other: Array) -> bool:
         return True
 
 
-def _self_overlapping(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
-    """Conservative test that an output's elements may overlap one another.
-
-    Sorting the axes by |stride|, each stride must clear the span of all smaller axes. This
-    accepts every nested layout (padded, permuted, reversed) and declines the rare disjoint
-    interleavings it cannot prove.
-    """
-    axes = sorted((abs(s), n) for n, s in zip(shape, strides, strict=True) if n > 1)
-    span = itemsize
-    for stride, extent in axes:
-        if stride < span:
-            return True
-        span += stride * (extent - 1)
-    return False
-
-
 def _scale(out: Array, beta: complex) -> None:
     """``out = beta * out`` without BLAS; beta == 0 writes zeros without reading ``out``."""
     if beta == 0:
@@ -430,57 +362,58 @@ def _scale(out: Array, beta: complex) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _element_strides(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
+                     ) -> tuple[int, ...] | None:
+    """Byte strides as element strides; None when one that matters is not a multiple of the
+    itemsize. The stride of an axis of extent <= 1 never selects an element: it becomes 0."""
+    out = []
+    for extent, stride in zip(shape, strides, strict=True):
+        if extent <= 1:
+            out.append(0)
+            continue
+        q, rem = divmod(stride, itemsize)
+        if rem:
+            return None
+        out.append(q)
+    return tuple(out)
+
+
+_FLAGS: Final = {"N": _N, "T": _T, "C": _C}
+
+
 def _plan_gemm(
     kind: _Kind, a_shape: tuple[int, ...], a_strides: tuple[int, ...],
     b_shape: tuple[int, ...], b_strides: tuple[int, ...], c_shape: tuple[int, ...],
     c_strides: tuple[int, ...], conj_a: bool, conj_b: bool,
 ) -> _GemmPlan | Decline:
-    """Choose trans flags and leading dimensions so BLAS addresses a, b and c in place.
-
-    Depends only on geometry, so its answer (a plan or a Decline) is cacheable.
-    """
+    """The shared geometry (``uni.backends._geometry``) in Fortran-ABI form: flag and int
+    addresses, plus the byte spans the overlap checks need. Depends only on geometry, so its
+    answer (a plan or a Decline) is cacheable."""
     isz = kind.itemsize
     m, k = a_shape
     n = b_shape[1]
-    c_col, c_row = _orientations(c_shape, c_strides, isz)
-    if not (c_col or c_row):
+    strides = [_element_strides(sh, st, isz) for sh, st in
+               ((a_shape, a_strides), (b_shape, b_strides), (c_shape, c_strides))]
+    if strides[2] is None or (k and (strides[0] is None or strides[1] is None)):
         return Decline.UNSUPPORTED_LAYOUT
-    span_c = _span(c_shape, c_strides, isz)
-    if k == 0:
-        # Nothing of a or b is read (c = beta * c); only c's layout matters.
-        ints = _Int6()
-        p = ctypes.addressof(ints)
-        return kind.gemm, False, _N, _N, ints, p, p, p, p, p, p, 0, 0, span_c
     if max(m, n, k) > _INT_MAX:
         return Decline.UNSUPPORTED_SHAPE
-    a_col, a_row = _orientations(a_shape, a_strides, isz)
-    b_col, b_row = _orientations(b_shape, b_strides, isz)
-    if not ((a_col or a_row) and (b_col or b_row)):
+    ea, eb, ec = (st or (0, 0) for st in strides)
+    geometry = plan_gemm((m, k), (ea[0], ea[1]), (k, n), (eb[0], eb[1]), (m, n),
+                         (ec[0], ec[1]), conj_a and kind.is_complex, conj_b and kind.is_complex)
+    if isinstance(geometry, Decline):
+        return geometry
+    if not geometry.fits_int32:
         return Decline.UNSUPPORTED_LAYOUT
-    span_a = _span(a_shape, a_strides, isz)
-    span_b = _span(b_shape, b_strides, isz)
-    conj_a = conj_a and kind.is_complex
-    conj_b = conj_b and kind.is_complex
-    if c_col:
-        # C = op(A) op(B), straight.
-        ta, lda = _pick(a_col, a_row, False, conj_a)
-        tb, ldb = _pick(b_col, b_row, False, conj_b)
-        if ta and tb:
-            ints = _Int6(m, n, k, lda, ldb, c_col)
-            p = ctypes.addressof(ints)
-            return (kind.gemm, False, ta, tb, ints, p, p + _I1, p + _I2, p + _I3, p + _I4, p + _I5,
-                    span_a, span_b, span_c)
-    if c_row:
-        # Row-major C is column-major C^T = op(B)^T op(A)^T: B comes first, both transposed.
-        ta, lda = _pick(a_col, a_row, True, conj_a)
-        tb, ldb = _pick(b_col, b_row, True, conj_b)
-        if ta and tb:
-            ints = _Int6(n, m, k, ldb, lda, c_row)
-            p = ctypes.addressof(ints)
-            return (kind.gemm, True, tb, ta, ints, p, p + _I1, p + _I2, p + _I3, p + _I4, p + _I5,
-                    span_a, span_b, span_c)
-    # Every operand has some reading, so only a conjugate BLAS cannot apply is left.
-    return Decline.UNSUPPORTED_ACCESSOR
+    g = geometry
+    ints = _Int6(g.m, g.n, g.k, g.ld_first, g.ld_second, g.ldc)
+    p = ctypes.addressof(ints)
+    span_c = _span(c_shape, c_strides, isz)
+    if k == 0:
+        return kind.gemm, g.swap, _N, _N, ints, p, p, p, p, p, p, 0, 0, span_c
+    return (kind.gemm, g.swap, _FLAGS[g.trans_first], _FLAGS[g.trans_second], ints, p,
+            p + _I1, p + _I2, p + _I3, p + _I4, p + _I5, _span(a_shape, a_strides, isz),
+            _span(b_shape, b_strides, isz), span_c)
 
 
 def gemm(
@@ -642,7 +575,6 @@ def prepare_gemm(
     if (da | db | dc) & kind.align_mask or _overlaps(c, a) or _overlaps(c, b):
         return None
     first, second = (db, da) if swap else (da, db)
-    fill = c.fill
     direct_beta0 = _beta_zero_ignores_c(kind, c.dtype)
     scalars_seen: dict[object, tuple[ctypes.Array[Any], int, int] | None] = {}
 
@@ -661,8 +593,10 @@ def prepare_gemm(
             return None
         return entry[0], entry[1], entry[2]
 
-    # Default argument: the closure owns the plan's ints and the views whose addresses it uses.
-    def run(alpha: Scalar, beta: Scalar, _keep: object = (ints, a, b, c, fill)) -> bool:
+    # Default argument: the closure owns the plan's ints. It holds no view of the operands:
+    # its caller runs it only on the live storages it was prepared for (their buffers stay
+    # alive with them), so a cache of prepared calls never keeps memory alive by itself.
+    def run(alpha: Scalar, beta: Scalar, _keep: object = ints) -> bool:
         key = (alpha, beta)
         try:
             scalars = scalars_seen[key]
@@ -731,7 +665,7 @@ def gemm_batched(
         return Decline.UNSUPPORTED_INSTANCE
     if c.size == 0:
         return None
-    if _self_overlapping(c.shape, c.strides, kind.itemsize) or not c.flags.aligned:
+    if not nests(c.shape, c.strides, kind.itemsize) or not c.flags.aligned:
         return Decline.UNSUPPORTED_LAYOUT
     plan = _plan_gemm(kind, (m, k), a.strides[-2:], (k, n), b.strides[-2:], (m, n),
                       c.strides[-2:], conj_a, conj_b)
@@ -764,54 +698,34 @@ def gemm_batched(
 # ---------------------------------------------------------------------------------------------
 
 
-def _increment(length: int, stride: int, itemsize: int) -> int:
-    """BLAS increment of a vector view; 0 if BLAS cannot address it (zero/misaligned stride)."""
-    if length <= 1:
-        return 1  # the stride never selects an element
-    inc, rem = divmod(stride, itemsize)
-    if rem or inc == 0 or abs(inc) > _INT_MAX:
-        return 0
-    return inc
-
-
 def _plan_gemv(
     kind: _Kind, a_shape: tuple[int, ...], a_strides: tuple[int, ...], x_stride: int,
     y_stride: int, conj_a: bool,
 ) -> _GemvPlan | Decline:
-    """Choose the trans flag, lda and increments so BLAS addresses a, x and y in place.
-
-    BLAS takes a negative-increment vector by its lowest address (its last element), so
-    such a vector's pointer is moved back by ``(len - 1) * |inc|`` elements.
-    """
+    """The shared geometry in Fortran-ABI form: flag and int addresses, the byte offsets that
+    move a negative-increment vector's pointer to its lowest address, and byte spans."""
     isz = kind.itemsize
     m, n = a_shape
-    incy = _increment(m, y_stride, isz)
-    if not incy:
+    strides = _element_strides((*a_shape, n, m), (*a_strides, x_stride, y_stride), isz)
+    if strides is None or (m > 1 and strides[3] == 0):
         return Decline.UNSUPPORTED_LAYOUT
-    y_off = (m - 1) * incy * isz if incy < 0 else 0
-    span_y = (m - 1) * abs(incy) * isz + isz
-    if n == 0:
-        # Nothing of a or x is read (y = beta * y); only y's layout matters.
-        ints = _Int5()
-        p = ctypes.addressof(ints)
-        return kind.gemv, _N, ints, p, p, p, p, p, 0, y_off, 0, 0, span_y
     if max(m, n) > _INT_MAX:
         return Decline.UNSUPPORTED_SHAPE
-    incx = _increment(n, x_stride, isz)
-    a_col, a_row = _orientations(a_shape, a_strides, isz)
-    if not incx or not (a_col or a_row):
+    geometry = plan_gemv((m, n), (strides[0], strides[1]), strides[2], strides[3],
+                         conj_a and kind.is_complex)
+    if isinstance(geometry, Decline):
+        return geometry
+    if not geometry.fits_int32:
         return Decline.UNSUPPORTED_LAYOUT
-    trans, lda = _pick(a_col, a_row, False, conj_a and kind.is_complex)
-    if not trans:
-        return Decline.UNSUPPORTED_ACCESSOR
-    # BLAS's m x n is the matrix in memory: a itself for 'N', a's transpose for 'T'/'C'.
-    rows, cols = (m, n) if trans == _N else (n, m)
-    ints = _Int5(rows, cols, lda, incx, incy)
+    g = geometry
+    ints = _Int5(g.m, g.n, g.lda, g.incx, g.incy)
     p = ctypes.addressof(ints)
-    x_off = (n - 1) * incx * isz if incx < 0 else 0
-    span_x = (n - 1) * abs(incx) * isz + isz
-    return (kind.gemv, trans, ints, p, p + _I1, p + _I2, p + _I3, p + _I4, x_off, y_off,
-            _span(a_shape, a_strides, isz), span_x, span_y)
+    span_y = (m - 1) * abs(g.incy) * isz + isz
+    if n == 0:
+        return kind.gemv, _N, ints, p, p, p, p, p, 0, g.y_offset * isz, 0, 0, span_y
+    span_x = (n - 1) * abs(g.incx) * isz + isz
+    return (kind.gemv, _FLAGS[g.trans], ints, p, p + _I1, p + _I2, p + _I3, p + _I4,
+            g.x_offset * isz, g.y_offset * isz, _span(a_shape, a_strides, isz), span_x, span_y)
 
 
 def gemv(
@@ -915,7 +829,7 @@ def gemv_batched(
         return Decline.UNSUPPORTED_INSTANCE
     if y.size == 0:
         return None
-    if _self_overlapping(y.shape, y.strides, kind.itemsize) or not y.flags.aligned:
+    if not nests(y.shape, y.strides, kind.itemsize) or not y.flags.aligned:
         return Decline.UNSUPPORTED_LAYOUT
     plan = _plan_gemv(kind, (m, n), a.strides[-2:], x.strides[-1], y.strides[-1], conj_a)
     if isinstance(plan, Decline):

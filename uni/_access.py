@@ -1,0 +1,450 @@
+"""What an access is, and the one resource that holds it from registration to its end.
+
+Every way into data -- a lease, an operation's operands, the prepared repeat of a small
+operation, a DLPack capsule -- goes through these two classes, and nothing else talks to a
+storage's access queue:
+
+* :class:`AccessSpec`, the description: storage, mapping, accessor, element offset, mode,
+  ``overwrite``, and the reachable element range, computed once. It is also the
+  :class:`uni.storage.Region` handed to the storage's hooks.
+* :class:`Access`, the resource: registered with the storage's queue when made (program
+  order is grant order), then waited for (``wait_sync``/``wait_async``/``when_ready``, fences
+  included), opened (poisoning checked, the storage's ``acquire_*`` hook called), and ended
+  exactly once by ``finish(failure, fence=None)``: the storage's ``release_*`` hook, poison
+  on failure (or cleared by a successful overwrite), the queue request released with the
+  fence where the work ends. ``share()`` gives a second holder (a DLPack consumer) its own
+  claim; the last holder to finish ends the access.
+"""
+
+from __future__ import annotations
+
+import _thread
+import threading
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+from uni._access_queue import CURRENT_THREAD, AccessQueue, AccessRequest, Fence
+from uni._errors import LeaseReleasedError, PoisonedError
+from uni.storage._protocol import Region
+
+Mode = Literal["read", "write"]
+
+__all__ = [
+    "Access",
+    "AccessShare",
+    "AccessSpec",
+    "Mode",
+    "PreparedAccess",
+    "StorageView",
+    "queue_range",
+    "release_from_finalizer",
+]
+
+#: How long a finalizer waits for the release it handed to a helper thread (seconds).
+FINALIZER_WAIT = 1.0
+
+
+def release_from_finalizer(release: Callable[[], object]) -> None:
+    """Run ``release`` (which must not raise) on behalf of a ``__del__``, without deadlocking.
+
+    The garbage collector runs finalizers wherever it happens to fire: possibly inside this
+    very thread's access-queue or storage critical section, whose non-reentrant lock
+    ``release`` needs. Called inline, it would wait for itself forever. So it runs in a fresh
+    low-level thread (``_thread``: no ``threading`` locks either), and the finalizer waits a
+    moment for it, which keeps the release synchronous whenever no lock of this thread is in
+    the way; otherwise it completes as soon as the interrupted section lets go.
+    """
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def run() -> None:
+        try:
+            release()
+        finally:
+            done.release()
+
+    try:
+        _thread.start_new_thread(run, ())
+    except RuntimeError:  # interpreter shutdown: no new threads, and nothing left to wait for
+        release()
+        return
+    done.acquire(timeout=FINALIZER_WAIT)
+
+
+class StorageView:
+    """A storage seen through (mapping, accessor) from an element offset: what a tensor is.
+
+    The base of ``uni.Tensor``: layers below the tensor (acquisition, export) read these four
+    slots directly instead of importing the class that adds views, factories and printing.
+    """
+
+    __slots__ = ("_accessor", "_mapping", "_offset", "_storage")
+
+    _storage: Any
+    _mapping: Any
+    _accessor: Any
+    _offset: int
+
+
+class AccessSpec(Region):
+    """The description of one access: immutable once made (never assigned to afterwards).
+
+    A :class:`~uni.storage.Region` (``offset``, ``mapping``, ``lo``, ``hi`` in elements of the
+    storage, inclusive) plus the storage, the accessor, the mode and the overwrite promise.
+    """
+
+    # A slotted class rather than attrs: one is made on every acquisition, on the hot path,
+    # where attrs' frozen __setattr__ costs more than the whole queue round trip.
+    __slots__ = ("accessor", "mode", "overwrite", "storage")
+
+    def __init__(self, storage: Any, mapping: Any, accessor: Any, offset: int, mode: Mode,
+                 overwrite: bool = False, lo: int | None = None, hi: int | None = None) -> None:
+        if lo is None or hi is None:
+            bounds = mapping._bounds if hasattr(mapping, "_bounds") else (
+                mapping.min_offset(), mapping.max_offset())
+            lo, hi = offset + bounds[0], offset + bounds[1]
+        self.storage = storage
+        self.mapping = mapping
+        self.accessor = accessor
+        self.offset = offset
+        self.mode: Mode = mode
+        self.overwrite = overwrite
+        self.lo = lo
+        self.hi = hi
+
+    @classmethod
+    def of_view(cls, view: StorageView, mode: Mode, overwrite: bool = False) -> AccessSpec:
+        return cls(view._storage, view._mapping, view._accessor, view._offset, mode, overwrite)
+
+    def describe(self) -> str:
+        return (f"shape={self.mapping.extents.shape}, dtype={self.accessor.element_type.name}")
+
+    def __repr__(self) -> str:
+        return (f"AccessSpec({self.mode} of {type(self.storage).__name__}, {self.describe()}, "
+                f"elements {self.lo}..{self.hi})")
+
+
+def queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
+    """The element range ``lo..hi`` of ``storage`` in its access queue's units.
+
+    A storage that owns its queue counts in its own elements (the identity); one that shares
+    a queue with other ways into the same memory (views with another dtype, byte ranges of one
+    file) sits at ``queue_offset`` bytes into it, and its range covers every byte it reaches.
+    """
+    queue = storage.access_queue
+    base = getattr(storage, "queue_offset", 0)
+    itemsize = storage.dtype.itemsize
+    unit = queue.unit
+    if base == 0 and unit == itemsize:
+        return lo, hi
+    if lo > hi:
+        return 1, 0
+    return (base + lo * itemsize) // unit, (base + hi * itemsize + itemsize - 1) // unit
+
+
+_OPEN: Final = 1
+_ENDED: Final = 2
+
+
+class Access:
+    """One access to a storage: registered now, then waited for, opened and finished once.
+
+    ``holder`` names the access in other waiters' error messages (built lazily with ``str``).
+    ``owner`` is the thread whose later waits count this access as its own (the default,
+    the calling thread) or None (a worker or a trio task will hold it). ``poison_range`` is
+    what a failure poisons, when that is less than what is leased (an operation's output
+    widened over an input it overlaps: only the output's elements are ever written).
+    """
+
+    __slots__ = ("__weakref__", "_holders", "_lock", "_primary_done", "_state", "error",
+                 "failure", "fence", "handle", "poison_range", "queue", "request", "spec")
+
+    def __init__(self, spec: AccessSpec, *, holder: object = None, owner: Any = CURRENT_THREAD,
+                 poison_range: tuple[int, int] | None = None) -> None:
+        self.spec = spec
+        storage = spec.storage
+        queue = storage.access_queue
+        self.queue: AccessQueue = queue
+        lo, hi = queue_range(storage, spec.lo, spec.hi)
+        self.request: AccessRequest = queue.register(
+            spec.mode, lo, hi, holder=spec if holder is None else holder, owner_thread=owner)
+        self.poison_range = poison_range
+        self.handle: Any = None
+        self._state = 0
+        self._primary_done = False
+        self._holders = 1
+        self._lock: threading.Lock | None = None  # made by the first share()
+        self.error: BaseException | None = None
+        self.failure: BaseException | None = None
+        self.fence: Fence | None = None
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def granted(self) -> bool:
+        return self.request.granted
+
+    @property
+    def opened(self) -> bool:
+        return self._state == _OPEN
+
+    @property
+    def ended(self) -> bool:
+        """True once the access is over for every holder (the data is handed back)."""
+        return self._state == _ENDED
+
+    @property
+    def active(self) -> bool:
+        """True while the primary holder (the lease, the operation) has not finished."""
+        return not self._primary_done and self._state != _ENDED
+
+    # ------------------------------------------------------------------ waiting
+
+    def wait_sync(self, *, timeout: float | None = None, async_hint: str = "the _async variant"
+                  ) -> None:
+        """Block this thread until granted and the grant's fences are done (withdrawn on error)."""
+        request = self.request
+        if not request.granted or request.fences:
+            self.queue.wait_sync(request, timeout=timeout, async_hint=async_hint)
+
+    async def wait_async(self) -> None:
+        """Park this trio task until granted and ready (withdrawn when cancelled)."""
+        request = self.request
+        if not request.granted or request.fences:
+            await self.queue.wait_async(request)
+
+    def when_granted(self, callback: Any) -> None:
+        self.queue.when_granted(self.request, callback)
+
+    def when_ready(self, callback: Any) -> None:
+        self.queue.when_ready(self.request, callback)
+
+    def wait_with(self, waiter: Any) -> None:
+        self.queue.wait_with(self.request, waiter)
+
+    # ------------------------------------------------------------------ opening
+
+    def check_poison(self, what: str, *, allow_poisoned: bool = False) -> None:
+        """Raise PoisonedError (withdrawing the request) if a failed writer left this data
+        half-written; a write with the overwrite promise and ``allow_poisoned`` skip it."""
+        spec = self.spec
+        queue = self.queue
+        if not queue.has_poison or allow_poisoned or (spec.mode == "write" and spec.overwrite):
+            return
+        request = self.request
+        cause = queue.poison_of(request.lo, request.hi)
+        if cause is None:
+            return
+        queue.release(request)
+        self._state = _ENDED
+        self._primary_done = True
+        raise PoisonedError(
+            f"{what} was poisoned by a failed writer ({type(cause).__name__}: {cause}); pass "
+            "allow_poisoned=True to read it anyway, or rewrite it with overwrite=True"
+        ) from cause
+
+    def open(self) -> Any:
+        """Call the storage's acquire hook (the request must be granted and ready)."""
+        spec = self.spec
+        try:
+            if spec.mode == "read":
+                handle = spec.storage.acquire_read(spec)
+            else:
+                handle = spec.storage.acquire_write(spec, overwrite=spec.overwrite)
+        except BaseException:
+            self.withdraw()
+            raise
+        self.handle = handle
+        self._state = _OPEN
+        return handle
+
+    async def open_async(self) -> Any:
+        """Like :meth:`open`, awaiting the storage's ``acquire_*_async`` hook when it has one."""
+        spec = self.spec
+        opener = getattr(spec.storage, f"acquire_{spec.mode}_async", None)
+        if opener is None:
+            return self.open()
+        try:
+            if spec.mode == "read":
+                handle = await opener(spec)
+            else:
+                handle = await opener(spec, overwrite=spec.overwrite)
+        except BaseException:
+            self.withdraw()
+            raise
+        self.handle = handle
+        self._state = _OPEN
+        return handle
+
+    def adopt(self, handle: Any) -> None:
+        """Mark the access open with a handle obtained by the caller (no hook is called)."""
+        self.handle = handle
+        self._state = _OPEN
+
+    def withdraw(self) -> None:
+        """Give back a request that was never opened: no hook, no poison. Idempotent."""
+        if self._state == _ENDED:
+            return
+        self._state = _ENDED
+        self._primary_done = True
+        self.queue.release(self.request)
+
+    def disown(self, holder: object | None = None) -> None:
+        """No thread owns this access any more (a DLPack consumer may end it from any thread)."""
+        self.request.owner_thread = None
+        if holder is not None:
+            self.request.holder = holder
+
+    # ------------------------------------------------------------------ ending
+
+    def finish(self, failure: BaseException | None = None, fence: Fence | None = None,
+               *, poison: bool = True) -> BaseException | None:
+        """End the primary holder's claim. Idempotent; never raises.
+
+        ``failure`` is why the holder ended badly (None: it succeeded); a failed write poisons
+        what it covered unless ``poison=False`` (a sync operation that declined before writing).
+        ``fence`` marks where the holder's work ends when it is not over yet. Returns the
+        error a storage raised while taking the data back (a failed write-back), which the
+        holder must report; it also poisons the data.
+        """
+        if self._primary_done:
+            return None
+        self._primary_done = True
+        return self._drop(failure, fence, poison, primary=True)
+
+    def share(self) -> AccessShare:
+        """A claim for a second holder; the access ends when the last claim is finished."""
+        if self._state == _ENDED or self._primary_done:
+            raise LeaseReleasedError("this access has already ended; acquire the data again")
+        if self._lock is None:
+            self._lock = threading.Lock()
+        with self._lock:
+            self._holders += 1
+        return AccessShare(self)
+
+    def _drop(self, failure: BaseException | None, fence: Fence | None, poison: bool, *,
+              primary: bool = False) -> BaseException | None:
+        lock = self._lock
+        if lock is None:
+            self.failure = failure
+            self.fence = fence
+        else:
+            with lock:
+                if failure is not None and self.failure is None:
+                    self.failure = failure
+                if fence is not None:
+                    self.fence = fence
+                self._holders -= 1
+                left = self._holders
+            if left:
+                if primary:
+                    # The holders left are consumers that may let go from any thread: the
+                    # thread that acquired no longer owns the access.
+                    self.disown()
+                return None
+            failure = self.failure
+            fence = self.fence
+        return self._end(failure, fence, poison)
+
+    def _end(self, failure: BaseException | None, fence: Fence | None, poison: bool
+             ) -> BaseException | None:
+        if self._state == _ENDED:
+            return None
+        opened = self._state == _OPEN
+        self._state = _ENDED
+        spec = self.spec
+        storage = spec.storage
+        release_error: BaseException | None = None
+        # Plain memory has nothing to hand back: skip two no-op calls on every release.
+        if opened and not getattr(storage, "release_is_noop", False):
+            try:
+                if spec.mode == "read":
+                    storage.release_read(spec, self.handle)
+                else:
+                    storage.release_write(spec, self.handle, error=failure)
+            except BaseException as err:
+                release_error = self.error = err
+                if failure is None:
+                    failure = err
+        queue = self.queue
+        request = self.request
+        if spec.mode == "write":
+            if failure is not None and poison:
+                lo, hi = self.poison_range or (request.lo, request.hi)
+                queue.poison(lo, hi, failure)
+            elif failure is None and spec.overwrite and opened and spec.covers_exactly():
+                queue.clear_poison(request.lo, request.hi)
+        queue.release(request, fence)
+        return release_error
+
+    def __repr__(self) -> str:
+        state = "ended" if self.ended else "open" if self.opened else (
+            "granted" if self.granted else "pending")
+        return f"<Access {self.spec!r} {state}>"
+
+
+class AccessShare:
+    """A second holder's claim on an :class:`Access` (made by ``Access.share``)."""
+
+    __slots__ = ("__weakref__", "access", "finished")
+
+    def __init__(self, access: Access) -> None:
+        self.access = access
+        self.finished = False
+
+    @property
+    def active(self) -> bool:
+        return not self.finished
+
+    def finish(self, failure: BaseException | None = None, fence: Fence | None = None
+               ) -> BaseException | None:
+        """End this claim (idempotent, never raises); the last claim ends the access."""
+        if self.finished:
+            return None
+        self.finished = True
+        return self.access._drop(failure, fence, True)
+
+    def finish_soon(self) -> None:
+        """``finish()`` from a consumer's deleter, which may run inside a garbage collection
+        that started inside the access queue's critical section on this very thread: taking
+        the queue's lock there would deadlock, so the release then goes to a short-lived
+        thread instead."""
+        if self.access.queue.busy():
+            threading.Thread(target=self.finish, name="uni-dlpack-release", daemon=True).start()
+        else:
+            self.finish()
+
+
+class PreparedAccess:
+    """One access made again and again with the same description: a prepared repeat.
+
+    For a small operation repeated on the same data, everything an :class:`Access` works out
+    (the queue range, the holder text) is worked out once; each repeat only ``begin()``s and
+    ``end()``s. ``begin`` never waits: it returns None (having withdrawn its request) unless
+    the request is granted at once with no fence to wait for and no poison anywhere in the
+    queue, and then the caller takes its general path, which waits, or reports poisoning, as
+    it should. The storage must need no hooks (``immediate`` plain memory).
+    """
+
+    __slots__ = ("hi", "holder", "lo", "mode", "queue", "write")
+
+    def __init__(self, spec: AccessSpec, holder: object) -> None:
+        storage = spec.storage
+        self.queue: AccessQueue = storage.access_queue
+        self.lo, self.hi = queue_range(storage, spec.lo, spec.hi)
+        self.mode: Mode = spec.mode
+        self.write = spec.mode == "write"
+        self.holder = holder
+
+    def begin(self) -> AccessRequest | None:
+        queue = self.queue
+        request = queue.register(self.mode, self.lo, self.hi, holder=self.holder)
+        if request.granted and not request.fences and not queue.has_poison:
+            return request
+        queue.release(request)
+        return None
+
+    def end(self, request: AccessRequest, failure: BaseException | None = None) -> None:
+        if failure is not None and self.write:
+            self.queue.poison(self.lo, self.hi, failure)
+        self.queue.release(request)

@@ -1,0 +1,446 @@
+"""How an operation runs once its front end has checked it: its accesses, and where it runs.
+
+* :class:`OperationAccess` holds one :class:`~uni._access.Access` per operand storage region:
+  reads on the inputs, writes on the outputs, all registered together under one global lock
+  (so two operations touching the same storages register in the same relative order
+  everywhere: no cycles, no deadlock). An input that overlaps an output in the same queue
+  takes no access of its own: the output's write is widened over it (an operation must not
+  wait for itself), and the input is staged before the kernel runs.
+* :class:`Job` is one registered operation: wait and open, walk the backends, finish every
+  access (poisoning outputs on failure).
+* Executors run jobs: :func:`run_inline` in the calling thread (sync operations), the host
+  worker pool (:func:`submit`, async host operations). A :class:`Completion` is what an
+  executor gives back; :class:`OpFuture` wraps it for users (``await`` in trio, ``.result()``
+  in a thread). A stream executor for CUDA slots in beside the pool.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import os
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, Protocol
+
+import numpy as np
+import trio
+
+from uni._access import Access, AccessSpec, queue_range
+from uni._access_queue import CURRENT_THREAD, Fence
+from uni._accessor import DefaultAccessor
+from uni._dispatch import walk
+from uni._errors import KernelDispatchError
+from uni._handle import HOST, HostHandle
+from uni._mapping import best_mapping, layout_right
+from uni._mdspec import MdSpan
+
+__all__ = [
+    "Completion",
+    "Job",
+    "OpFuture",
+    "OperationAccess",
+    "done_future",
+    "run_inline",
+    "stage",
+    "submit",
+]
+
+_registration_lock = threading.Lock()
+
+
+class _Operand:
+    """One operand of an operation: its tensor, its access (or the write it is folded into)."""
+
+    __slots__ = ("access", "cover", "mode", "overwrite", "spec", "tensor", "writer")
+
+    def __init__(self, tensor: Any, mode: str, overwrite: bool) -> None:
+        self.tensor = tensor
+        self.mode = mode
+        self.overwrite = overwrite
+        self.spec = AccessSpec.of_view(tensor, "read" if mode == "read" else "write", overwrite)
+        self.access: Access | None = None
+        self.cover: AccessSpec | None = None  # a write widened over inputs: what is leased
+        self.writer: _Operand | None = None  # an input folded into a write: that write
+
+    def leased(self) -> AccessSpec:
+        return self.cover or self.spec
+
+
+def _overlaps(a: AccessSpec, b: AccessSpec) -> bool:
+    return not (a.empty or b.empty) and a.lo <= b.hi and b.lo <= a.hi
+
+
+class OperationAccess:
+    """Register now (``__init__``), wait and open (``acquire``), give back (``finish``).
+
+    ``owner`` is the thread whose later waits count these accesses as its own (the calling
+    thread, for a sync operation) or None (an async operation: a worker holds them).
+    """
+
+    def __init__(self, op: str, reads: list[Any], writes: list[Any], overwrite: list[bool],
+                 *, owner: Any = CURRENT_THREAD) -> None:
+        self.op = op
+        self.writes = [_Operand(t, "write", ow) for t, ow in zip(writes, overwrite, strict=True)]
+        self.reads = [_Operand(t, "read", False) for t in reads]
+        self._fold()
+        self.finished = False
+        self.detached = owner is not CURRENT_THREAD  # run by a worker for an _async call
+        with _registration_lock:
+            for item in [*self.reads, *self.writes]:
+                if item.writer is not None:
+                    continue
+                spec = item.leased()
+                # A widened write poisons only what the output reaches: the rest was only read.
+                poison_range = None if item.cover is None else queue_range(
+                    item.spec.storage, item.spec.lo, item.spec.hi)
+                item.access = Access(spec, holder=_Holder(op, item.mode, item.tensor.shape),
+                                     owner=owner, poison_range=poison_range)
+
+    def _fold(self) -> None:
+        # Fold until nothing changes: widening a write over one input can make it overlap
+        # another input (in either order), which must then be folded too, or the operation
+        # would wait for its own write access.
+        changed = True
+        while changed:
+            changed = False
+            for item in self.reads:
+                if item.writer is not None:
+                    continue
+                for w in self.writes:
+                    base = w.leased()
+                    if (w.tensor.storage.access_queue is item.tensor.storage.access_queue
+                            and w.tensor.storage is item.tensor.storage
+                            and _overlaps(base, item.spec)):
+                        item.writer = w
+                        w.overwrite = False  # it reads what it writes: the old contents matter
+                        lo, hi = min(base.lo, item.spec.lo), max(base.hi, item.spec.hi)
+                        w.cover = AccessSpec(w.spec.storage, layout_right((hi - lo + 1,)),
+                                             w.spec.accessor, lo, "write", False, lo, hi)
+                        changed = True
+                        break
+
+    def _accesses(self) -> list[Access]:
+        return [item.access for item in [*self.reads, *self.writes] if item.access is not None]
+
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once every access is granted and its fences are done (as far
+        as they can be chained; see AccessQueue.when_ready): at once, in this thread, if all
+        already are. Never blocks."""
+        accesses = self._accesses()
+        lock = threading.Lock()
+        left = [len(accesses) + 1]  # +1: not before every access has its callback
+
+        def one() -> None:
+            with lock:
+                left[0] -= 1
+                last = not left[0]
+            if last:
+                callback()
+
+        for access in accesses:
+            access.when_ready(one)
+        one()
+
+    def acquire(self) -> None:
+        """Wait for every grant and fence (this thread), check poisoning, open the storages."""
+        try:
+            for item in [*self.reads, *self.writes]:
+                access = item.access
+                if access is None:
+                    continue
+                access.wait_sync(async_hint=f"uni.{self.op}_async")
+                role = "output" if item.mode == "write" else "input"
+                access.check_poison(f"{self.op}: the {role} of shape {item.tensor.shape}")
+                access.open()
+        except BaseException as err:
+            # A sync caller hears the error and its outputs stay untouched. An async
+            # operation's outputs are poisoned: operations queued after it must not compute
+            # from stale data (a failure travels down the pipeline as PoisonedError).
+            if self.detached:
+                self.finish(err)
+            else:
+                self.finish(None, poison=False)
+            raise
+
+    def span(self, index: int, kind: str) -> MdSpan:
+        item = (self.reads if kind == "read" else self.writes)[index]
+        t = item.tensor
+        if item.writer is not None:
+            w = item.writer
+            assert w.cover is not None and w.access is not None
+            handle = w.access.handle.shifted(t.offset - w.cover.offset)
+            return MdSpan(handle, t.mapping, t.accessor)
+        assert item.access is not None
+        if item.cover is not None:
+            handle = item.access.handle.shifted(t.offset - item.cover.offset)
+            return MdSpan(handle, t.mapping, t.accessor)
+        return MdSpan(item.access.handle, t.mapping, t.accessor)
+
+    def folded(self, read_index: int) -> bool:
+        """True when input ``read_index`` shares memory with an output (it may need staging)."""
+        return self.reads[read_index].writer is not None
+
+    def finish(self, failure: BaseException | None, fence: Fence | None = None, *,
+               poison: bool = True) -> BaseException | None:
+        """Give everything back; on failure poison what was (or would have been) written.
+
+        Returns the error a storage raised while taking data back (a failed write-back) when
+        the operation itself succeeded: the caller must raise it.
+        """
+        if self.finished:
+            return None
+        self.finished = True
+        release_error: BaseException | None = None
+        for item in [*self.reads, *self.writes]:
+            access = item.access
+            if access is None:
+                continue
+            error = access.finish(failure, fence, poison=poison)
+            release_error = release_error or error
+        if release_error is not None and failure is None:
+            # A failed write-back of one output: the other outputs of the operation are
+            # suspect too; they were finished as successes, so nothing more can be done
+            # here but report it.
+            return release_error
+        return None
+
+
+class _Holder:
+    """Names an operation's access in other waiters' messages."""
+
+    __slots__ = ("mode", "op", "shape", "thread")
+
+    def __init__(self, op: str, mode: str, shape: tuple[int, ...]) -> None:
+        self.op = op
+        self.mode = mode
+        self.shape = shape
+        self.thread = threading.current_thread().name
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.mode} of shape {self.shape} from thread {self.thread!r}"
+
+
+def stage(span: MdSpan) -> MdSpan:
+    """A copy of ``span``'s stored elements in fresh memory (same shape, contiguous).
+
+    The copy keeps the view's axis order (numpy's ``order="K"``): a column-major view stays
+    column-major, so a backend addresses the staged operand as it would the original (BLAS
+    can express ``conj(a)`` only in one storage order relative to the output).
+    """
+    handle = span.data_handle
+    if getattr(handle, "domain", HOST) is not HOST:
+        raise KernelDispatchError(
+            f"an input overlapping the output in the {handle.domain.value} domain needs a "
+            "staging copy there, which this build cannot make; copy it into a separate tensor "
+            "first")
+    stored = span.accessor.stored_type
+    raw = MdSpan(handle, span.mapping, DefaultAccessor(stored))
+    values = np.array(np.asarray(raw), order="K")
+    flat = values.ravel(order="K")  # memory order: a view of the fresh, contiguous copy
+    if values.size == 0 or any(s < 0 for s in values.strides):
+        values = np.ascontiguousarray(values)
+        flat = values.reshape(-1)
+    strides = tuple(s // values.itemsize for s in values.strides)
+    return MdSpan(HostHandle(flat, 0, None), best_mapping(values.shape, strides), span.accessor)
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+class Job:
+    """One registered operation: wait for grants, run the walk, give everything back."""
+
+    __slots__ = ("access", "backend", "build", "chain", "op", "signature")
+
+    def __init__(self, op: str, access: OperationAccess, build: Callable[[OperationAccess], Any],
+                 signature: Any, chain: tuple[Any, ...]) -> None:
+        self.op = op
+        self.access = access
+        self.build = build
+        self.signature = signature
+        self.chain = chain
+        self.backend: Any = None  # the backend that ran it, once it has
+
+    def __call__(self) -> str:
+        """Run it here; return the name of the backend that ran it (also kept in
+        ``backend``). Raises what the operation raised."""
+        access = self.access
+        access.acquire()
+        try:
+            backend = walk(self.op, self.build(access), self.signature, self.chain)
+        except KernelDispatchError as err:
+            # Every backend declined, and a decline has no side effects: nothing was written.
+            # A sync caller hears the error and its output stays as it was (a staged write is
+            # discarded, nothing is poisoned). An async operation's outputs are poisoned like
+            # any failure's: operations queued after it must not compute from stale data.
+            access.finish(err, poison=access.detached)
+            raise
+        except BaseException as err:
+            access.finish(err)
+            raise
+        self.backend = backend
+        release_error = access.finish(None)
+        if release_error is not None:
+            raise release_error
+        return str(backend.name)
+
+    def fail(self, err: BaseException) -> None:
+        """For an async job that failed before running: poison its outputs."""
+        self.access.finish(err)
+
+    def describe(self) -> str:
+        parts = [f"{item.mode} of shape {item.tensor.shape}"
+                 for item in [*self.access.reads, *self.access.writes]]
+        return f"{self.op} ({', '.join(parts)})"
+
+
+def run_inline(job: Job) -> Any:
+    """The sync executor: run ``job`` in the calling thread; return the backend that ran it."""
+    job()
+    return job.backend
+
+
+# -- completions and the host worker pool --------------------------------------------------------
+class Completion(Protocol):
+    """What an executor hands back for a dispatched job."""
+
+    def done(self) -> bool: ...
+
+    def result(self, timeout: float | None = None) -> Any: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _workers() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            # BLAS and numpy copies release the GIL: one worker per core overlaps them; a
+            # couple more keep independent work moving while some wait for their grants.
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(2, os.cpu_count() or 2) + 2, thread_name_prefix="uni-worker"
+            )
+        return _pool
+
+
+class OpFuture:
+    """A dispatched async operation: ``await`` it (trio), or ``.result()`` in a thread.
+
+    ``done()`` says whether it has finished (successfully or not) without waiting.
+    Cancelling the task that awaits stops the waiting, not the operation: it is already
+    ordered, and its outputs stay ordered after it.
+    """
+
+    __slots__ = ("_completion", "_what", "op")
+
+    def __init__(self, op: str, completion: Completion, what: str = "") -> None:
+        self.op = op
+        self._completion = completion
+        self._what = what or op
+
+    def done(self) -> bool:
+        """True once the operation has finished, successfully or not."""
+        return self._completion.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Block this thread until the operation finished; re-raise its error.
+
+        Raises TimeoutError (naming the operation) when ``timeout`` seconds pass first.
+        """
+        try:
+            return self._completion.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"uni.{self.op}_async did not finish within {timeout} s: {self._what} is still "
+                "waiting for its leases or running"
+            ) from None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return _await_completion(self._completion).__await__()
+
+    def __repr__(self) -> str:
+        state = "done" if self._completion.done() else "running"
+        return f"<uni.OpFuture {self.op} {state}>"
+
+
+async def _await_completion(completion: Completion) -> Any:
+    if completion.done():
+        await trio.lowlevel.checkpoint()
+        return completion.result()
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+    lock = threading.Lock()
+    parked = [True]
+
+    def on_done(_: Any) -> None:
+        with lock:
+            if not parked[0]:
+                return
+            parked[0] = False
+        try:
+            token.run_sync_soon(trio.lowlevel.reschedule, task)
+        except trio.RunFinishedError:
+            pass
+
+    def abort(_: Any) -> trio.lowlevel.Abort:
+        # Cancelling the waiter stops the waiting, not the work: the operation is ordered
+        # and keeps its outputs ordered after it, as on a CUDA stream.
+        with lock:
+            if not parked[0]:
+                return trio.lowlevel.Abort.FAILED
+            parked[0] = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    completion.add_done_callback(on_done)
+    await trio.lowlevel.wait_task_rescheduled(abort)
+    return completion.result()
+
+
+def done_future(op: str) -> OpFuture:
+    """An OpFuture that has already succeeded (an operation with nothing to do)."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    future.set_result(None)
+    return OpFuture(op, future)
+
+
+_submitting = threading.local()  # .active: this thread is inside dispatch's submit
+
+
+def submit(job: Job) -> OpFuture:
+    """The host async executor: run ``job`` on uni's workers once its accesses are ready."""
+    context = contextvars.copy_context()
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            result = context.run(job)
+        except BaseException as err:
+            job.fail(err)  # no-op when the job already poisoned and released
+            future.set_exception(err)
+        else:
+            future.set_result(result)
+
+    def dispatch() -> None:
+        # Takes a worker only once every lease is granted: a worker never blocks on a grant,
+        # so runnable operations never starve behind ones waiting (whatever the number of
+        # workers, and whichever thread registered first or submitted first). Runs in the
+        # thread that released the last lease in the way, possibly inside a finalizer that
+        # interrupted this very function in the same thread: the executor's locks are not
+        # reentrant, so such a call submits from a fresh thread instead.
+        if getattr(_submitting, "active", False):
+            threading.Thread(target=dispatch, name="uni-dispatch", daemon=True).start()
+            return
+        _submitting.active = True
+        try:
+            _workers().submit(run)
+        except BaseException as err:  # interpreter shutdown: no new threads
+            job.fail(err)
+            future.set_exception(err)
+        finally:
+            _submitting.active = False
+
+    job.access.when_ready(dispatch)
+    return OpFuture(job.op, future, job.describe())

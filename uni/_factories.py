@@ -1,0 +1,120 @@
+"""Tensor factories: ``uni.empty/zeros/full/arange`` and ``uni.from_numpy``.
+
+A factory asks the storage type that serves its ``device`` to allocate (and fill, where the
+data lives: a CUDA storage fills on the device, never through the host). Storage types for
+devices other than the host register themselves with :func:`register_device` when their
+package is imported (``uni.cuda`` registers ``"cuda"``, ``"cuda:N"`` and ``"pinned"``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from uni._accessor import ConstAccessor, DefaultAccessor
+from uni._dtypes import as_dtype
+from uni._errors import DomainError
+from uni._extents import Extents
+from uni._mapping import best_mapping, c_strides, f_strides, layout_stride
+from uni._tensor import Tensor
+from uni.storage.host import HostStorage, storage_for_array
+
+__all__ = ["arange", "empty", "from_numpy", "full", "register_device", "zeros"]
+
+#: ``allocate(size, dtype, device, fill) -> storage`` per device kind ("cuda", "pinned").
+_Allocator = Callable[[int, np.dtype[Any], str, Any], Any]
+_devices: dict[str, _Allocator] = {}
+# Why a device kind cannot be used here, for kinds whose package did not register them.
+_unavailable: dict[str, Callable[[], str]] = {}
+
+
+def register_device(kind: str, allocate: _Allocator | None, *,
+                    unavailable: Callable[[], str] | None = None) -> None:
+    """Serve ``device=kind`` (and ``kind:N``) with ``allocate``; or, with ``allocate=None``,
+    refuse it with the reason ``unavailable()`` gives."""
+    if allocate is None:
+        _devices.pop(kind, None)
+        if unavailable is not None:
+            _unavailable[kind] = unavailable
+    else:
+        _devices[kind] = allocate
+
+
+def _allocate(shape: Any, dtype: Any, order: str, device: str, fill: Any) -> Tensor:
+    dt = as_dtype(dtype)
+    ext = Extents(shape)
+    if order not in ("C", "F"):
+        raise ValueError(f"order must be 'C' or 'F', got {order!r}")
+    if not isinstance(device, str):
+        raise DomainError(f"expected device as a string ('host', 'cuda', 'cuda:N', 'pinned'), "
+                          f"got {device!r}")
+    kind = device.split(":", 1)[0]
+    if device in ("host", "cpu"):
+        storage: Any = HostStorage.allocate(ext.size(), dt, fill=fill)
+    elif kind in _devices:
+        storage = _devices[kind](ext.size(), dt, device, fill)
+    elif kind in _unavailable:
+        raise DomainError(f"device {device!r} is not usable here: {_unavailable[kind]()}")
+    else:
+        raise DomainError(f"expected device 'host', 'cuda', 'cuda:N' or 'pinned', got {device!r}")
+    strides = c_strides(ext.shape) if order == "C" else f_strides(ext.shape)
+    return Tensor._view(storage, best_mapping(ext.shape, strides), storage.default_accessor(), 0)
+
+
+def empty(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
+    """An uninitialized tensor (C or Fortran order)."""
+    return _allocate(shape, dtype, order, device, None)
+
+
+def zeros(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
+    """A tensor of zeros."""
+    return _allocate(shape, dtype, order, device, 0)
+
+
+def full(
+    shape: Any, fill_value: Any, dtype: Any = None, *, order: str = "C", device: str = "host"
+) -> Tensor:
+    """A tensor filled with ``fill_value`` (dtype inferred from it unless given)."""
+    if dtype is None:
+        dtype = np.asarray(fill_value).dtype
+        if dtype == np.int64 and isinstance(fill_value, bool):
+            dtype = np.bool_
+    return _allocate(shape, dtype, order, device, fill_value)
+
+
+def arange(n: int, dtype: Any = np.int64, *, device: str = "host") -> Tensor:
+    """``0, 1, ..., n-1``."""
+    n = operator.index(n)
+    return _allocate((n,), dtype, "C", device, np.arange(n))
+
+
+def from_numpy(array: Any, *, copy: bool = False) -> Tensor:
+    """A host tensor over ``array``'s memory (zero-copy, any strides), or over a copy.
+
+    Views of one numpy array share one storage, so their leases are ordered by one queue.
+    A read-only array gives a read-only tensor.
+    """
+    arr = np.asarray(array)
+    dt = as_dtype(arr.dtype)
+    if copy:
+        return _allocate(arr.shape, dt, "C", "host", arr.reshape(-1) if arr.size else None)
+    if arr.dtype != dt:
+        arr = arr.view(dt)
+    storage, offset = storage_for_array(arr)
+    strides = tuple(s // arr.itemsize for s in arr.strides)
+    accessor: Any = DefaultAccessor(dt)
+    if not arr.flags.writeable:
+        accessor = ConstAccessor(accessor)
+    mapping = best_mapping(arr.shape, strides) if arr.size else layout_stride(arr.shape, strides)
+    return Tensor(storage, mapping, accessor, offset=offset)
+
+
+def _cuda_not_registered() -> str:
+    return "uni.cuda registered no CUDA storage (CUDA tensors are not available in this build)"
+
+
+register_device("cuda", None, unavailable=_cuda_not_registered)
+register_device("pinned", None, unavailable=_cuda_not_registered)

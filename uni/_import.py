@@ -1,0 +1,59 @@
+"""Import across the DLPack boundary: a host tensor over a producer's memory.
+
+Zero-copy: the producer's memory becomes a :class:`~uni.storage.HostStorage` over the flat
+buffer that covers every element the producer's view reaches. A read-only import gets a
+read-only storage (write acquisition raises ``uni.LeaseError``) seen through a
+``ConstAccessor``. numpy arrays are taken like ``uni.from_numpy`` takes them, so views of one
+numpy allocation share one storage (and one lease queue) whichever way they arrived. The C
+ABI is :mod:`uni._dlpack`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from uni._accessor import ConstAccessor, DefaultAccessor
+from uni._dlpack import flat_buffer_of, import_dlpack
+from uni._factories import from_numpy
+from uni._mapping import best_mapping, layout_stride
+from uni._tensor import Tensor
+from uni.storage.host import HostStorage
+
+__all__ = ["from_dlpack"]
+
+
+def from_dlpack(obj: Any, /, *, copy: bool | None = None) -> Tensor:
+    """A host tensor over the memory of a DLPack producer, a DLPack capsule or a numpy array.
+
+    Zero-copy unless ``copy=True`` (then the tensor owns a private, writable copy). The
+    versioned protocol (DLPack 1.x) is asked for first; legacy capsules are accepted too
+    (and taken as writable, since they cannot say otherwise). A read-only producer gives a
+    read-only tensor: it can be read, and write acquisition raises ``uni.LeaseError``. The
+    producer's memory stays alive for as long as any view of the tensor needs it, and its
+    deleter runs exactly once after that. Memory outside the host domain (CUDA, ROCm, ...)
+    raises ``uni.DomainError`` naming the device.
+    """
+    if copy is not None and not isinstance(copy, bool):
+        raise ValueError(f"expected copy=None, True or False, got copy={copy!r}")
+    if isinstance(obj, np.ndarray) and obj.dtype.isnative:
+        # Straight to from_numpy: it finds the storage other views of the same allocation
+        # already use, so leases on both are ordered by one queue.
+        return from_numpy(obj, copy=bool(copy))
+    imported = import_dlpack(obj)
+    array = imported.array
+    if copy:
+        return from_numpy(array.copy())
+    return _tensor_over(array, readonly=imported.readonly)
+
+
+def _tensor_over(array: np.ndarray[Any, np.dtype[Any]], *, readonly: bool) -> Tensor:
+    buffer, offset, strides = flat_buffer_of(array)
+    storage = HostStorage.wrap(buffer, readonly=readonly)
+    accessor: Any = DefaultAccessor(storage.dtype)
+    if storage.readonly:
+        accessor = ConstAccessor(accessor)
+    shape = tuple(array.shape)
+    mapping = best_mapping(shape, strides) if array.size else layout_stride(shape, strides)
+    return Tensor.from_storage(storage, mapping, accessor, offset=offset)

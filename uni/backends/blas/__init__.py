@@ -1,0 +1,215 @@
+"""blas: scipy's BLAS for gemm/gemv, numpy ufuncs for transforms, a blocked strided copy.
+
+gemm and gemv call the Fortran routines directly (``_kernels``) so operands with a leading
+dimension, transposed views and conjugate-transposes need no temporary copy; the geometry
+(trans flags, leading dimensions, the row-major swap, conjugates folded into the flags) is
+the shared planner's, ``uni.backends._geometry``. What BLAS cannot address is declined with
+the reason, and the walk moves on. A small gemm it ran can be *prepared* for repeats
+(:meth:`Blas.prepare`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from uni import backends as _registry
+from uni._accessor import DefaultAccessor
+from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall
+from uni._mdspec import host_view
+from uni._probe import Decline, Declined, Probe
+from uni.backends._common import host_signature, host_spans
+from uni.backends._geometry import fold_accessors
+from uni.backends.blas import _kernels as kernels
+from uni.backends.blas._elementwise import execute
+from uni.backends.blas._fastcopy import strided_copy
+from uni.ops import is_element_op
+
+__all__ = ["Blas", "blas"]
+
+_BLAS_KINDS = frozenset("fc")
+
+_WHY: dict[Decline, str] = {
+    Decline.UNAVAILABLE: "scipy's BLAS could not be loaded here",
+    Decline.UNSUPPORTED_SHAPE: "an extent, leading dimension or increment beyond 32-bit BLAS integers",
+    Decline.UNSUPPORTED_LAYOUT: (
+        "BLAS needs each matrix to have a unit-stride axis and a leading dimension that "
+        "reaches past it (no negative or zero strides, no steps on both axes), vectors a "
+        "non-zero increment, and aligned data"
+    ),
+    Decline.UNSUPPORTED_ACCESSOR: (
+        "BLAS has only conjugate-transpose ('C'): a conjugated matrix must be stored in the "
+        "opposite order (row- vs column-major) to the output"
+    ),
+    Decline.UNSUPPORTED_INSTANCE: (
+        "the output shares memory with an input, or alpha/beta do not fit the dtype (a "
+        "complex scalar with real operands)"
+    ),
+}
+
+
+def _declined(decline: Decline | None, detail: str = "") -> Declined | None:
+    """``decline`` with its reason in words (for the walk's error message)."""
+    if decline is None:
+        return None
+    return Declined(decline, detail or _WHY.get(decline, ""))
+
+
+_Operand = tuple[np.ndarray[Any, Any], bool, Any]
+
+
+def _input(name: str, span: Any) -> _Operand | Declined:
+    """(stored-values view, conjugated?, scale factor) for a BLAS input, or why not."""
+    folded = fold_accessors(span.accessor)
+    if isinstance(folded[0], Decline):
+        decline, what = folded
+        if decline is Decline.UNSUPPORTED_TRANSFORM:
+            return Declined(decline, f"'{name}' is read through {what}; BLAS multiplies stored "
+                            "values, so evaluate it into a tensor with uni.transform first")
+        return Declined(decline, f"'{name}' is read through {what}, which BLAS cannot fold "
+                        "into alpha")
+    conj, factor = folded
+    return host_view(span.data_handle, span.mapping, writeable=False), bool(conj), factor
+
+
+def _output(name: str, span: Any) -> np.ndarray[Any, Any] | Declined:
+    if not isinstance(span.accessor, DefaultAccessor):
+        return Declined(Decline.UNSUPPORTED_ACCESSOR, f"the output '{name}' is seen through "
+                        f"{type(span.accessor).__name__}; BLAS writes plain values only")
+    return host_view(span.data_handle, span.mapping, writeable=True)
+
+
+def _product_operands(
+    names: tuple[str, str, str], spans: tuple[Any, Any, Any]
+) -> tuple[_Operand, _Operand, np.ndarray[Any, Any]] | Declined:
+    """The two BLAS inputs (view, conjugated?, factor) and the output view of gemm/gemv."""
+    if not host_spans(*spans):
+        return Declined(Decline.INCOMPATIBLE_DEVICES, "BLAS works on host memory only")
+    if len({s.dtype for s in spans}) > 1:
+        return Declined(Decline.UNSUPPORTED_INSTANCE, "mixed dtypes ("
+                        + ", ".join(f"{n}: {s.dtype.name}" for n, s in zip(names, spans,
+                                                                           strict=True))
+                        + "); BLAS computes in one dtype")
+    x = _input(names[0], spans[0])
+    y = _input(names[1], spans[1])
+    o = _output(names[2], spans[2])
+    for part in (x, y, o):
+        if isinstance(part, Declined):
+            return part
+    assert isinstance(x, tuple) and isinstance(y, tuple) and isinstance(o, np.ndarray)
+    return x, y, o
+
+
+class Blas:
+    name = "blas"
+
+    def available(self) -> bool:
+        return kernels.available()
+
+    def probe(self, op: str, signature: Signature) -> Probe:
+        if not host_signature(signature):
+            return Probe.NO
+        if op in ("gemm", "gemv"):
+            if not all(o.dtype.kind in _BLAS_KINDS for o in signature.operands):
+                return Probe.NO  # integer and bool products are left to the others
+            return Probe.MAYBE
+        if op == "transform":
+            extra = signature.extra
+            return Probe.MAYBE if extra is not None and extra[0] == "element-op" else Probe.NO
+        if op == "copy":
+            return Probe.MAYBE
+        return Probe.NO
+
+    def try_kernel(self, op: str, call: Any) -> Declined | None:
+        if isinstance(call, GemmCall):
+            return self._gemm(call)
+        if isinstance(call, GemvCall):
+            return self._gemv(call)
+        if isinstance(call, CopyCall):
+            return self._copy(call)
+        if isinstance(call, TransformCall):
+            return self._transform(call)
+        return Declined(Decline.UNSUPPORTED_INSTANCE, f"blas does not run {op}")
+
+    @staticmethod
+    def _gemm(call: GemmCall) -> Declined | None:
+        operands = _product_operands(("a", "b", "c"), (call.a, call.b, call.c))
+        if isinstance(operands, Declined):
+            return operands
+        a, b, c = operands
+        alpha = call.alpha * a[2] * b[2]
+        if c.ndim == 2:
+            result = kernels.gemm(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
+        else:
+            result = kernels.gemm_batched(a[0], b[0], c, alpha, call.beta, conj_a=a[1],
+                                          conj_b=b[1])
+        return _declined(result)
+
+    @staticmethod
+    def _gemv(call: GemvCall) -> Declined | None:
+        operands = _product_operands(("a", "x", "y"), (call.a, call.x, call.y))
+        if isinstance(operands, Declined):
+            return operands
+        a, x, y = operands
+        if x[1]:
+            return Declined(Decline.UNSUPPORTED_ACCESSOR,
+                            "'x' is conjugated; BLAS's gemv has no conjugated-vector form")
+        alpha = call.alpha * a[2] * x[2]
+        if y.ndim == 1:
+            result = kernels.gemv(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+        else:
+            result = kernels.gemv_batched(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+        return _declined(result)
+
+    @staticmethod
+    def _copy(call: CopyCall) -> Declined | None:
+        if not host_spans(call.src, call.dst):
+            return Declined(Decline.INCOMPATIBLE_DEVICES, "blas copies host memory only")
+        dst = _output("dst", call.dst)
+        if isinstance(dst, Declined):
+            return dst
+        src = np.asarray(call.src)  # applies the source accessor (conj, scale, transform)
+        if src.dtype != dst.dtype:
+            return Declined(Decline.UNSUPPORTED_INSTANCE,
+                            f"mixed dtypes ({src.dtype.name} -> {dst.dtype.name})")
+        strided_copy(dst, src)
+        return None
+
+    @staticmethod
+    def _transform(call: TransformCall) -> Declined | None:
+        if not is_element_op(call.op):
+            return Declined(Decline.UNSUPPORTED_TRANSFORM,
+                            "a Python callable runs element by element, not through numpy")
+        spans = [x for x in call.inputs if hasattr(x, "mapping")]
+        if not host_spans(call.out, *spans):
+            return Declined(Decline.INCOMPATIBLE_DEVICES, "blas works on host memory only")
+        out = _output("out", call.out)
+        if isinstance(out, Declined):
+            return out
+        inputs = [np.asarray(x) if hasattr(x, "mapping") else x for x in call.inputs]
+        # The front end's dtype: a 0-d input broadcast to out's shape no longer looks 0-d.
+        execute(call.op, out, inputs, dtype=call.compute_dtype)
+        return None
+
+    @staticmethod
+    def prepare(op: str, call: Any) -> Callable[..., bool] | None:
+        """A prepared repeat of a small plain gemm on exactly these spans, or None.
+
+        The returned ``run(alpha, beta)`` returns False, having touched nothing, for what it
+        does not cover (alpha == 0, scalars it cannot express); it holds no view of the
+        operands (see ``uni._prepared``).
+        """
+        if op != "gemm" or not isinstance(call, GemmCall):
+            return None
+        spans = (call.a, call.b, call.c)
+        if not host_spans(*spans) or not all(type(s.accessor) is DefaultAccessor for s in spans):
+            return None
+        if any(s.rank() != 2 for s in spans):
+            return None
+        views = [host_view(s.data_handle, s.mapping, writeable=s is call.c) for s in spans]
+        return kernels.prepare_gemm(views[0], views[1], views[2])
+
+
+blas = _registry.register(Blas())
