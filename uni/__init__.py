@@ -86,6 +86,7 @@ from uni._ops import transform_async as transform_async
 from uni._probe import Decline as Decline
 from uni._probe import Probe as Probe
 from uni._tensor import Tensor as Tensor
+from uni._version import __version__ as __version__
 from uni.concepts import is_immediate_tensor_view as is_immediate_tensor_view
 from uni.concepts import is_mdspan_like as is_mdspan_like
 from uni.concepts import is_mdspec_like as is_mdspec_like
@@ -93,7 +94,6 @@ from uni.concepts import is_tensor_view as is_tensor_view
 from uni.concepts import mdspec_of as mdspec_of
 from uni.concepts import strides as strides
 
-__version__ = "0.1.0"
 
 __all__ = [
     "CUDA",

@@ -35,6 +35,7 @@ __all__ = [
     "AccessSpec",
     "Mode",
     "PreparedAccess",
+    "PreparedGroup",
     "StorageView",
     "queue_range",
     "release_from_finalizer",
@@ -95,13 +96,16 @@ class AccessSpec(Region):
 
     # A slotted class rather than attrs: one is made on every acquisition, on the hot path,
     # where attrs' frozen __setattr__ costs more than the whole queue round trip.
-    __slots__ = ("accessor", "mode", "overwrite", "storage")
+    __slots__ = ("accessor", "label", "mode", "overwrite", "storage")
 
     def __init__(self, storage: Any, mapping: Any, accessor: Any, offset: int, mode: Mode,
-                 overwrite: bool = False, lo: int | None = None, hi: int | None = None) -> None:
+                 overwrite: bool = False, lo: int | None = None, hi: int | None = None,
+                 label: str = "Tensor") -> None:
         if lo is None or hi is None:
-            bounds = mapping._bounds if hasattr(mapping, "_bounds") else (
-                mapping.min_offset(), mapping.max_offset())
+            try:
+                bounds = mapping._bounds
+            except AttributeError:  # a mapping of another library: ask it
+                bounds = (mapping.min_offset(), mapping.max_offset())
             lo, hi = offset + bounds[0], offset + bounds[1]
         self.storage = storage
         self.mapping = mapping
@@ -111,6 +115,7 @@ class AccessSpec(Region):
         self.overwrite = overwrite
         self.lo = lo
         self.hi = hi
+        self.label = label
 
     @classmethod
     def of_view(cls, view: StorageView, mode: Mode, overwrite: bool = False) -> AccessSpec:
@@ -118,6 +123,14 @@ class AccessSpec(Region):
 
     def describe(self) -> str:
         return (f"shape={self.mapping.extents.shape}, dtype={self.accessor.element_type.name}")
+
+    def what(self) -> str:
+        """The data in words: ``Tensor(shape=(3, 4), dtype=float64)``."""
+        return f"{self.label}({self.describe()})"
+
+    def __str__(self) -> str:
+        # An access spec is its request's holder: this is how other waiters' messages name it.
+        return f"{self.mode} lease on {self.what()}"
 
     def __repr__(self) -> str:
         return (f"AccessSpec({self.mode} of {type(self.storage).__name__}, {self.describe()}, "
@@ -165,7 +178,10 @@ class Access:
         storage = spec.storage
         queue = storage.access_queue
         self.queue: AccessQueue = queue
-        lo, hi = queue_range(storage, spec.lo, spec.hi)
+        if queue.unit == storage.dtype.itemsize and not getattr(storage, "queue_offset", 0):
+            lo, hi = spec.lo, spec.hi  # the storage's own queue counts in its elements
+        else:
+            lo, hi = queue_range(storage, spec.lo, spec.hi)
         self.request: AccessRequest = queue.register(
             spec.mode, lo, hi, holder=spec if holder is None else holder, owner_thread=owner)
         self.poison_range = poison_range
@@ -224,9 +240,10 @@ class Access:
 
     # ------------------------------------------------------------------ opening
 
-    def check_poison(self, what: str, *, allow_poisoned: bool = False) -> None:
+    def check_poison(self, what: Callable[[], str], *, allow_poisoned: bool = False) -> None:
         """Raise PoisonedError (withdrawing the request) if a failed writer left this data
-        half-written; a write with the overwrite promise and ``allow_poisoned`` skip it."""
+        half-written; a write with the overwrite promise and ``allow_poisoned`` skip it.
+        ``what()`` names the data in the message (called only when it is needed)."""
         spec = self.spec
         queue = self.queue
         if not queue.has_poison or allow_poisoned or (spec.mode == "write" and spec.overwrite):
@@ -239,7 +256,7 @@ class Access:
         self._state = _ENDED
         self._primary_done = True
         raise PoisonedError(
-            f"{what} was poisoned by a failed writer ({type(cause).__name__}: {cause}); pass "
+            f"{what()} was poisoned by a failed writer ({type(cause).__name__}: {cause}); pass "
             "allow_poisoned=True to read it anyway, or rewrite it with overwrite=True"
         ) from cause
 
@@ -310,6 +327,8 @@ class Access:
         if self._primary_done:
             return None
         self._primary_done = True
+        if self._lock is None:  # never shared: this holder is the last one
+            return self._end(failure, fence, poison)
         return self._drop(failure, fence, poison, primary=True)
 
     def share(self) -> AccessShare:
@@ -448,3 +467,41 @@ class PreparedAccess:
         if failure is not None and self.write:
             self.queue.poison(self.lo, self.hi, failure)
         self.queue.release(request)
+
+
+class PreparedGroup:
+    """The accesses of one prepared operation, begun and ended together around a call.
+
+    ``run(fn, *args)`` registers every access, calls ``fn(*args)`` only if all were granted
+    at once with no fence and no poison (see :class:`PreparedAccess`), and releases them;
+    a failing ``fn`` poisons what the writes covered. Returns ``fn``'s result, or False when
+    it did not run (nothing touched, nothing held).
+    """
+
+    __slots__ = ("_flat",)
+
+    def __init__(self, accesses: tuple[PreparedAccess, ...]) -> None:
+        self._flat = tuple((a.queue, a.mode, a.lo, a.hi, a.holder, a.write) for a in accesses)
+
+    def run(self, fn: Callable[..., bool], *args: Any) -> bool:
+        taken: list[tuple[AccessQueue, AccessRequest, int, int, bool]] = []
+        ok = True
+        for queue, mode, lo, hi, holder, write in self._flat:
+            request = queue.register(mode, lo, hi, holder=holder)
+            taken.append((queue, request, lo, hi, write))
+            if not request.granted or request.fences or queue.has_poison:
+                ok = False
+                break
+        try:
+            if not ok:
+                return False
+            try:
+                return fn(*args)
+            except BaseException as err:
+                for queue, _, lo, hi, write in taken:
+                    if write:
+                        queue.poison(lo, hi, err)
+                raise
+        finally:
+            for queue, request, _, _, _ in reversed(taken):
+                queue.release(request)

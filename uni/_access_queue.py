@@ -463,9 +463,9 @@ class AccessQueue:
             if req.granted:
                 return
             if req.released:
-                raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn")
+                raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn")
             if req._waiter is not None:
-                raise LeaseError(f"{req.holder} on {self.label} is already being waited for")
+                raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
             blockers = self._blockers_locked(req)
             mine = [b for b in blockers if b.owner_thread == me]
             if not in_trio and not mine:
@@ -482,15 +482,15 @@ class AccessQueue:
         self._wake(woken)
         if in_trio:
             raise WouldBlockError(
-                f"{req.holder} on {self.label} would block inside a running trio task "
+                f"{_who(req)} on {self.label} would block inside a running trio task "
                 f"(it waits for what is {_describe(blockers)}); use `await {async_hint}(...)` "
                 "instead"
             )
         b = mine[0]
         how = "holds" if b.granted else "has already requested"
         raise LeaseConflictError(
-            f"{req.holder} on {self.label} can never be granted: it would wait forever "
-            f"while this thread {how} {b.holder}; release it first"
+            f"{_who(req)} on {self.label} can never be granted: it would wait forever "
+            f"while this thread {how} {_who(b)}; release it first"
         )
 
     def _wait_fences_sync(self, req: AccessRequest, timeout: float | None,
@@ -501,7 +501,7 @@ class AccessQueue:
         if trio.lowlevel.in_trio_run():
             self.release(req)
             raise WouldBlockError(
-                f"{req.holder} on {self.label} would block inside a running trio task (it "
+                f"{_who(req)} on {self.label} would block inside a running trio task (it "
                 f"waits for {_describe_fence(pending[0])} to finish); use "
                 f"`await {async_hint}(...)` instead"
             )
@@ -513,7 +513,7 @@ class AccessQueue:
         if late is not None:
             self.release(req)
             raise LeaseTimeoutError(
-                f"{req.holder} on {self.label} was not ready within {timeout} s: waiting for "
+                f"{_who(req)} on {self.label} was not ready within {timeout} s: waiting for "
                 f"{_describe_fence(late)} (the work of an earlier access) to finish"
             )
 
@@ -532,7 +532,7 @@ class AccessQueue:
             raise
         if got:
             if not req.granted:
-                raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn while waiting")
+                raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn while waiting")
             return
         with self._lock:
             if req.granted or req.released:
@@ -546,10 +546,10 @@ class AccessQueue:
         if woken is None:
             if req.granted:
                 return
-            raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn while waiting")
+            raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn while waiting")
         self._wake(woken)
         raise LeaseTimeoutError(
-            f"{req.holder} on {self.label} was not granted within {timeout} s: it waits for "
+            f"{_who(req)} on {self.label} was not granted within {timeout} s: it waits for "
             f"what is {_describe(holders)}"
         )
 
@@ -577,9 +577,9 @@ class AccessQueue:
             if req.granted:
                 return
             if req.released:
-                raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn")
+                raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn")
             if req._waiter is not None:
-                raise LeaseError(f"{req.holder} on {self.label} is already being waited for")
+                raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
             req._waiter = park
 
         def abort(raise_cancel: Callable[[], NoReturn]) -> trio.lowlevel.Abort:
@@ -602,7 +602,7 @@ class AccessQueue:
             self.release(req)
             park.raise_cancel()
         if not req.granted:
-            raise LeaseReleasedError(f"{req.holder} on {self.label} was withdrawn while waiting")
+            raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn while waiting")
 
     def when_granted(self, req: AccessRequest, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once ``req`` is granted (or withdrawn), without blocking.
@@ -638,7 +638,7 @@ class AccessQueue:
             with self._lock:
                 if not (req.granted or req.released):
                     if req._waiter is not None:
-                        raise LeaseError(f"{req.holder} on {self.label} is already being waited for")
+                        raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
                     req._waiter = waiter
                     return
         waiter.wake(self, req)
@@ -858,14 +858,30 @@ def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
         fence.add_done_callback(one)  # type: ignore[attr-defined]
 
 
+def _who(req: AccessRequest) -> str:
+    """The request's holder in words, with the thread that owns it (messages only)."""
+    text = str(req.holder)
+    owner = req.owner_thread
+    if owner is not None and " from thread " not in text:
+        text += f" from thread {_thread_name(owner)!r}"
+    return text
+
+
+def _thread_name(ident: int) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return f"<finished thread {ident}>"
+
+
 def _describe(reqs: list[AccessRequest]) -> str:
     if not reqs:
         return "nothing (granted meanwhile)"
     active = [r for r in reqs if r.granted]
     parts: list[str] = []
     if active:
-        parts.append("held by " + "; ".join(str(r.holder) for r in active))
+        parts.append("held by " + "; ".join(_who(r) for r in active))
     queued = [r for r in reqs if not r.granted]
     if queued:
-        parts.append("queued behind " + "; ".join(str(r.holder) for r in queued))
+        parts.append("queued behind " + "; ".join(_who(r) for r in queued))
     return ", ".join(parts)

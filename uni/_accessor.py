@@ -9,6 +9,7 @@ import attrs
 import numpy as np
 
 from uni._dtypes import as_dtype
+from uni._errors import DTypeError
 from uni._handle import CUDA, HOST, Domain, HostHandle
 
 
@@ -169,8 +170,6 @@ class ScaledAccessor(_Adapter):
                     np.multiply(np.zeros((), self.base.element_type), value,
                                 dtype=self.element_type)
             except OverflowError:
-                from uni._errors import DTypeError
-
                 raise DTypeError(f"scale factor (an int of {value.bit_length()} bits) does not "
                                  f"fit {self.element_type.name}") from None
 

@@ -7,7 +7,6 @@ Each call turns its argument into an :class:`~uni._access.AccessSpec`, checks th
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Generator
 from types import TracebackType
@@ -38,32 +37,6 @@ __all__ = [
 ]
 
 
-class _Holder:
-    """Names an acquisition in other waiters' messages; its text is built only when needed."""
-
-    __slots__ = ("is_tensor", "spec", "thread")
-
-    def __init__(self, spec: AccessSpec, is_tensor: bool) -> None:
-        self.spec = spec
-        self.is_tensor = is_tensor
-        self.thread = threading.get_ident()
-
-    def __str__(self) -> str:
-        return (f"{self.spec.mode} lease on {describe(self.spec, self.is_tensor)} from thread "
-                f"{_thread_name(self.thread)!r}")
-
-
-def describe(spec: AccessSpec, is_tensor: bool) -> str:
-    return f"{'Tensor' if is_tensor else 'mdspec'}({spec.describe()})"
-
-
-def _thread_name(ident: int) -> str:
-    for thread in threading.enumerate():
-        if thread.ident == ident:
-            return thread.name
-    return f"<finished thread {ident}>"
-
-
 def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = False
             ) -> tuple[AccessSpec, bool]:
     """The access ``fn`` would make of ``x`` (and whether ``x`` is a tensor view), checked.
@@ -81,6 +54,7 @@ def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = Fa
         is_tensor = True
     elif hasattr(x, "mapping") and hasattr(x, "accessor"):
         spec = _from_mdspec(x, mode, overwrite, fn)
+        spec.label = "mdspec"
         is_tensor = False
     else:
         raise TypeError(
@@ -90,7 +64,7 @@ def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = Fa
     if storage_domain is not domain:
         crossing = "uni.copy" + ("" if domain is HOST else " (into a CUDA tensor)")
         raise DomainError(
-            f"{fn} needs data in the {domain.value} domain, but this {describe(spec, is_tensor)}"
+            f"{fn} needs data in the {domain.value} domain, but this {spec.what()}"
             f" lives in the {storage_domain.value} domain; acquisition never moves data: copy "
             f"it explicitly with {crossing}"
         )
@@ -145,12 +119,12 @@ def _from_mdspec(spec: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
 def _check_write(spec: AccessSpec, is_tensor: bool, fn: str) -> None:
     if spec.accessor.readonly:
         raise LeaseError(
-            f"{fn}: {describe(spec, is_tensor)} is seen through a read-only accessor "
+            f"{fn}: {spec.what()} is seen through a read-only accessor "
             f"({type(spec.accessor).__name__}); write through the plain tensor instead"
         )
     if spec.storage.readonly:
         raise LeaseError(
-            f"{fn}: the storage of {describe(spec, is_tensor)} is read-only (e.g. a read-only "
+            f"{fn}: the storage of {spec.what()} is read-only (e.g. a read-only "
             "numpy array or DLPack import); it can be read but never written"
         )
 
@@ -158,9 +132,11 @@ def _check_write(spec: AccessSpec, is_tensor: bool, fn: str) -> None:
 def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float | None,
                   overwrite: bool, allow_poisoned: bool) -> Any:
     spec, is_tensor = spec_of(x, mode, domain, fn, overwrite=overwrite)
-    access = Access(spec, holder=_Holder(spec, is_tensor))
-    access.wait_sync(timeout=timeout, async_hint=fn.replace("_sync", "_async"))
-    access.check_poison(describe(spec, is_tensor), allow_poisoned=allow_poisoned)
+    access = Access(spec)
+    request = access.request
+    if not request.granted or request.fences:
+        access.wait_sync(timeout=timeout, async_hint=fn.replace("_sync", "_async"))
+    access.check_poison(spec.what, allow_poisoned=allow_poisoned)
     access.open()
     return lease_for(access, is_tensor)
 
@@ -175,7 +151,7 @@ class PendingAcquisition:
 
     def __init__(self, spec: AccessSpec, is_tensor: bool, allow_poisoned: bool) -> None:
         # No owner thread: whoever awaits holds it, and a trio waiter never deadlocks a thread.
-        self._access = Access(spec, holder=_Holder(spec, is_tensor), owner=None)
+        self._access = Access(spec, owner=None)
         self._is_tensor = is_tensor
         self._allow_poisoned = allow_poisoned
         self._state = "registered"
@@ -191,8 +167,7 @@ class PendingAcquisition:
         access = self._access
         await access.wait_async()
         # Before opening: a handle the opener made would never be handed back.
-        access.check_poison(describe(access.spec, self._is_tensor),
-                            allow_poisoned=self._allow_poisoned)
+        access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
         await access.open_async()
         self._state = "done"
         return lease_for(access, self._is_tensor)
@@ -214,7 +189,7 @@ class PendingAcquisition:
             access = self._access
             release_from_finalizer(access.withdraw)
             warnings.warn(
-                f"an acquisition of {describe(access.spec, self._is_tensor)} was never "
+                f"an acquisition of {access.spec.what()} was never "
                 "awaited; its request was withdrawn. Await it (`await acquire_...(x)`) or use "
                 "`async with`",
                 ResourceWarning,
@@ -299,7 +274,7 @@ def acquire_cuda_write_access_async(x: Any, stream: Any = None, *, overwrite: bo
 def try_read_values(view: Any) -> np.ndarray[Any, Any] | None:
     """A copy of ``view``'s values if a read can be granted right now, else None (for repr)."""
     spec, is_tensor = spec_of(view, "read", HOST, "repr")
-    access = Access(spec, holder=_Holder(spec, is_tensor))
+    access = Access(spec)
     if not access.granted or access.request.fences:
         access.withdraw()
         return None

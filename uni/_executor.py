@@ -66,6 +66,10 @@ class _Operand:
     def leased(self) -> AccessSpec:
         return self.cover or self.spec
 
+    def what(self) -> str:
+        role = "output" if self.mode == "write" else "input"
+        return f"the {role} of shape {self.tensor.shape}"
+
 
 def _overlaps(a: AccessSpec, b: AccessSpec) -> bool:
     return not (a.empty or b.empty) and a.lo <= b.hi and b.lo <= a.hi
@@ -150,8 +154,7 @@ class OperationAccess:
                 if access is None:
                     continue
                 access.wait_sync(async_hint=f"uni.{self.op}_async")
-                role = "output" if item.mode == "write" else "input"
-                access.check_poison(f"{self.op}: the {role} of shape {item.tensor.shape}")
+                access.check_poison(lambda item=item: f"{self.op}: {item.what()}")
                 access.open()
         except BaseException as err:
             # A sync caller hears the error and its outputs stay untouched. An async

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from uni._access import AccessSpec, PreparedAccess
+from uni._access import AccessSpec, PreparedAccess, PreparedGroup
 from uni._calls import GemmCall
 from uni._dispatch import on_forget, overridden
 from uni._mdspec import MdSpan
@@ -52,38 +52,21 @@ class _Holder:
 class Prepared:
     """One prepared operation: its operands' accesses and the backend's prepared call."""
 
-    __slots__ = ("__weakref__", "accesses", "operands", "run", "storages")
+    __slots__ = ("__weakref__", "group", "operands", "run", "storages")
 
     def __init__(self, op: str, tensors: tuple[Tensor, ...], modes: tuple[str, ...],
                  run: Callable[..., bool]) -> None:
         self.operands = tuple(weakref.ref(t) for t in tensors)
         self.storages = tuple(weakref.ref(t._storage) for t in tensors)
-        self.accesses = tuple(
+        self.group = PreparedGroup(tuple(
             PreparedAccess(AccessSpec.of_view(t, "write" if m == "write" else "read"),
                            _Holder(op, m, t.shape))
-            for t, m in zip(tensors, modes, strict=True))
+            for t, m in zip(tensors, modes, strict=True)))
         self.run = run
 
     def __call__(self, *scalars: Any) -> bool:
         """True when done; False (nothing touched, nothing held) to take the general path."""
-        accesses = self.accesses
-        requests: list[Any] = []
-        for access in accesses:
-            request = access.begin()
-            if request is None:
-                for done, req in zip(accesses, requests, strict=False):
-                    done.end(req)
-                return False
-            requests.append(request)
-        try:
-            ran = self.run(*scalars)
-        except BaseException as err:
-            for access, request in zip(accesses, requests, strict=True):
-                access.end(request, err)
-            raise
-        for access, request in zip(accesses, requests, strict=True):
-            access.end(request)
-        return ran
+        return self.group.run(self.run, *scalars)
 
 
 # Two ways to find an entry: by the operands' identity (a loop over the same tensor objects:

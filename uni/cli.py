@@ -6,25 +6,24 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import numpy as np
+
+from uni import _demo, backends, cuda
+from uni._dtypes import SUPPORTED_DTYPES
+from uni._version import __version__
+
 
 def _info() -> int:
-    import numpy as np
-
-    import uni
-    from uni import backends, cuda
-
-    print(f"uni {uni.__version__} (numpy {np.__version__}, python {sys.version.split()[0]})")
-    print("dtypes:   " + ", ".join(d.name for d in uni.SUPPORTED_DTYPES))
+    print(f"uni {__version__} (numpy {np.__version__}, python {sys.version.split()[0]})")
+    print("dtypes:   " + ", ".join(d.name for d in SUPPORTED_DTYPES))
     print("backends: " + (", ".join(backends.available()) or "none"))
     reason = cuda.unavailable_reason()
     print("cuda:     " + ("available" if reason is None else f"not available ({reason})"))
     return 0
 
 
-def _demo() -> int:
-    from uni._demo import run
-
-    return run()
+def _run_demo() -> int:
+    return _demo.run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         return _info()
-    return _demo()
+    return _run_demo()
 
 
 if __name__ == "__main__":

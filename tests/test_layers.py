@@ -1,0 +1,216 @@
+"""The import rule of docs/architecture.md, checked by walking the package's imports with ast.
+
+* no import cycle among uni's modules;
+* a module imports only modules of lower layers (same-layer imports only inside one package
+  folder), where the layers are the map in docs/architecture.md;
+* no function-level import of uni without the reason on the line (a ``#`` comment).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+from collections.abc import Iterator
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "uni"
+MAP = ROOT / "docs" / "architecture.md"
+
+
+def module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_map(text: str | None = None) -> list[list[str]]:
+    """The lines of the first ```text block of docs/architecture.md, as path entries."""
+    text = MAP.read_text() if text is None else text
+    block = re.search(r"^```text\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    assert block, "docs/architecture.md lost its layer map (the first ```text block)"
+    return [line.split() for line in block.group(1).splitlines() if line.strip()]
+
+
+def layers() -> dict[str, int]:
+    """Each uni module's layer: its own line, else the line of the folder that holds it."""
+    return {name: layer for name, (layer, _) in placements().items()}
+
+
+def placements(modules: dict[str, pathlib.Path] = MODULES, text: str | None = None
+               ) -> dict[str, tuple[int, str | None]]:
+    """Each module's layer and the map folder that placed it there (None: its own line)."""
+    files: dict[str, int] = {}
+    folders: dict[str, int] = {}
+    for number, entries in enumerate(layer_map(text)):
+        for entry in entries:
+            if entry.endswith("/"):
+                folders[entry.rstrip("/").replace("/", ".")] = number
+            else:
+                files[entry.removesuffix(".py").replace("/", ".").removesuffix(".__init__")] = number
+    out: dict[str, tuple[int, str | None]] = {}
+    for name in modules:
+        if name in files:
+            out[name] = (files[name], None)
+            continue
+        holders = [f for f in folders if name == f or name.startswith(f + ".")]
+        if holders:
+            folder = max(holders, key=len)
+            out[name] = (folders[folder], folder)
+    return out
+
+
+def resolve(name: str, level: int, current: str, is_package: bool) -> str:
+    if level:
+        base = current.split(".")
+        if not is_package:
+            base = base[:-1]
+        base = base[: len(base) - (level - 1)]
+        name = ".".join([*base, name] if name else base)
+    return name
+
+
+def target_module(name: str, modules: dict[str, pathlib.Path] = MODULES) -> str | None:
+    """The uni module an imported name refers to (the longest module prefix), or None."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def type_checking_block(node: ast.AST) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+            and node.test.id == "TYPE_CHECKING")
+
+
+def imports(name: str, modules: dict[str, pathlib.Path] = MODULES
+            ) -> Iterator[tuple[str, int, bool, str]]:
+    """(target module, line, at module level?, source line) for every uni import in ``name``."""
+    path = modules[name]
+    source = path.read_text()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    is_package = path.name == "__init__.py"
+
+    def visit(node: ast.AST, top: bool) -> Iterator[tuple[str, int, bool, str]]:
+        for child in ast.iter_child_nodes(node):
+            if type_checking_block(child):
+                continue  # annotations only: no edge at run time
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    target = target_module(alias.name, modules)
+                    if target:
+                        yield target, child.lineno, top, lines[child.lineno - 1]
+            elif isinstance(child, ast.ImportFrom):
+                base = resolve(child.module or "", child.level, name, is_package)
+                for alias in child.names:
+                    target = (target_module(f"{base}.{alias.name}", modules)
+                              or target_module(base, modules))
+                    if target:
+                        yield target, child.lineno, top, lines[child.lineno - 1]
+            else:
+                inner = top and not isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+                yield from visit(child, inner)
+
+    yield from visit(tree, True)
+
+
+def graph(modules: dict[str, pathlib.Path] = MODULES) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name in modules:
+        for target, _, _, _ in imports(name, modules):
+            if target != name:
+                edges[name].add(target)
+    return edges
+
+
+def test_every_module_is_on_the_map() -> None:
+    placed = layers()
+    missing = sorted(set(MODULES) - set(placed))
+    assert not missing, f"modules missing from docs/architecture.md's layer map: {missing}"
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state:
+                found = dfs(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = dfs(node)
+            if found:
+                return found
+    return None
+
+
+def upward_imports(modules: dict[str, pathlib.Path] = MODULES, text: str | None = None
+                   ) -> list[str]:
+    placed = placements(modules, text)
+    wrong = []
+    for name, targets in graph(modules).items():
+        for target in targets:
+            if name not in placed or target not in placed:
+                continue
+            (mine, my_folder), (theirs, their_folder) = placed[name], placed[target]
+            inside_one_folder = my_folder is not None and my_folder == their_folder
+            if theirs > mine or (theirs == mine and not inside_one_folder):
+                wrong.append(f"{name} (layer {mine}) imports {target} (layer {theirs})")
+    return sorted(wrong)
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_modules_import_only_lower_layers() -> None:
+    wrong = upward_imports()
+    assert not wrong, "upward imports:\n" + "\n".join(wrong)
+
+
+def test_function_level_imports_say_why() -> None:
+    unlabelled = [f"{MODULES[name].relative_to(ROOT)}:{line}: {text.strip()}"
+                  for name in MODULES
+                  for _, line, top, text in imports(name) if not top and "#" not in text]
+    assert not unlabelled, "function-level imports without a reason:\n" + "\n".join(unlabelled)
+
+
+def test_the_checker_sees_a_cycle_an_upward_import_and_an_unlabelled_local_import(
+        tmp_path: pathlib.Path) -> None:
+    """The checks can fail: a made-up package with each fault is caught."""
+    pkg = tmp_path / "uni"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_low.py").write_text("from uni._high import thing\n")
+    (pkg / "_high.py").write_text("from uni import _low\nthing = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("def f():\n    from uni import _low\n    return _low\n")
+    modules = {module_name(p, tmp_path): p for p in sorted(pkg.rglob("*.py"))}
+    text = "```text\nuni/_low.py\nuni/_high.py\nuni/sub/\nuni/__init__.py\n```\n"
+    assert find_cycle(graph(modules)) in (["uni._high", "uni._low", "uni._high"],
+                                          ["uni._low", "uni._high", "uni._low"])
+    assert upward_imports(modules, text) == ["uni._low (layer 0) imports uni._high (layer 1)"]
+    local = [line for name in modules for _, line, top, text_ in imports(name, modules)
+             if not top and "#" not in text_]
+    assert local == [2]
