@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from uni._access_queue import AccessQueue, AccessRequest, Mode
+from uni._access_queue import AccessQueue, AccessRequest, HostFence, Mode
 from uni._errors import (
     LeaseConflictError,
     LeaseError,
@@ -791,4 +791,228 @@ async def test_stress_threads_and_tasks(seed: int) -> None:
     assert completed > 0.8 * (n_threads * per_thread + n_tasks * per_task)
     assert reg.waited > 100  # the run did contend
     assert reg.max_concurrent > 2  # and readers / disjoint holders did overlap
+    assert_idle(q)
+
+
+# ---------------------------------------------------------------- fences
+
+
+def released_with(q: AccessQueue, mode: Mode, lo: int, hi: int, fence: HostFence | None,
+                  holder: str = "fenced") -> AccessRequest:
+    """A request granted at once and released with ``fence`` (its work not over yet)."""
+    r = q.register(mode, lo, hi, holder=holder, owner_thread=None)
+    assert r.granted
+    q.release(r, fence)
+    return r
+
+
+def test_a_grant_carries_the_fences_of_conflicting_released_predecessors() -> None:
+    q = AccessQueue("s")
+    fw = HostFence("writer's kernel")
+    released_with(q, "write", 0, 9, fw)
+    r = q.register("read", 5, 5, holder="r")
+    assert r.granted and r.fences == [fw]  # granted at once: the writer has released
+    disjoint = q.register("read", 10, 19, holder="far")
+    assert disjoint.granted and disjoint.fences == []  # disjoint ranges never wait
+    q.release(r)
+    q.release(disjoint)
+    fr = HostFence("reader's kernel")
+    released_with(q, "read", 0, 3, fr)
+    reader = q.register("read", 0, 9, holder="second reader")
+    assert reader.fences == [fw]  # a read waits for writers only
+    q.release(reader)
+    writer = q.register("write", 2, 2, holder="writer")
+    assert set(map(id, writer.fences)) == {id(fw), id(fr)}  # a write waits for every reader too
+    q.release(writer)
+    fw.set()
+    fr.set()
+    assert q.outstanding_fences() == [] and q.fenced_count() == 0
+
+
+def test_the_tail_keeps_fences_until_done_and_drops_dominated_ones() -> None:
+    q = AccessQueue("s")
+    f1, f2, f3 = HostFence("w1"), HostFence("w2"), HostFence("r")
+    released_with(q, "write", 0, 9, f1)
+    assert q.outstanding_fences() == [f1]
+    w2 = q.register("write", 0, 9, holder="w2")
+    assert w2.fences == [f1]
+    q.release(w2, f2)  # w2's work waited on f1: f2 done implies f1 done
+    assert q.outstanding_fences() == [f2]
+    released_with(q, "read", 20, 29, f3)
+    assert q.outstanding_fences() == [f2, f3]
+    f3.set()
+    assert q.outstanding_fences() == [f2]
+    f2.set()
+    assert q.fenced_count() == 0
+    done = HostFence("already over")
+    done.set()
+    released_with(q, "write", 0, 0, done)  # a fence already done is not kept
+    assert q.fenced_count() == 0
+    assert_idle(q)
+
+
+def test_a_thread_waits_for_the_fence_after_its_grant() -> None:
+    q = AccessQueue("s")
+    fence = HostFence("kernel")
+    released_with(q, "write", 0, 9, fence)
+    r = q.register("read", 0, 9, holder="reader")
+    assert r.granted
+    waiter = Worker(lambda: q.wait_sync(r))
+    assert not waiter.done.wait(0.1), "the reader ran before the writer's work was over"
+    fence.set()
+    waiter.join()
+    assert waiter.error is None
+    q.release(r)
+    assert_idle(q)
+
+
+def test_a_fence_wait_times_out_naming_the_fence_and_withdraws() -> None:
+    q = AccessQueue("s")
+    fence = HostFence("a slow kernel")
+    released_with(q, "write", 0, 9, fence)
+    r = q.register("read", 0, 9, holder="reader")
+    with pytest.raises(LeaseTimeoutError, match="a slow kernel"):
+        q.wait_sync(r, timeout=0.05)
+    assert r.state == "released" and q.active_count() == 0
+    fence.set()
+    assert_idle(q)
+
+
+async def test_sync_wait_on_a_fence_inside_trio_would_block() -> None:
+    q = AccessQueue("s")
+    fence = HostFence("kernel")
+    released_with(q, "write", 0, 9, fence)
+    r = q.register("read", 0, 9, holder="reader")
+    with pytest.raises(WouldBlockError, match="kernel"):
+        q.wait_sync(r, async_hint="acquire_host_read_access_async")
+    assert r.state == "released"
+    fence.set()
+    assert_idle(q)
+
+
+async def test_a_trio_task_waits_for_a_fence_without_blocking_the_loop() -> None:
+    q = AccessQueue("s")
+    fence = HostFence("kernel")
+    released_with(q, "write", 0, 9, fence)
+    r = q.register("read", 0, 9, holder="reader", owner_thread=None)
+    ticks = 0
+    done = False
+
+    async def reader() -> None:
+        nonlocal done
+        await q.wait_async(r)
+        done = True
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        nursery.start_soon(ticker)
+        await trio.sleep(0.01)  # (the ticker never blocks: no wait_all_tasks_blocked here)
+        assert not done and ticks > 0  # parked, and the loop kept running
+        threading.Thread(target=fence.set).start()  # completed from another thread
+    assert done
+    q.release(r)
+    assert_idle(q)
+
+
+async def test_cancelling_a_task_that_waits_on_a_fence_withdraws_its_request() -> None:
+    q = AccessQueue("s")
+    fence = HostFence("kernel")
+    released_with(q, "write", 0, 9, fence)
+    r = q.register("read", 0, 9, holder="reader", owner_thread=None)
+    later = q.register("write", 0, 9, holder="later writer", owner_thread=None)
+    assert not later.granted  # behind the reader
+    with trio.move_on_after(0.01):
+        await q.wait_async(r)
+    assert r.state == "released"
+    assert later.granted and later.fences == [fence]  # the writer still waits for the work
+    q.release(later)
+    fence.set()
+    assert_idle(q)
+
+
+async def test_a_fence_without_callbacks_is_polled() -> None:
+    class Polled:
+        def __init__(self) -> None:
+            self.flag = False
+
+        def done(self) -> bool:
+            return self.flag
+
+        def wait(self, timeout: float | None = None) -> bool:
+            return self.flag
+
+    q = AccessQueue("s")
+    fence = Polled()
+    released_with(q, "write", 0, 0, fence)  # type: ignore[arg-type]
+    r = q.register("read", 0, 0, holder="reader", owner_thread=None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(q.wait_async, r)
+        await trio.sleep(0.005)
+        fence.flag = True
+    q.release(r)
+    assert_idle(q)
+
+
+def test_when_ready_runs_after_the_grant_and_its_fences() -> None:
+    q = AccessQueue("s")
+    fence = HostFence("kernel")
+    holder = q.register("write", 0, 9, holder="holder", owner_thread=None)
+    q.release(holder, fence)
+    gate = q.register("write", 0, 9, holder="gate", owner_thread=None)  # gets fence, holds on
+    r = q.register("read", 0, 9, holder="reader", owner_thread=None)
+    calls: list[str] = []
+    q.when_ready(r, lambda: calls.append("ready"))
+    assert calls == []
+    q.release(gate)  # granted now, but the fence is not done
+    assert r.granted and calls == []
+    fence.set()
+    assert calls == ["ready"]
+    q.release(r)
+    assert_idle(q)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fenced_grants_match_a_reference_model(seed: int) -> None:
+    """Random registers and fenced releases: each grant gets only pending fences of earlier
+    conflicting released requests, and every such fence it does not get is implied by one it
+    does (a predecessor of it). Work completes causally, as real work does: a fence is done
+    only after the fences its access was granted with."""
+    rng = random.Random(seed)
+    q = AccessQueue("s")
+    released: list[tuple[str, int, int, HostFence]] = []
+    before: dict[int, list[HostFence]] = {}  # fence -> the fences its access waited on
+
+    def complete(f: HostFence) -> None:
+        for earlier in before.get(id(f), []):
+            complete(earlier)
+        f.set()
+
+    def implied(f: HostFence, given: list[HostFence]) -> bool:
+        return any(g is f or implied(f, before.get(id(g), [])) for g in given)
+
+    for _ in range(60):
+        mode: Mode = "write" if rng.random() < 0.4 else "read"
+        lo = rng.randrange(20)
+        hi = lo + rng.randrange(5)
+        r = q.register(mode, lo, hi, holder="r", owner_thread=None)
+        assert r.granted  # every earlier request was released before this one came
+        want = [f for m, plo, phi, f in released
+                if plo <= hi and lo <= phi and "write" in (m, mode) and not f.done()]
+        assert {id(f) for f in r.fences} <= {id(f) for f in want}
+        assert all(implied(f, r.fences) for f in want)
+        fence = HostFence("f")
+        before[id(fence)] = list(r.fences)
+        q.release(r, fence)
+        released.append((mode, lo, hi, fence))
+        if rng.random() < 0.4:
+            complete(rng.choice(released)[3])
+    for *_, f in released:
+        complete(f)
+    assert q.fenced_count() == 0
     assert_idle(q)

@@ -386,3 +386,56 @@ def test_probe_answers_are_cached_per_signature() -> None:
         uni.gemm(*operands(), backends=[tester, "cpu_reference"])
         uni.gemm(*operands(np.float32), backends=[tester, "cpu_reference"])
     assert tester.probes == 2
+
+
+# ---------------------------------------------------------------------------------------
+# backends that cannot load here
+
+
+class _DeviceHandle:
+    """An opaque handle of another domain (no host buffer behind it)."""
+
+    domain = uni.CUDA
+    offset = 0
+
+    def shifted(self, delta: int) -> _DeviceHandle:
+        return self
+
+
+class _DeviceStorage(uni.storage.StorageBase):
+    domain = uni.CUDA
+
+    def default_accessor(self) -> Any:
+        return uni.cuda.CudaPointerAccessor(self.dtype)
+
+    def default_backends(self) -> tuple[str, ...]:
+        return ("cublas", "cuda_reference")
+
+    def acquire_read(self, region: Any) -> _DeviceHandle:
+        return _DeviceHandle()
+
+    def acquire_write(self, region: Any, *, overwrite: bool) -> _DeviceHandle:
+        return _DeviceHandle()
+
+    def release_read(self, region: Any, handle: Any) -> None:
+        pass
+
+    def release_write(self, region: Any, handle: Any, *, error: BaseException | None) -> None:
+        pass
+
+
+def test_a_cuda_walk_without_the_cuda_backends_declines_unavailable_per_backend() -> None:
+    src = uni.Tensor.from_storage(_DeviceStorage(np.float32, 6), uni.layout_right((2, 3)))
+    dst = uni.Tensor.from_storage(_DeviceStorage(np.float32, 6), uni.layout_right((2, 3)))
+    with pytest.raises(uni.KernelDispatchError) as info:
+        uni.copy(src, dst)
+    attempts = info.value.attempts
+    assert [a.backend_name for a in attempts] == ["cublas", "cuda_reference"]
+    assert all(a.decline is Decline.UNAVAILABLE for a in attempts)
+    assert all("cannot be loaded here" in a.detail for a in attempts)
+    assert "cublas: probe MAYBE, declined: unavailable" in str(info.value)
+    assert dst.storage.access_queue.snapshot() == []  # given back, nothing poisoned
+    assert not dst.storage.access_queue.has_poison
+    with pytest.raises(uni.KernelDispatchError, match="cannot be loaded here"):
+        uni.backends.get("cublas")
+    assert "cublas" not in uni.backends.available()

@@ -422,3 +422,49 @@ def test_host_storage_subclass_release_hooks_still_run() -> None:
         pass
     assert calls == ["read", "write"]
     assert uni.storage.HostStorage.release_is_noop and not Audited.release_is_noop
+
+
+def test_an_immediate_storage_serves_mdspec_through_its_handle() -> None:
+    class Plain(uni.storage.StorageBase):
+        immediate = True
+
+        def __init__(self) -> None:
+            super().__init__(np.float64, 4)
+            self.buffer = np.arange(4.0)
+
+        def handle(self, offset: int = 0) -> uni.HostHandle:
+            return uni.HostHandle(self.buffer, offset, self)
+
+    t = uni.Tensor.from_storage(Plain(), uni.layout_right((2, 2)))
+    span = t[1].mdspec()
+    assert isinstance(span, uni.MdSpan) and [span[0], span[1]] == [2.0, 3.0]
+
+    class NoHandle(uni.storage.StorageBase):
+        immediate = True
+
+    bad = uni.Tensor.from_storage(NoHandle(np.float64, 4), uni.layout_right((4,)))
+    with pytest.raises(TypeError, match=r"immediate = True but has no handle\(offset\)"):
+        bad.mdspec()
+
+
+def test_a_storage_of_another_domain_carries_a_tensor_with_its_accessor() -> None:
+    class Device(uni.storage.StorageBase):
+        domain = uni.CUDA
+
+        def default_accessor(self) -> object:
+            return uni.cuda.CudaPointerAccessor(self.dtype)
+
+    t = uni.Tensor.from_storage(Device(np.float32, 6), uni.layout_right((2, 3)))
+    assert isinstance(t.accessor, uni.cuda.CudaPointerAccessor)
+    assert isinstance(t.mdspec(), uni.MdSpec) and t[1].shape == (3,)
+    with pytest.raises(uni.DomainError, match="cuda domain"):
+        uni.acquire_host_read_access_sync(t)
+
+    class Bare:  # a protocol-only storage of another domain that names no accessor
+        domain = uni.CUDA
+        dtype = np.dtype(np.float32)
+        size = 4
+        readonly = False
+
+    with pytest.raises(uni.DomainError, match="names no default accessor"):
+        uni.Tensor.from_storage(Bare(), uni.layout_right((4,)))

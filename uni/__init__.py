@@ -94,7 +94,6 @@ from uni.concepts import is_tensor_view as is_tensor_view
 from uni.concepts import mdspec_of as mdspec_of
 from uni.concepts import strides as strides
 
-
 __all__ = [
     "CUDA",
     "HOST",

@@ -17,7 +17,10 @@ before it; a write: the writers and every reader since). Host waiters wait on th
 after the grant and outside the lock (a thread blocks, a trio task parks without blocking the
 loop); a stream waiter just makes its stream wait on them. The released-but-fenced requests
 stay in a per-queue *tail* until their fences are done; :meth:`AccessQueue.outstanding_fences`
-lists what is left (what a buffer must wait for before it is freed).
+lists what is left (what a buffer must wait for before it is freed). The tail relies on one
+invariant that every uni waiter keeps: an access's own fence completes only after the fences
+it was granted with (its work starts after them), so a released writer's fence stands for
+every fence it covers, and those are dropped.
 
 Waiters are one small protocol (:class:`Waiter`, ``wake(queue, request)``): a blocked thread,
 a parked trio task, a callback. Grants are decided under one ``threading.Lock``; waiters are

@@ -154,7 +154,7 @@ class OperationAccess:
                 if access is None:
                     continue
                 access.wait_sync(async_hint=f"uni.{self.op}_async")
-                access.check_poison(lambda item=item: f"{self.op}: {item.what()}")
+                access.check_poison(_Named(self.op, item).what)
                 access.open()
         except BaseException as err:
             # A sync caller hears the error and its outputs stay untouched. An async
@@ -207,6 +207,19 @@ class OperationAccess:
             # here but report it.
             return release_error
         return None
+
+
+class _Named:
+    """An operation's operand in a PoisonedError message (built only when one is raised)."""
+
+    __slots__ = ("item", "op")
+
+    def __init__(self, op: str, item: _Operand) -> None:
+        self.op = op
+        self.item = item
+
+    def what(self) -> str:
+        return f"{self.op}: {self.item.what()}"
 
 
 class _Holder:
