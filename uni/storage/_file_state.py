@@ -92,12 +92,18 @@ class _Files:
         #: A commit failed and could not be undone in place: the journal must survive so
         #: that the next open rolls it back.
         self.keep_journal = False
+        #: The journal was cleared without a sync since it last held a record.
+        self.clear_unsynced = False
         self.spare_fds: list[int] = []
 
     def close(self) -> None:
         if self.journal_fd is not None:
             if not self.keep_journal and self.journal_path is not None:
                 try:
+                    if self.clear_unsynced:
+                        # An unlink lost to a power loss would bring back the file with the
+                        # last record on disk: that record must be a cleared one by then.
+                        os.fdatasync(self.journal_fd)
                     os.unlink(self.journal_path)
                 except OSError:
                     pass
@@ -167,6 +173,7 @@ class FileState:
         finally:
             _filelock.unlock(fd, 0, 0)
             _filelock.unlock(fd, _filelock.RECOVERY_BYTE, 1)
+        self._remove_empty_jdir()
 
     def recover(self) -> None:
         """Roll back every journal left by a dead process (every open does this, and a
@@ -188,6 +195,9 @@ class FileState:
             self._drop_dead_journals(roll_back=True)
         finally:
             _filelock.unlock(fd, _filelock.RECOVERY_BYTE, 1)
+        self._remove_empty_jdir()
+
+    def _remove_empty_jdir(self) -> None:
         if self.files.journal_fd is None:
             try:
                 os.rmdir(self.jdir)  # only when empty: live processes' journals stay
@@ -205,6 +215,7 @@ class FileState:
 
     def _drop_dead_journals(self, *, roll_back: bool) -> None:
         fd = self.files.data_fd
+        dropped = False
         for path in self._foreign_journals():
             try:
                 jfd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -228,10 +239,14 @@ class FileState:
                     finally:
                         _filelock.unlock(fd, record.start, record.length)
                 else:
-                    # Not valid: the crash came before the data file was touched.
+                    # Not valid (the crash came before the data file was touched), or the
+                    # file is being created anew (w+): nothing to write back.
                     os.unlink(path)
+                    dropped = True
             finally:
                 os.close(jfd)
+        if dropped and not roll_back:
+            _journal.fsync_directory(self.jdir)  # gone for good before the file is truncated
 
     def _holds_new_contents(self, record: JournalRecord) -> bool:
         """True when the journal's range holds exactly what its commit wrote (it finished)."""
@@ -266,8 +281,8 @@ class FileState:
         length = len(data)
         if length == 0:
             return
-        fd = self.files.data_fd
         with self.commit_lock:
+            fd = self.files.data_fd
             if self.pending is not None:
                 self._undo_pending()
             jfd = self._own_journal()
@@ -297,13 +312,23 @@ class FileState:
                                _journal.read_parts(fd, parts),
                                _journal.checksum(data) if checked else None)
         header = record.encode_header()
-        if _journal.wants("journal-partial"):
-            _journal.write_all(jfd, header[: len(header) // 2], 0)
-            test_hook("journal-partial")
-        _journal.write_all(jfd, header, 0)
-        _journal.write_all(jfd, record.payload, len(header))
-        test_hook("journal-written")
-        os.fdatasync(jfd)
+        try:
+            if _journal.wants("journal-partial"):
+                _journal.write_all(jfd, header[: len(header) // 2], 0)
+                test_hook("journal-partial")
+            _journal.write_all(jfd, header, 0)
+            _journal.write_all(jfd, record.payload, len(header))
+            test_hook("journal-written")
+            os.fdatasync(jfd)
+        except BaseException:
+            # The data file is untouched. A valid header left behind would look, to other
+            # processes committing over these bytes, like a dead process's journal.
+            try:
+                self._clear_journal(jfd)
+            except OSError:
+                pass
+            raise
+        self.files.clear_unsynced = False
         test_hook("journal-synced")
         self.pending = record
         try:
@@ -318,7 +343,9 @@ class FileState:
             self._undo_pending()
             raise
         self._clear_journal(jfd)
-        if not checked:
+        if checked:
+            self.files.clear_unsynced = True
+        else:
             os.fdatasync(jfd)  # nothing would tell a resurrected journal from a torn write
         self.pending = None
         test_hook("journal-cleared")
@@ -419,6 +446,7 @@ class FileState:
             files.journal_fd = None
             files.journal_path = None
         files.keep_journal = False
+        files.clear_unsynced = False
         flags = (os.O_RDWR if files.writable else os.O_RDONLY) | os.O_CLOEXEC
         try:
             fd = os.open(f"/proc/self/fd/{files.data_fd}", flags)
