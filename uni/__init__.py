@@ -50,6 +50,7 @@ from uni._errors import PerformanceWarning as PerformanceWarning
 from uni._errors import PoisonedError as PoisonedError
 from uni._errors import ReadOnlyOutputError as ReadOnlyOutputError
 from uni._errors import ShapeError as ShapeError
+from uni._errors import StorageError as StorageError
 from uni._errors import UniError as UniError
 from uni._errors import WouldBlockError as WouldBlockError
 from uni._executor import OpFuture as OpFuture
@@ -128,6 +129,7 @@ __all__ = [
     "ReadTensorLease",
     "ScaledAccessor",
     "ShapeError",
+    "StorageError",
     "Tensor",
     "TransformAccessor",
     "UniError",

@@ -53,6 +53,11 @@ class ReadOnlyOutputError(LeaseError, ValueError):
     """An operation was given a read-only output (a uni error, and a ValueError as well)."""
 
 
+class StorageError(UniError, ValueError):
+    """A storage cannot be opened or used as asked: a bad mode, a file in use or left
+    mid-commit where it cannot be rolled back, a journal that cannot be written."""
+
+
 class KernelDispatchError(UniError, LookupError):
     """Every backend in the walk declined the operation."""
 
@@ -93,6 +98,7 @@ __all__ = [
     "PoisonedError",
     "ReadOnlyOutputError",
     "ShapeError",
+    "StorageError",
     "UniError",
     "WouldBlockError",
 ]

@@ -1,0 +1,290 @@
+"""The rollback journal of a mapped-file commit: what it holds, how it is written and undone.
+
+Before a commit overwrites bytes ``start .. start+length-1`` of a data file in place, the
+old contents of those bytes go to a journal file and are made durable, with a check of the
+new contents (for small ranges). A journal that is *valid* (magic, checksums and bounds all
+check out) means the commit may not have finished: if the range holds exactly the new
+contents (their check matches) the commit did finish, and the journal is simply dropped;
+otherwise the range may be a torn mix, and writing the journal's bytes back restores the old
+contents exactly. An
+invalid journal (cleared, empty, or cut short by a crash while it was being written) means
+the data file was not touched yet.
+
+Bytes that lie in a *hole* of the data file (never written since the file was created or
+extended: the file system stores nothing there and reads them as zeros) are not copied:
+the journal lists them as zero ranges, and rolling back writes zeros there.
+
+Layout (little endian)::
+
+    header   72 bytes: magic "UNIJRNL1"; start, length, file size, hole count, payload
+             length (int64 each); CRC-32 and Adler-32 of the new contents (zeros when not
+             checked), then of the payload; flags (1: the new contents are checked);
+             CRC-32 of the 68 bytes before it and of the hole table
+    holes    hole count x (offset, length): absolute data-file offsets, sorted, disjoint
+    payload  the old bytes of the range minus its holes, in file order
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import struct
+import time
+import zlib
+from collections.abc import Sequence
+
+import attrs
+
+MAGIC = b"UNIJRNL1"
+_HEADER = struct.Struct("<8s5q6I")
+_CHECKED = 68  # the header bytes the header checksum (the last 4) covers, with the hole table
+_HAS_NEW_CHECK = 1
+HEADER_SIZE = _HEADER.size
+_HOLE = struct.Struct("<qq")
+#: More hole entries than this in one journal is corruption, not a real file.
+_MAX_HOLES = 1 << 20
+_ZEROS = bytes(1 << 20)
+
+Extent = tuple[int, int]  # (absolute byte offset, length)
+Check = tuple[int, int]   # (CRC-32, Adler-32) of some bytes
+
+
+def checksum(data: bytes | bytearray | memoryview) -> Check:
+    """Two independent 32-bit checks of ``data`` (64 bits against a torn match)."""
+    return zlib.crc32(data), zlib.adler32(data)
+
+
+@attrs.frozen
+class JournalRecord:
+    """The old contents of ``length`` data-file bytes from ``start`` (holes listed, the rest in
+    ``payload``), and the check of the new contents the commit writes there."""
+
+    start: int
+    length: int
+    file_size: int
+    holes: tuple[Extent, ...]
+    payload: bytes | bytearray = attrs.field(repr=lambda p: f"<{len(p)} bytes>")
+    #: None: the commit clears its journal durably instead (large ranges, where a sync costs
+    #: less than checking every byte).
+    new_check: Check | None = None
+
+    def data_parts(self) -> list[Extent]:
+        """The extents of the range that are not holes, in file order (what ``payload`` holds)."""
+        return complement(self.start, self.start + self.length, self.holes)
+
+    def overlaps(self, start: int, length: int) -> bool:
+        return self.start < start + length and start < self.start + self.length
+
+    def encode_header(self) -> bytes:
+        """The header and hole table; the payload follows them in the journal file."""
+        holes = b"".join(_HOLE.pack(o, n) for o, n in self.holes)
+        new, flags = (self.new_check, _HAS_NEW_CHECK) if self.new_check else ((0, 0), 0)
+        fields = (MAGIC, self.start, self.length, self.file_size, len(self.holes),
+                  len(self.payload), *new, *checksum(self.payload), flags)
+        head = _HEADER.pack(*fields, 0)[:_CHECKED]
+        return _HEADER.pack(*fields, zlib.crc32(holes, zlib.crc32(head))) + holes
+
+
+def complement(lo: int, hi: int, holes: Sequence[Extent]) -> list[Extent]:
+    """The extents of ``lo .. hi-1`` outside ``holes`` (sorted, disjoint, inside the range)."""
+    parts: list[Extent] = []
+    pos = lo
+    for offset, length in holes:
+        if offset > pos:
+            parts.append((pos, offset - pos))
+        pos = offset + length
+    if pos < hi:
+        parts.append((pos, hi - pos))
+    return parts
+
+
+def _parse(raw: bytes) -> tuple[JournalRecord, int, Check] | None:
+    """The record ``raw`` starts with (payload left empty), where its payload starts and the
+    payload's check; None unless the magic, the header checksum and the bounds are right."""
+    if len(raw) < HEADER_SIZE:
+        return None
+    (magic, start, length, size, n_holes, n_payload, new_crc, new_adler, crc, adler,
+     flags, header_crc) = _HEADER.unpack_from(raw)
+    if magic != MAGIC or flags & ~_HAS_NEW_CHECK or not 0 <= n_holes <= _MAX_HOLES:
+        return None
+    holes_end = HEADER_SIZE + n_holes * _HOLE.size
+    if len(raw) < holes_end:
+        return None
+    if zlib.crc32(raw[HEADER_SIZE:holes_end], zlib.crc32(raw[:_CHECKED])) != header_crc:
+        return None
+    if start < 0 or length <= 0 or n_payload < 0:
+        return None
+    holes = _holes(raw, start, length, n_holes)
+    if holes is None or n_payload != length - sum(n for _, n in holes):
+        return None
+    new = (new_crc, new_adler) if flags & _HAS_NEW_CHECK else None
+    return JournalRecord(start, length, size, holes, b"", new), holes_end, (crc, adler)
+
+
+def decode_header(raw: bytes) -> JournalRecord | None:
+    """The record ``raw`` starts with, without its payload (left empty, unchecked): enough to
+    know which bytes a journal covers. None when the header is not valid."""
+    parsed = _parse(raw)
+    return None if parsed is None else parsed[0]
+
+
+def decode(raw: bytes) -> JournalRecord | None:
+    """The record in a whole journal file, or None when it is not a valid journal."""
+    parsed = _parse(raw)
+    if parsed is None:
+        return None
+    head, start, check = parsed
+    payload = raw[start : start + head.length - sum(n for _, n in head.holes)]
+    if len(payload) != head.length - sum(n for _, n in head.holes) or checksum(payload) != check:
+        return None
+    return attrs.evolve(head, payload=payload)
+
+
+def _holes(raw: bytes, start: int, length: int, n_holes: int) -> tuple[Extent, ...] | None:
+    holes = tuple(_HOLE.unpack_from(raw, HEADER_SIZE + i * _HOLE.size) for i in range(n_holes))
+    pos = start
+    for offset, n in holes:
+        if offset < pos or n <= 0:
+            return None
+        pos = offset + n
+    if pos > start + length:
+        return None
+    return holes
+
+
+# -- file primitives ---------------------------------------------------------------------
+def read_header(fd: int) -> bytes:
+    """The header and hole table at the start of journal file ``fd`` (not the payload)."""
+    head = os.pread(fd, HEADER_SIZE, 0)
+    if len(head) < HEADER_SIZE:
+        return head
+    n_holes = _HEADER.unpack_from(head)[4]  # unchecked: decode_header checks it
+    if not 0 <= n_holes <= _MAX_HOLES:
+        return head
+    return head + os.pread(fd, n_holes * _HOLE.size, HEADER_SIZE)
+
+
+def hole_extents(fd: int, lo: int, hi: int) -> tuple[Extent, ...]:
+    """The holes of ``fd``'s file inside ``lo .. hi-1`` (SEEK_DATA/SEEK_HOLE).
+
+    A file system that does not report holes reports everything as data: then nothing is
+    skipped, which is always correct.
+    """
+    holes: list[Extent] = []
+    pos = lo
+    try:
+        while pos < hi:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as err:
+                if err.errno != errno.ENXIO:  # no data after pos
+                    raise
+                data = hi
+            if data > pos:
+                end = min(data, hi)
+                holes.append((pos, end - pos))
+                pos = end
+                if pos >= hi:
+                    break
+            pos = os.lseek(fd, pos, os.SEEK_HOLE)
+    except OSError:
+        return ()
+    return tuple(holes)
+
+
+def read_parts(fd: int, parts: Sequence[Extent]) -> bytearray:
+    """The bytes of ``parts`` of ``fd``'s file, concatenated."""
+    out = bytearray(sum(n for _, n in parts))
+    view = memoryview(out)
+    pos = 0
+    for offset, length in parts:
+        done = 0
+        while done < length:
+            got = os.preadv(fd, [view[pos + done : pos + length]], offset + done)
+            if got == 0:
+                break  # past the end of the file: those bytes read as nothing (zeros)
+            done += got
+        pos += length
+    return out
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """pwrite until every byte is written (one call may write less)."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def write_zeros(fd: int, offset: int, length: int) -> None:
+    while length > 0:
+        n = min(length, len(_ZEROS))
+        write_all(fd, _ZEROS[:n], offset)
+        offset += n
+        length -= n
+
+
+def roll_back(fd: int, record: JournalRecord) -> None:
+    """Write the record's old contents back into the data file and make them durable."""
+    pos = 0
+    parts = record.data_parts()
+    for number, (offset, length) in enumerate(parts):
+        write_all(fd, memoryview(record.payload)[pos : pos + length], offset)
+        pos += length
+        if number == 0:
+            test_hook("rollback-partial")
+    for offset, length in record.holes:
+        write_zeros(fd, offset, length)
+        test_hook("rollback-partial")
+    os.fdatasync(fd)
+    test_hook("rollback-synced")
+
+
+def fsync_directory(path: str) -> None:
+    """Make the creation or removal of entries of directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- fault injection -----------------------------------------------------------------------
+#: The steps of a commit (and of a rollback) a test can stop a process at, in order.
+STEPS = ("journal-partial", "journal-written", "journal-synced", "data-partial",
+         "data-written", "data-synced", "journal-cleared", "rollback-partial", "rollback-synced")
+
+
+def test_hook(step: str) -> None:
+    """Fault injection for the crash tests; nothing happens unless their variables are set.
+
+    ``UNI_TEST_CRASH_AT=<step>[:kill|:<exit code>]`` ends the process at ``step`` (SIGKILL,
+    or ``os._exit``; default code 99). ``UNI_TEST_PAUSE_AT=<step>:<dir>`` creates
+    ``<dir>/paused-<pid>`` at ``step`` and waits (up to 60 s) until ``<dir>/go`` exists.
+    """
+    crash = os.environ.get("UNI_TEST_CRASH_AT")
+    if crash:
+        name, _, how = crash.partition(":")
+        if name == step:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(int(how or 99))
+    pause = os.environ.get("UNI_TEST_PAUSE_AT")
+    if pause:
+        name, _, where = pause.partition(":")
+        if name == step:
+            with open(os.path.join(where, f"paused-{os.getpid()}"), "w"):
+                pass
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.path.join(where, "go")) and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+
+def wants(step: str) -> bool:
+    """True when a test hook is set for ``step`` (so a write is split to stop halfway)."""
+    for var in ("UNI_TEST_CRASH_AT", "UNI_TEST_PAUSE_AT"):
+        spec = os.environ.get(var)
+        if spec and spec.partition(":")[0] == step:
+            return True
+    return False
