@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,10 @@ class Tensor:
 
     def __init__(self, storage: Any, mapping: Any, accessor: Any = None, *, offset: int = 0):
         if accessor is None:
-            accessor = DefaultAccessor(storage.dtype)
+            # A storage outside the host domain says which accessor reaches its elements
+            # (a CUDA storage: uni.cuda.CudaPointerAccessor).
+            make = getattr(storage, "default_accessor", None)
+            accessor = make() if make is not None else DefaultAccessor(storage.dtype)
         if not hasattr(mapping, "strides") or not hasattr(mapping, "extents"):
             raise LayoutError(f"expected a strided mapping (layout_right/left/stride), got {mapping!r}")
         stored = getattr(accessor, "stored_type", accessor.element_type)
@@ -118,6 +121,10 @@ class Tensor:
 
     @property
     def device(self) -> str:
+        """``"host"``, ``"pinned"`` (page-locked host memory) or ``"cuda:N"``."""
+        name = getattr(self._storage, "device_name", None)
+        if name is not None:
+            return str(name)
         if self._storage.domain is HOST:
             return "host"
         return f"cuda:{getattr(self._storage, 'device_id', 0)}"
@@ -231,6 +238,11 @@ class Tensor:
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         # Note: unlike a numpy view, this is always a copy taken under a read lease; a view
         # would outlive the lease that made it safe to read.
+        if self._storage.domain is not HOST:
+            raise DomainError(
+                f"this tensor lives on {self.device}, and numpy reads host memory only: copy "
+                f"it to the host first, e.g. h = uni.empty({self.shape}, {self.dtype.name!r}); "
+                "uni.copy(t, h); h.to_numpy()")
         if copy is False:
             raise ValueError(
                 "a uni tensor cannot be exposed to numpy without a copy outside a lease; "
@@ -381,55 +393,82 @@ def _reshape_strides(
 
 
 # -- factories ---------------------------------------------------------------------------
-def _host_tensor(shape: Any, dtype: Any, order: str, device: str) -> Tensor:
+#: Storage makers for memory other than plain host memory, by device kind ("cuda",
+#: "pinned"). uni.cuda registers its own at import: it sits below this module in the import
+#: order, so this module never imports it. A maker takes (device string, element count,
+#: dtype, fill) -- fill is None or a 1-tuple holding the value -- and returns
+#: (storage, accessor); it fills the storage itself (CUDA memory is filled on the device).
+DeviceFactory = Callable[[str, int, np.dtype[Any], tuple[Any] | None], tuple[Any, Any]]
+_DEVICE_FACTORIES: dict[str, DeviceFactory] = {}
+
+
+def register_device_factory(kind: str, factory: DeviceFactory) -> None:
+    """Let ``uni.empty/zeros/full(..., device=kind[:N])`` allocate through ``factory``."""
+    _DEVICE_FACTORIES[kind] = factory
+
+
+def _device_kind(device: Any) -> str:
+    if isinstance(device, str):
+        if device in ("host", "cpu"):
+            return "host"
+        if device == "pinned":
+            return "pinned"
+        if device == "cuda" or device.startswith("cuda:"):
+            return "cuda"
+    raise DomainError(f"expected device 'host', 'pinned', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def _make(shape: Any, dtype: Any, order: str, device: Any, fill: tuple[Any] | None) -> Tensor:
     from uni.storage.host import HostStorage
 
-    _check_device(device)
+    kind = _device_kind(device)
     dt = as_dtype(dtype)
     ext = Extents(shape)
     if order not in ("C", "F"):
         raise ValueError(f"order must be 'C' or 'F', got {order!r}")
-    storage = HostStorage(ext.size(), dt)
     strides = c_strides(ext.shape) if order == "C" else f_strides(ext.shape)
-    return Tensor._view(storage, best_mapping(ext.shape, strides), DefaultAccessor(dt), 0)
-
-
-def _check_device(device: str) -> None:
-    if device == "host" or device == "cpu":
-        return
-    if device == "cuda" or device.startswith("cuda:"):
-        from uni import cuda
-
-        reason = cuda.unavailable_reason() or "CUDA tensors are not implemented yet"
-        raise DomainError(f"device {device!r} is not usable here: {reason}")
-    raise DomainError(f"expected device 'host', 'cuda' or 'cuda:N', got {device!r}")
+    if kind == "host":
+        storage: Any = HostStorage(ext.size(), dt)
+        if fill is not None:
+            storage.buffer[...] = fill[0]
+        accessor: Any = DefaultAccessor(dt)
+    else:
+        factory = _DEVICE_FACTORIES.get(kind)
+        if factory is None:
+            raise DomainError(f"device {device!r} needs uni.cuda, which is not loaded")
+        storage, accessor = factory(device, ext.size(), dt, fill)
+    return Tensor._view(storage, best_mapping(ext.shape, strides), accessor, 0)
 
 
 def empty(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
-    """An uninitialized tensor (C or Fortran order)."""
-    return _host_tensor(shape, dtype, order, device)
+    """An uninitialized tensor (C or Fortran order) on ``device``: ``"host"``, ``"pinned"``
+    (page-locked host memory), ``"cuda"`` or ``"cuda:N"``."""
+    return _make(shape, dtype, order, device, None)
 
 
 def zeros(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
-    t = _host_tensor(shape, dtype, order, device)
-    t.storage.buffer[...] = 0
-    return t
+    """A tensor of zeros on ``device`` (CUDA memory is cleared on the device)."""
+    return _make(shape, dtype, order, device, (0,))
 
 
 def full(
     shape: Any, fill_value: Any, dtype: Any = None, *, order: str = "C", device: str = "host"
 ) -> Tensor:
+    """A tensor filled with ``fill_value`` on ``device`` (CUDA memory is filled on the device)."""
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
         if dtype == np.int64 and isinstance(fill_value, bool):
             dtype = np.bool_
-    t = _host_tensor(shape, dtype, order, device)
-    t.storage.buffer[...] = fill_value
-    return t
+    return _make(shape, dtype, order, device, (fill_value,))
 
 
 def arange(n: int, dtype: Any = np.int64, *, device: str = "host") -> Tensor:
-    t = _host_tensor((operator.index(n),), dtype, "C", device)
+    kind = _device_kind(device)
+    if kind == "cuda":
+        raise DomainError(
+            f"arange on device {device!r} is not supported yet: build it on the host or in "
+            "pinned memory and uni.copy it to the device")
+    t = _make((operator.index(n),), dtype, "C", device, None)
     t.storage.buffer[...] = np.arange(n)
     return t
 
@@ -445,7 +484,7 @@ def from_numpy(array: Any, *, copy: bool = False) -> Tensor:
     arr = np.asarray(array)
     dt = as_dtype(arr.dtype)
     if copy:
-        t = _host_tensor(arr.shape, dt, "C", "host")
+        t = _make(arr.shape, dt, "C", "host", None)
         t.storage.buffer[...] = arr.reshape(-1)
         return t
     if arr.dtype != dt:
