@@ -138,7 +138,7 @@ def run_plan(plan: Plan, stream: Stream, *, src_ptr: int = 0, dst_ptr: int = 0,
     copy to the host, the data is then in ``host_view``.
     """
     if isinstance(plan, NeedsKernel):
-        raise NotImplementedError(plan.reason)
+        raise ValueError(f"this copy needs the elementwise copy kernel: {plan.reason}")
     if isinstance(plan, NoCopy):
         return stream.record()
     if isinstance(plan, (Memcpy, Memcpy2D)):

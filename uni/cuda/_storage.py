@@ -229,6 +229,9 @@ class CudaBuffer:
         # The holder passed to the finalizer is the cuda.core buffer and the fence set, never
         # this object: the finalizer must not keep it alive.
         self._finalizer = weakref.finalize(self, _free_device, cu_buffer, index, self.fences)
+        # At exit the process's memory goes with it; a free then could meet a driver that is
+        # being torn down.
+        self._finalizer.atexit = False
         return self
 
     @classmethod
@@ -419,7 +422,7 @@ def _pinned_array(nbytes: int, dtype: np.dtype[Any], device: int
         cu_buffer = cuda.core.LegacyPinnedMemoryResource().allocate(nbytes)
     raw = (ctypes.c_ubyte * nbytes).from_address(int(cu_buffer.handle))
     # The numpy views hold ``raw``; when the last one dies the memory goes to the reaper.
-    weakref.finalize(raw, _free_pinned, cu_buffer, device, fences)
+    weakref.finalize(raw, _free_pinned, cu_buffer, device, fences).atexit = False
     # (memoryview keeps ``raw`` alive: the views hold the memoryview, which holds ``raw``.)
     return np.frombuffer(memoryview(raw), dtype=np.uint8).view(dtype), fences
 
