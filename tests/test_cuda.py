@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import pathlib
 import subprocess
 import sys
 
@@ -10,6 +12,7 @@ import pytest
 
 import uni
 import uni.cuda
+from uni import _tensor
 
 
 def test_is_available_answers_with_a_reason() -> None:
@@ -57,3 +60,20 @@ def test_cuda_device_without_cuda_is_refused_clearly() -> None:
         uni.empty((2, 2), device="cuda")
     with pytest.raises(uni.DomainError, match="expected device"):
         uni.empty((2, 2), device="tpu")
+
+
+def test_the_factories_do_not_import_uni_cuda() -> None:
+    # uni.cuda sits below the factories in the import order; it registers itself with them.
+    source = (pathlib.Path(uni.__file__).parent / "_tensor.py").read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+            imported.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+    assert not any(name.startswith("uni.cuda") for name in imported), imported
+
+
+def test_device_kinds_are_registered() -> None:
+    assert set(_tensor._DEVICE_FACTORIES) == {"cuda", "pinned"}

@@ -388,8 +388,7 @@ def test_pinned_memory_is_freed_by_the_reaper_after_its_fences() -> None:
     from uni.cuda._storage import reaper
 
     storage = uni.cuda.PinnedStorage(1 << 20, np.uint8)
-    with uni.cuda.Stream() as s:
-        gate = Gate(s)
+    with uni.cuda.Stream() as s, Gate(s) as gate:  # the gate opens on the way out, always
         storage.add_fence(s.record())
         view = storage.buffer[:10]
         del storage
@@ -416,8 +415,7 @@ def test_dropping_a_tensor_while_the_device_uses_it_is_safe() -> None:
 
     n = 1 << 24
     default = uni.cuda.default_stream()
-    with uni.cuda.Stream() as s:
-        gate = Gate(s)
+    with uni.cuda.Stream() as s, Gate(s) as gate:
         a = uni.cuda.CudaStorage(n, np.uint8)
         s.wait(default)  # a's allocation is on the default stream
         check(driver.cuMemsetD8Async(a.buffer.ptr, 0x11, n, driver.CUstream(s.handle)),

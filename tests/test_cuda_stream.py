@@ -160,8 +160,7 @@ async def _open_later(gate: object, delay: float) -> None:
 async def test_cancelling_an_await_stops_the_waiting_not_the_work() -> None:
     from cuda_gate import Gate
 
-    with uni.cuda.Stream() as s:
-        gate = Gate(s)
+    with uni.cuda.Stream() as s, Gate(s) as gate:  # the gate opens on the way out, always
         ev = s.record()
         with trio.move_on_after(0.05) as scope:
             await ev
