@@ -1,7 +1,9 @@
-"""Shared pytest setup: hypothesis profiles (shared strategies live in tests/strategies.py)."""
+"""Shared pytest setup: hypothesis profiles (shared strategies live in tests/strategies.py) and
+the ``cuda`` marker's skip where no CUDA device is usable."""
 
 import os
 
+import pytest
 from hypothesis import settings
 
 # No per-example deadline: the first example of a test pays for imports and numpy warm-up.
@@ -11,3 +13,19 @@ settings.register_profile("ci", deadline=None, derandomize=True, database=None)
 # CI (CI=true) gets the reproducible profile: a red run must mean a real, repeatable failure.
 _default = "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "uni"
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default))
+
+
+def pytest_collection_modifyitems(config: object, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.cuda`` tests skip, with the exact reason, where no CUDA device is usable."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    # Detection runs only when a CUDA test was collected (it may start the cuInit probe).
+    import uni.cuda
+
+    reason = uni.cuda.unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"no usable CUDA device: {reason}")
+    for item in marked:
+        item.add_marker(skip)

@@ -10,6 +10,7 @@ import pytest
 
 import uni
 import uni.cuda
+from uni import _factories
 
 
 def test_is_available_answers_with_a_reason() -> None:
@@ -57,3 +58,9 @@ def test_cuda_device_without_cuda_is_refused_clearly() -> None:
         uni.empty((2, 2), device="cuda")
     with pytest.raises(uni.DomainError, match="expected device"):
         uni.empty((2, 2), device="tpu")
+
+
+def test_device_kinds_are_registered() -> None:
+    # uni.cuda sits above the factories in the import order (tests/test_layers.py checks
+    # that); it registers its storages with them when imported.
+    assert {"cuda", "pinned"} <= set(_factories._devices)

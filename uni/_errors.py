@@ -68,7 +68,18 @@ class KernelDispatchError(UniError, LookupError):
 
 
 class CudaError(UniError, RuntimeError):
-    """A CUDA driver, runtime, NVRTC or cuBLAS call failed."""
+    """A CUDA driver, runtime, NVRTC or cuBLAS call failed.
+
+    ``call`` names the failed call, ``name`` the error (``"CUDA_ERROR_INVALID_VALUE"``) and
+    ``code`` its numeric value, where known.
+    """
+
+    def __init__(self, message: str, *, call: str | None = None, name: str | None = None,
+                 code: int | None = None):
+        super().__init__(message)
+        self.call = call
+        self.name = name
+        self.code = code
 
 
 class DLPackError(UniError, BufferError):

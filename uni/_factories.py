@@ -49,8 +49,7 @@ def _allocate(shape: Any, dtype: Any, order: str, device: str, fill: Any) -> Ten
     if order not in ("C", "F"):
         raise ValueError(f"order must be 'C' or 'F', got {order!r}")
     if not isinstance(device, str):
-        raise DomainError(f"expected device as a string ('host', 'cuda', 'cuda:N', 'pinned'), "
-                          f"got {device!r}")
+        raise DomainError(f"expected device 'host', 'pinned', 'cuda' or 'cuda:N', got {device!r}")
     kind = device.split(":", 1)[0]
     if device in ("host", "cpu"):
         storage: Any = HostStorage.allocate(ext.size(), dt, fill=fill)
@@ -59,7 +58,7 @@ def _allocate(shape: Any, dtype: Any, order: str, device: str, fill: Any) -> Ten
     elif kind in _unavailable:
         raise DomainError(f"device {device!r} is not usable here: {_unavailable[kind]()}")
     else:
-        raise DomainError(f"expected device 'host', 'cuda', 'cuda:N' or 'pinned', got {device!r}")
+        raise DomainError(f"expected device 'host', 'pinned', 'cuda' or 'cuda:N', got {device!r}")
     strides = c_strides(ext.shape) if order == "C" else f_strides(ext.shape)
     return Tensor._view(storage, best_mapping(ext.shape, strides), storage.default_accessor(), 0)
 

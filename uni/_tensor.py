@@ -117,6 +117,10 @@ class Tensor(StorageView):
 
     @property
     def device(self) -> str:
+        """``"host"``, ``"pinned"`` (page-locked host memory) or ``"cuda:N"``."""
+        name = getattr(self._storage, "device_name", None)
+        if name is not None:
+            return str(name)
         if self._storage.domain is HOST:
             return "host"
         return f"cuda:{getattr(self._storage, 'device_id', 0)}"
@@ -239,6 +243,11 @@ class Tensor(StorageView):
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         # Note: unlike a numpy view, this is always a copy taken under a read lease; a view
         # would outlive the lease that made it safe to read.
+        if self._storage.domain is not HOST:
+            raise DomainError(
+                f"this tensor lives on {self.device}, and numpy reads host memory only: copy "
+                f"it to the host first, e.g. h = uni.empty({self.shape}, {self.dtype.name!r}); "
+                "uni.copy(t, h); h.to_numpy()")
         if copy is False:
             raise ValueError(
                 "a uni tensor cannot be exposed to numpy without a copy outside a lease; "

@@ -17,8 +17,8 @@ def _info() -> int:
     print(f"uni {__version__} (numpy {np.__version__}, python {sys.version.split()[0]})")
     print("dtypes:   " + ", ".join(d.name for d in SUPPORTED_DTYPES))
     print("backends: " + (", ".join(backends.available()) or "none"))
-    reason = cuda.unavailable_reason()
-    print("cuda:     " + ("available" if reason is None else f"not available ({reason})"))
+    for line in cuda.describe():  # the devices, or why CUDA is unavailable
+        print(line)
     return 0
 
 
@@ -29,7 +29,7 @@ def _run_demo() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="uni", description="uni tensor runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="version, dtypes, backends and whether CUDA is usable")
+    sub.add_parser("info", help="version, dtypes, backends, and the CUDA devices or why none")
     sub.add_parser("demo", help="a short tour: leases, ordering, operations and the walk")
     args = parser.parse_args(argv)
     if args.command == "info":

@@ -1,75 +1,67 @@
 """uni.cuda: the CUDA domain. Importable everywhere; ``is_available()`` says if it can be used.
 
-Detection runs once, on first use, before anything else touches the driver (a failed driver
-probe followed by other CUDA calls has been seen to hang a process).
+Importing it touches no driver and no CUDA package. Detection runs once, on the first
+question, in a time-limited child process (see ``uni.cuda._driver``), before anything else
+touches the driver.
 """
 
 from __future__ import annotations
 
-import ctypes.util
-import functools
-import importlib.util
 from typing import Any
 
-import attrs
 import numpy as np
 
-from uni._accessor import _AccessorBase
-from uni._dtypes import as_dtype
+from uni._errors import DomainError
 from uni._factories import register_device
-from uni._handle import CUDA, Domain
+from uni.cuda._driver import DeviceInfo as DeviceInfo
+from uni.cuda._driver import describe as describe
+from uni.cuda._driver import device_count as device_count
+from uni.cuda._driver import devices as devices
+from uni.cuda._driver import is_available as is_available
+from uni.cuda._driver import unavailable_reason as unavailable_reason
+from uni.cuda._handle import CudaHandle as CudaHandle
+from uni.cuda._handle import CudaPointerAccessor as CudaPointerAccessor
+from uni.cuda._storage import CudaBuffer as CudaBuffer
+from uni.cuda._storage import CudaStorage as CudaStorage
+from uni.cuda._storage import PinnedStorage as PinnedStorage
+from uni.cuda._storage import cuda_factory, pinned_factory
+from uni.cuda._stream import Event as Event
+from uni.cuda._stream import Stream as Stream
+from uni.cuda._stream import default_stream as default_stream
 
 
-@functools.cache
-def _probe() -> str | None:
-    """None when a CUDA device is usable, else the reason it is not."""
-    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.core") is None:
-        return "cuda-python (cuda.core) is not installed; install uni[cuda]"
-    if ctypes.util.find_library("cuda") is None:
-        return "no CUDA driver (libcuda) on this machine"
-    try:
-        from cuda.core import Device
-
-        Device(0)
-    except Exception as err:
-        return f"CUDA driver present but no usable device: {type(err).__name__}: {err}"
-    return None
+def _allocate_cuda(size: int, dtype: np.dtype[Any], device: str, fill: Any) -> Any:
+    if isinstance(fill, np.ndarray):
+        raise DomainError(
+            f"arange on device {device!r} is not supported yet: build it on the host or in "
+            "pinned memory and uni.copy it to the device")
+    storage, _accessor = cuda_factory(device, size, dtype, None if fill is None else (fill,))
+    return storage
 
 
-def is_available() -> bool:
-    """True when a CUDA device can be used from this process."""
-    return _probe() is None
+def _allocate_pinned(size: int, dtype: np.dtype[Any], device: str, fill: Any) -> Any:
+    storage, _accessor = pinned_factory(device, size, dtype, None if fill is None else (fill,))
+    return storage
 
 
-def unavailable_reason() -> str | None:
-    """Why CUDA cannot be used here (None when it can)."""
-    return _probe()
+# uni.empty/zeros/full(device="cuda[:N]" | "pinned") allocate through these (the factories
+# sit below this package in the import order, so it registers itself with them).
+register_device("cuda", _allocate_cuda)
+register_device("pinned", _allocate_pinned)
 
-
-@attrs.frozen
-class CudaPointerAccessor(_AccessorBase):
-    """Element access through a raw device pointer: usable in the CUDA domain only."""
-
-    dtype: np.dtype[Any] = attrs.field(converter=as_dtype)
-    readonly: bool = attrs.field(default=False, init=False)
-    domains: frozenset[Domain] = attrs.field(default=frozenset({CUDA}), init=False)
-
-    @property
-    def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
-        return self.dtype
-
-    def access(self, handle: Any, offset: int) -> Any:
-        raise TypeError(
-            "a CUDA device pointer is not host-dereferenceable; copy to the host with uni.copy"
-        )
-
-
-__all__ = ["CudaPointerAccessor", "is_available", "unavailable_reason"]
-
-
-def _no_cuda_tensors() -> str:
-    return unavailable_reason() or "CUDA tensors are not implemented yet"
-
-
-register_device("cuda", None, unavailable=_no_cuda_tensors)
-register_device("pinned", None, unavailable=_no_cuda_tensors)
+__all__ = [
+    "CudaBuffer",
+    "CudaHandle",
+    "CudaPointerAccessor",
+    "CudaStorage",
+    "DeviceInfo",
+    "Event",
+    "PinnedStorage",
+    "Stream",
+    "default_stream",
+    "describe",
+    "device_count",
+    "devices",
+    "is_available",
+    "unavailable_reason",
+]

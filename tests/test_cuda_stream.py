@@ -1,0 +1,181 @@
+"""uni.cuda.Stream / Event / default_stream: argument checks everywhere, behaviour on a GPU."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import trio
+import trio.testing
+
+import uni
+import uni.cuda
+
+
+def test_events_come_from_streams() -> None:
+    with pytest.raises(TypeError, match=r"come from uni\.cuda\.Stream\.record\(\)"):
+        uni.cuda.Event()
+
+
+@pytest.mark.parametrize("bad", ["0", 0.0, True, None])
+def test_a_stream_device_must_be_an_int(bad: object) -> None:
+    with pytest.raises(TypeError, match="expected a CUDA device index"):
+        uni.cuda.Stream(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expected a CUDA device index"):
+        uni.cuda.default_stream(bad)  # type: ignore[arg-type]
+
+
+def test_a_negative_device_is_refused() -> None:
+    with pytest.raises(ValueError, match=">= 0, got -1"):
+        uni.cuda.Stream(-1)
+
+
+def test_without_cuda_streams_say_why() -> None:
+    if uni.cuda.is_available():
+        pytest.skip("CUDA is usable here")
+    reason = uni.cuda.unavailable_reason()
+    with pytest.raises(uni.DomainError) as info:
+        uni.cuda.Stream()
+    assert str(info.value) == f"uni.cuda.Stream is not usable here: {reason}"
+    with pytest.raises(uni.DomainError) as info:
+        uni.cuda.default_stream()
+    assert str(info.value) == f"uni.cuda.default_stream is not usable here: {reason}"
+
+
+# -- on a GPU ----------------------------------------------------------------------------
+@pytest.mark.cuda
+def test_record_wait_and_synchronize() -> None:
+    from cuda_gate import Gate
+
+    with uni.cuda.Stream() as s1, uni.cuda.Stream() as s2:
+        assert s1.handle != s2.handle and s1.device == 0
+        assert s1.__cuda_stream__() == (0, s1.handle)
+        with Gate(s1) as gate:
+            held = s1.record()
+            assert not held.is_done
+            s2.wait(held)  # s2's later work now waits for s1's gate too
+            after = s2.record()
+            time.sleep(0.01)
+            assert not after.is_done
+            gate.open()
+            after.synchronize()
+        assert held.is_done and after.is_done
+        s1.synchronize()
+        held.close()
+        held.close()  # idempotent
+        with pytest.raises(uni.CudaError, match="the event is closed"):
+            _ = held.is_done
+
+
+@pytest.mark.cuda
+def test_a_stream_can_wait_for_another_stream() -> None:
+    from cuda_gate import Gate
+
+    with uni.cuda.Stream() as s1, uni.cuda.Stream() as s2, Gate(s1) as gate:
+        s2.wait(s1)
+        mark = s2.record()
+        time.sleep(0.01)
+        assert not mark.is_done
+        gate.open()
+        mark.synchronize()
+
+
+@pytest.mark.cuda
+def test_timing_events() -> None:
+    with uni.cuda.Stream() as s:
+        start = s.record(timing=True)
+        end = s.record(timing=True)
+        end.synchronize()
+        assert end.elapsed_ms(start) >= 0.0
+
+
+@pytest.mark.cuda
+def test_close_is_idempotent_and_use_after_close_is_an_error() -> None:
+    s = uni.cuda.Stream()
+    s.close()
+    s.close()
+    assert s.closed
+    with pytest.raises(uni.CudaError, match="the stream is closed"):
+        s.record()
+
+
+@pytest.mark.cuda
+def test_the_default_stream_is_shared_and_stays_open() -> None:
+    s = uni.cuda.default_stream()
+    assert uni.cuda.default_stream(0) is s and s.is_default
+    s.close()
+    with s:
+        pass
+    assert not s.closed
+    s.record().synchronize()
+
+
+@pytest.mark.cuda
+async def test_synchronize_on_the_trio_thread_would_block() -> None:
+    from cuda_gate import Gate
+
+    with uni.cuda.Stream() as s, Gate(s) as gate:
+        pending = s.record()
+        with pytest.raises(uni.WouldBlockError, match=r"use `await event`"):
+            pending.synchronize()
+        with pytest.raises(uni.WouldBlockError, match="synchronize_async"):
+            s.synchronize()
+        gate.open()
+        await pending
+        pending.synchronize()  # done: no wait, so allowed
+
+
+@pytest.mark.cuda
+async def test_awaiting_an_event_keeps_the_loop_responsive() -> None:
+    from cuda_gate import Gate
+
+    ticks = []
+    with uni.cuda.Stream() as s, Gate(s) as gate:
+        ev = s.record()
+
+        async def ticker() -> None:
+            while True:
+                ticks.append(time.perf_counter())
+                await trio.sleep(0.002)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            nursery.start_soon(_open_later, gate, 0.2)
+            start = time.perf_counter()
+            await ev
+            waited = time.perf_counter() - start
+            nursery.cancel_scope.cancel()
+    assert waited >= 0.15
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert len(gaps) > 20 and max(gaps) < 0.15
+
+
+async def _open_later(gate: object, delay: float) -> None:
+    await trio.sleep(delay)
+    gate.open()  # type: ignore[attr-defined]
+
+
+@pytest.mark.cuda
+async def test_cancelling_an_await_stops_the_waiting_not_the_work() -> None:
+    from cuda_gate import Gate
+
+    with uni.cuda.Stream() as s, Gate(s) as gate:  # the gate opens on the way out, always
+        ev = s.record()
+        with trio.move_on_after(0.05) as scope:
+            await ev
+        assert scope.cancelled_caught and not ev.is_done
+        gate.open()
+        await ev  # the device work still completes, and can be awaited again
+        assert ev.is_done
+
+
+@pytest.mark.cuda
+async def test_synchronize_async() -> None:
+    from cuda_gate import Gate
+
+    with uni.cuda.Stream() as s, Gate(s) as gate:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_open_later, gate, 0.05)
+            await s.synchronize_async()
+        assert s.record().is_done

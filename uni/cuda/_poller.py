@@ -1,0 +1,228 @@
+"""Waiting for CUDA events from an event loop: one poller per run, no thread per wait.
+
+A task that awaits an event parks; one poller task per trio run asks every pending event
+``is_done`` (``cuEventQuery``: non-blocking, releases the GIL) and wakes the tasks whose
+events completed. Between rounds it backs off: right after progress (a completion or a new
+waiter) it only yields (a checkpoint per round, so a completion that comes soon is seen
+within microseconds), then sleeps for growing delays up to ``max_sleep_s``, and with nothing
+pending it sleeps until a waiter arrives, polling nothing.
+
+Why polling and not a host-function callback (``cuLaunchHostFunc``): the driver never calls
+a host function after a context error, so a waiter relying on one would hang forever,
+whereas ``is_done`` raises the error and the poller hands it to the waiter. A callback may
+be added later as a fast path, beside the poll, never instead of it.
+
+Cancellation: cancelling a task that awaits an event withdraws only its wait. The device
+work the event marks is already queued on its stream and runs to completion regardless;
+other tasks waiting for the same event still wake when it completes.
+
+The polling logic (:class:`PollerCore`) knows nothing about trio: it holds the waiters and
+runs one round. :class:`TrioPoller` parks trio tasks and drives the rounds; an asyncio
+poller can sit beside it over the same core (a task per loop, futures instead of parking).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import outcome
+import trio
+
+
+class EventSource(Protocol):
+    """What the poller polls: anything with a non-blocking ``is_done`` (which may raise)."""
+
+    @property
+    def is_done(self) -> bool: ...
+
+
+@attrs.frozen
+class PollSchedule:
+    """How often the poller asks: yield ``spin_rounds`` times after progress, then sleep.
+
+    Sleeps start at ``first_sleep_s`` and double up to ``max_sleep_s``. (Under trio a sleep
+    shorter than a millisecond lasts about a millisecond: the I/O wait's resolution.)
+    """
+
+    spin_rounds: int = attrs.field(default=64)
+    first_sleep_s: float = attrs.field(default=100e-6)
+    max_sleep_s: float = attrs.field(default=1e-3)
+
+    @spin_rounds.validator
+    def _check_spin(self, _attr: Any, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"spin_rounds must be an int >= 0, got {value!r}")
+
+    @first_sleep_s.validator
+    def _check_first(self, _attr: Any, value: float) -> None:
+        if not value > 0:
+            raise ValueError(f"first_sleep_s must be > 0, got {value!r}")
+
+    @max_sleep_s.validator
+    def _check_max(self, _attr: Any, value: float) -> None:
+        if not value >= self.first_sleep_s:
+            raise ValueError(
+                f"max_sleep_s must be >= first_sleep_s ({self.first_sleep_s}), got {value!r}")
+
+    def delay(self, idle_rounds: int) -> float:
+        """Seconds to wait before the next round after ``idle_rounds`` rounds without progress."""
+        if idle_rounds < self.spin_rounds:
+            return 0.0
+        doublings = min(idle_rounds - self.spin_rounds, 60)
+        return float(min(self.first_sleep_s * 2.0**doublings, self.max_sleep_s))
+
+
+class Waiter:
+    """One pending wait: the source polled and whom to wake (a task, a future, ...)."""
+
+    __slots__ = ("source", "target")
+
+    def __init__(self, source: EventSource, target: Any) -> None:
+        self.source = source
+        self.target = target
+
+
+class PollerCore:
+    """The loop-neutral part: pending waiters, one polling round, the back-off state."""
+
+    def __init__(self, schedule: PollSchedule | None = None) -> None:
+        self.schedule = schedule or PollSchedule()
+        self._pending: list[Waiter] = []
+        self.idle_rounds = 0
+        #: Counters (for tests and benchmarks): rounds run and is_done queries made.
+        self.rounds = 0
+        self.queries = 0
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def add(self, source: EventSource, target: Any) -> Waiter:
+        waiter = Waiter(source, target)
+        self._pending.append(waiter)
+        self.idle_rounds = 0  # a new event may complete soon: spin again
+        return waiter
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Withdraw a wait (cancellation); False when it already completed."""
+        try:
+            self._pending.remove(waiter)
+        except ValueError:
+            return False
+        return True
+
+    def poll(self) -> list[tuple[Waiter, outcome.Outcome[None]]]:
+        """One round: query each pending source once; return (and drop) the finished waits.
+
+        A source whose ``is_done`` raises finishes its waiters with that error; the others
+        are unaffected.
+        """
+        self.rounds += 1
+        answers: dict[int, outcome.Outcome[None] | None] = {}
+        finished: list[tuple[Waiter, outcome.Outcome[None]]] = []
+        still: list[Waiter] = []
+        for waiter in self._pending:
+            key = id(waiter.source)
+            if key in answers:
+                answer = answers[key]
+            else:
+                self.queries += 1
+                try:
+                    answer = outcome.Value(None) if waiter.source.is_done else None
+                except Exception as exc:
+                    answer = outcome.Error(exc)
+                answers[key] = answer
+            if answer is None:
+                still.append(waiter)
+            else:
+                finished.append((waiter, answer))
+        self._pending = still
+        self.idle_rounds = 0 if finished else self.idle_rounds + 1
+        return finished
+
+    def next_delay(self) -> float:
+        return self.schedule.delay(self.idle_rounds)
+
+
+class TrioPoller:
+    """Parks trio tasks on event sources and polls them from one system task of the run."""
+
+    def __init__(self, schedule: PollSchedule | None = None) -> None:
+        self.core = PollerCore(schedule)
+        self._task: trio.lowlevel.Task | None = None
+        self._wakeup = trio.Event()
+        #: How many poller tasks this poller started (one per run, for tests).
+        self.tasks_started = 0
+
+    async def wait(self, source: EventSource) -> None:
+        """Return once ``source.is_done``; raise what ``is_done`` raised.
+
+        Cancelling the waiting task withdraws this wait only (the device work goes on).
+        """
+        if source.is_done:
+            await trio.lowlevel.checkpoint()
+            return
+        task = trio.lowlevel.current_task()
+        waiter = self.core.add(source, task)
+        self._ensure_running()
+        self._wakeup.set()
+
+        def abort(_raise_cancel: Callable[[], Any]) -> trio.lowlevel.Abort:
+            # Runs in the run's own thread, as the poller does: no lock is needed. The poller
+            # drops a waiter before rescheduling it, so a waiter found here was not woken.
+            self.core.remove(waiter)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _ensure_running(self) -> None:
+        if self._task is None:
+            self.tasks_started += 1
+            self._task = trio.lowlevel.spawn_system_task(
+                self._run, name="uni.cuda event poller")
+
+    async def _run(self) -> None:
+        core = self.core
+        while True:
+            if not core.pending_count:
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
+            for waiter, result in core.poll():
+                # Note: reschedule never raises here: a waiter is removed (by abort or by
+                # poll) exactly once, and only a waiter still parked is rescheduled.
+                trio.lowlevel.reschedule(waiter.target, result)
+            if not core.pending_count:
+                continue
+            delay = core.next_delay()
+            if delay == 0.0:
+                await trio.lowlevel.checkpoint()
+            else:
+                self._wakeup = trio.Event()
+                with trio.move_on_after(delay):
+                    await self._wakeup.wait()
+
+
+_RUN_POLLER: trio.lowlevel.RunVar[TrioPoller] = trio.lowlevel.RunVar("uni_cuda_event_poller")
+
+
+def trio_poller() -> TrioPoller:
+    """This trio run's poller (made on first use; it dies with the run)."""
+    try:
+        return _RUN_POLLER.get()
+    except LookupError:
+        poller = TrioPoller()
+        _RUN_POLLER.set(poller)
+        return poller
+
+
+async def wait_for(source: EventSource) -> None:
+    """Wait for ``source.is_done`` without blocking the event loop (trio only, for now)."""
+    if not trio.lowlevel.in_trio_task():
+        raise RuntimeError(
+            "awaiting a CUDA event needs a running trio task (asyncio support comes with "
+            "uni's asyncio poller); under asyncio use `await loop.run_in_executor(None, "
+            "event.synchronize)`")
+    await trio_poller().wait(source)

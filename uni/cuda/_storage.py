@@ -1,0 +1,495 @@
+"""CUDA and pinned storage: device memory from the device's pool, page-locked host memory.
+
+Lifetimes are the delicate part (CUDA.md §5, traps 6 and 7):
+
+* **Device memory** (:class:`CudaBuffer`) is allocated stream-ordered from the device's
+  memory pool (``cuMemAllocFromPoolAsync`` through cuda.core) on uni's default stream of the
+  device. It is freed stream-ordered too, on a stream that first waits for every fence still
+  outstanding on the buffer (:meth:`CudaStorage.outstanding_fences`): dropping a tensor
+  while a kernel still reads it is safe. cuda.core would otherwise free on the *allocation*
+  stream, a use-after-free whenever the last use was on another stream. Nothing here blocks
+  the host.
+* **Pinned memory** (:class:`PinnedStorage`, ``cuMemAllocHost``) cannot be freed in stream
+  order, and its free (``cuMemFreeHost``) may block; cuda.core's own free even synchronizes
+  a stream first. So it is freed by one reaper thread, after its fences have completed,
+  never on the thread that dropped it (which may be the trio thread). The memory lives as
+  long as any numpy view of it: the views hold the memory, and the free is scheduled when
+  the last one goes.
+
+Fences: every release of an access to a CUDA buffer records where it ended (an event).
+Until the access queue feeds them (``add_fence``), the fences are the storage's creation
+fence (the allocation and initial fill) and whatever :meth:`CudaStorage.add_fence` was given.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import queue
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from uni._accessor import CUDA, DefaultAccessor
+from uni._dtypes import as_dtype
+from uni._errors import DomainError, LayoutError, LeaseError
+from uni.cuda._driver import check_device, cuda_call, require, use_device
+from uni.cuda._fill import fill_plan, pattern_of, run_fill
+from uni.cuda._handle import CudaHandle, CudaPointerAccessor
+from uni.cuda._stream import Event, Stream, default_stream
+from uni.storage._base import StorageBase
+from uni.storage._protocol import Region
+from uni.storage.host import HostStorage
+
+_log = logging.getLogger("uni.cuda")
+
+#: The CUDA domain's default backend list, best first (SPEC §5).
+CUDA_BACKENDS: tuple[str, ...] = ("cublas", "cuda_reference")
+
+
+class Fence(Protocol):
+    """What a fence is to a storage: something that completes (a uni.cuda.Event)."""
+
+    @property
+    def is_done(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+
+class FenceSet:
+    """The fences still outstanding on one buffer (thread-safe; done ones are dropped)."""
+
+    __slots__ = ("_events", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[Any] = []
+
+    def add(self, fence: Any) -> None:
+        with self._lock:
+            if len(self._events) >= 16:
+                self._events = [e for e in self._events if not _done(e)]
+            self._events.append(fence)
+
+    def outstanding(self) -> list[Any]:
+        """The fences not yet complete (each asked ``is_done`` once)."""
+        with self._lock:
+            self._events = [e for e in self._events if not _done(e)]
+            return list(self._events)
+
+
+def _done(fence: Any) -> bool:
+    try:
+        return bool(fence.is_done)
+    except Exception:
+        # A fence that cannot even be queried (a context error) stays outstanding: whoever
+        # waits for it next gets the error.
+        return False
+
+
+# -- the pinned-memory reaper ------------------------------------------------------------
+class Reaper:
+    """One daemon thread that runs frees after their fences complete.
+
+    ``submit`` never blocks and never calls CUDA on the calling thread.
+    """
+
+    def __init__(self, name: str = "uni-cuda-reaper") -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], list[Any]] | None] = (
+            queue.SimpleQueue())
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._submitted = 0
+        self._finished = 0
+
+    def submit(self, free: Callable[[], None], fences: list[Any]) -> None:
+        with self._lock:
+            self._submitted += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self._queue.put((free, list(fences)))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            free, fences = item
+            try:
+                for fence in fences:
+                    if not _done(fence):
+                        fence.synchronize()
+                free()
+            except Exception:
+                _log.exception("uni.cuda: freeing page-locked memory failed")
+            finally:
+                with self._lock:
+                    self._finished += 1
+                    self._idle.notify_all()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted free has run (tests, shutdown); False on time-out."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self._finished >= self._submitted, timeout)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+
+_REAPER = Reaper()
+
+
+def reaper() -> Reaper:
+    """The process's reaper of page-locked memory."""
+    return _REAPER
+
+
+# -- device memory -----------------------------------------------------------------------
+def free_after_fences(close: Callable[[Any], None], fences: list[Any], stream: Any) -> None:
+    """Make ``stream`` wait for every fence, then free on it (``close(stream)``).
+
+    The order is the whole point: the free is queued behind every recorded use.
+    """
+    for fence in fences:
+        stream.wait(fence)
+    close(stream)
+
+
+def _free_device(cu_buffer: Any, device: int, fences: FenceSet, stream: Stream | None = None
+                 ) -> None:
+    if sys.is_finalizing():
+        return  # the driver may already be gone; the process exit frees everything
+    try:
+        use_device(device)
+        free_stream = stream if stream is not None else default_stream(device)
+
+        def close(on: Stream) -> None:
+            with cuda_call("cuMemFreeAsync"):
+                cu_buffer.close(on._live("cuMemFreeAsync"))
+
+        free_after_fences(close, fences.outstanding(), free_stream)
+    except Exception:
+        if stream is not None:
+            raise  # an explicit close reports its failure
+        _log.exception("uni.cuda: freeing device memory failed")
+
+
+class CudaBuffer:
+    """``nbytes`` bytes of device memory on ``device``: owned (from the device's memory
+    pool, freed stream-ordered after its fences) or wrapped (foreign memory kept alive
+    through ``owner``, never freed by uni).
+
+    Made by :meth:`allocate` or :meth:`wrap`.
+    """
+
+    __slots__ = ("__weakref__", "_closed", "_finalizer", "_owner", "device", "fences", "nbytes",
+                 "owned", "ptr")
+
+    ptr: int
+    nbytes: int
+    device: int
+    owned: bool
+    fences: FenceSet
+    _closed: bool
+    _owner: Any
+    _finalizer: weakref.finalize[Any, Any] | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("make a CudaBuffer with CudaBuffer.allocate(nbytes, device=...) or "
+                        "CudaBuffer.wrap(ptr, nbytes, device=..., owner=...)")
+
+    @classmethod
+    def allocate(cls, nbytes: int, *, device: int = 0, stream: Stream | None = None
+                 ) -> CudaBuffer:
+        """Allocate from ``device``'s memory pool, in ``stream`` order (default: uni's
+        default stream of the device). Zero bytes allocate nothing (pointer 0)."""
+        nbytes = _check_nbytes(nbytes)
+        index = require(device, what="uni.cuda.CudaBuffer")
+        self = object.__new__(cls)
+        self.device, self.nbytes, self.owned, self._owner = index, nbytes, True, None
+        self.fences = FenceSet()
+        self._finalizer = None
+        self._closed = False
+        if nbytes == 0:
+            self.ptr = 0
+            return self
+        dev = use_device(index)
+        on = stream if stream is not None else default_stream(index)
+        with cuda_call("cuMemAllocFromPoolAsync"):
+            cu_buffer = dev.allocate(nbytes, stream=on._live("cuMemAllocFromPoolAsync"))
+        self.ptr = int(cu_buffer.handle)
+        # The holder passed to the finalizer is the cuda.core buffer and the fence set, never
+        # this object: the finalizer must not keep it alive.
+        self._finalizer = weakref.finalize(self, _free_device, cu_buffer, index, self.fences)
+        # At exit the process's memory goes with it; a free then could meet a driver that is
+        # being torn down.
+        self._finalizer.atexit = False
+        return self
+
+    @classmethod
+    def wrap(cls, ptr: int, nbytes: int, *, device: int = 0, owner: Any = None) -> CudaBuffer:
+        """Foreign device memory (CuPy's, PyTorch's): uni never frees it; ``owner`` is kept
+        alive as long as this buffer."""
+        if isinstance(ptr, bool) or not isinstance(ptr, int) or ptr < 0:
+            raise TypeError(f"expected a device pointer as an int >= 0, got {ptr!r}")
+        nbytes = _check_nbytes(nbytes)
+        if ptr == 0 and nbytes:
+            raise ValueError(f"a null device pointer cannot hold {nbytes} bytes")
+        index = check_device(device)
+        self = object.__new__(cls)
+        self.ptr, self.nbytes, self.device, self.owned = ptr, nbytes, index, False
+        self._owner = owner
+        self.fences = FenceSet()
+        self._finalizer = None
+        self._closed = False
+        return self
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, stream: Stream | None = None) -> None:
+        """Free the memory after every outstanding fence (idempotent; no host wait).
+
+        ``stream`` is where the free is queued (default: uni's default stream). A wrapped
+        buffer only lets go of its owner.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        finalizer = self._finalizer
+        if finalizer is not None:
+            detached = finalizer.detach()
+            if detached is not None:
+                _obj, _func, (cu_buffer, device, fences), _kwargs = detached
+                _free_device(cu_buffer, device, fences, stream)
+        self._owner = None
+
+    def __repr__(self) -> str:
+        kind = "owned" if self.owned else "wrapped"
+        return (f"uni.cuda.CudaBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, "
+                f"device={self.device}, {kind})")
+
+
+def _check_nbytes(nbytes: Any) -> int:
+    if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
+        raise TypeError(f"expected a byte count (an int >= 0), got {nbytes!r}")
+    value = int(nbytes.__index__())
+    if value < 0:
+        raise ValueError(f"expected a byte count >= 0, got {value}")
+    return value
+
+
+def _check_size(size: Any) -> int:
+    if isinstance(size, bool) or not hasattr(size, "__index__"):
+        raise TypeError(f"expected an element count (an int >= 0), got {size!r}")
+    value = int(size.__index__())
+    if value < 0:
+        raise ValueError(f"expected an element count >= 0, got {value}")
+    return value
+
+
+class CudaStorage(StorageBase):
+    """``size`` elements of ``dtype`` in device memory on ``device`` (CUDA domain).
+
+    Handles are :class:`uni.cuda.CudaHandle` (a device pointer): acquisition never moves data.
+    ``CudaStorage(size, dtype, device=0)`` allocates; :meth:`wrap` adopts foreign memory.
+    """
+
+    domain = CUDA
+    immediate = False
+
+    def __init__(self, size: int, dtype: Any = np.float64, *, device: int = 0,
+                 stream: Stream | None = None, buffer: CudaBuffer | None = None,
+                 readonly: bool = False) -> None:
+        count = _check_size(size)
+        dt = as_dtype(dtype)
+        if buffer is None:
+            index = require(device, what="uni.cuda.CudaStorage")
+            buffer = CudaBuffer.allocate(count * dt.itemsize, device=index, stream=stream)
+        else:
+            if not isinstance(buffer, CudaBuffer):
+                raise TypeError(f"expected a uni.cuda.CudaBuffer, got {type(buffer).__name__}")
+            index = buffer.device
+            if buffer.nbytes < count * dt.itemsize:
+                raise LayoutError(
+                    f"a buffer of {buffer.nbytes} bytes cannot hold {count} elements of "
+                    f"{dt.name} ({count * dt.itemsize} bytes)")
+        super().__init__(dt, count, readonly=readonly,
+                         label=f"CudaStorage(cuda:{index}, {dt.name}[{count}])")
+        self.buffer = buffer
+        self.device_id = index
+        self._closed = False
+
+    @classmethod
+    def wrap(cls, ptr: int, size: int, dtype: Any = np.float64, *, device: int = 0,
+             owner: Any = None, readonly: bool = False) -> CudaStorage:
+        """A storage over foreign device memory (CuPy, PyTorch, ...), kept alive by
+        ``owner``; uni never frees it. Order foreign work with events yourself."""
+        dt = as_dtype(dtype)
+        count = _check_size(size)
+        buffer = CudaBuffer.wrap(ptr, count * dt.itemsize, device=device, owner=owner)
+        return cls(count, dt, buffer=buffer, readonly=readonly)
+
+    @property
+    def device_name(self) -> str:
+        return f"cuda:{self.device_id}"
+
+    def default_accessor(self) -> CudaPointerAccessor:
+        return CudaPointerAccessor(self.dtype)
+
+    def default_backends(self) -> tuple[str, ...]:
+        return CUDA_BACKENDS
+
+    def handle(self, offset: int = 0) -> CudaHandle:
+        if self._closed:
+            raise LeaseError(f"{self!r} is closed: its device memory was freed")
+        return CudaHandle(self.buffer.ptr, self.device_id, offset, self)
+
+    def acquire_read(self, region: Region) -> CudaHandle:
+        return self.handle(region.offset)
+
+    def acquire_write(self, region: Region, *, overwrite: bool) -> CudaHandle:
+        return self.handle(region.offset)
+
+    def release_read(self, region: Region, handle: Any) -> None:
+        pass
+
+    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
+        pass
+
+    # -- fences (fed by the access queue) --------------------------------------------------
+    def add_fence(self, fence: Event) -> None:
+        """Record where an access to this buffer ended; the free waits for it."""
+        self.buffer.fences.add(fence)
+
+    def outstanding_fences(self) -> list[Event]:
+        """The recorded fences not yet complete (the creation fence included)."""
+        return self.buffer.fences.outstanding()
+
+    def _fill(self, value: Any, stream: Stream | None = None) -> None:
+        """Write ``value`` into every element, on the device (driver memsets)."""
+        if self.size == 0:
+            return
+        on = stream if stream is not None else default_stream(self.device_id)
+        use_device(self.device_id)
+        run_fill(self.buffer.ptr, fill_plan(pattern_of(value, self.dtype), self.size), on.handle)
+
+    def close(self, stream: Stream | None = None) -> None:
+        """Free the device memory after its outstanding fences (idempotent, no host wait)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.buffer.close(stream)
+
+    def __enter__(self) -> CudaStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- pinned host memory ------------------------------------------------------------------
+def _free_pinned(cu_buffer: Any, device: int, fences: FenceSet) -> None:
+    if sys.is_finalizing():
+        return
+
+    def free() -> None:
+        use_device(device)
+        with cuda_call("cuMemFreeHost"):
+            cu_buffer.close()
+
+    _REAPER.submit(free, fences.outstanding())
+
+
+def _pinned_array(nbytes: int, dtype: np.dtype[Any], device: int
+                  ) -> tuple[np.ndarray[Any, Any], FenceSet]:
+    fences = FenceSet()
+    if nbytes == 0:
+        return np.empty(0, dtype=dtype), fences
+    use_device(device)
+    import cuda.core  # optional dependency, imported after detection
+
+    with cuda_call("cuMemAllocHost"):
+        cu_buffer = cuda.core.LegacyPinnedMemoryResource().allocate(nbytes)
+    raw = (ctypes.c_ubyte * nbytes).from_address(int(cu_buffer.handle))
+    # The numpy views hold ``raw``; when the last one dies the memory goes to the reaper.
+    weakref.finalize(raw, _free_pinned, cu_buffer, device, fences).atexit = False
+    # (memoryview keeps ``raw`` alive: the views hold the memoryview, which holds ``raw``.)
+    return np.frombuffer(memoryview(raw), dtype=np.uint8).view(dtype), fences
+
+
+class PinnedStorage(HostStorage):
+    """Page-locked host memory (host domain): the fast, truly asynchronous side of a
+    host-device copy. Host leases see it as a numpy buffer, as ``HostStorage``.
+
+    ``device`` names the CUDA context the memory is registered with (it is reachable from
+    every device with unified addressing).
+    """
+
+    device_name = "pinned"
+
+    def __init__(self, size: int, dtype: Any = np.float64, *, device: int = 0) -> None:
+        count = _check_size(size)
+        dt = as_dtype(dtype)
+        index = require(device, what="device 'pinned' (page-locked host memory from the "
+                                     "CUDA driver)")
+        buffer, fences = _pinned_array(count * dt.itemsize, dt, index)
+        super().__init__(count, dt, buffer=buffer)
+        self.device_id = index
+        self.fences = fences
+
+    def add_fence(self, fence: Event) -> None:
+        """Record a CUDA access to this memory; the free waits for it (host leases will too)."""
+        self.fences.add(fence)
+
+    def outstanding_fences(self) -> list[Event]:
+        return self.fences.outstanding()
+
+
+# -- factories (registered with uni.empty/zeros/full) -------------------------------------
+def parse_cuda_device(device: str) -> int:
+    """``"cuda"`` -> 0, ``"cuda:N"`` -> N (DomainError for anything else)."""
+    if device == "cuda":
+        return 0
+    head, _, tail = device.partition(":")
+    if head != "cuda" or not tail.isdigit() or (len(tail) > 1 and tail[0] == "0"):
+        raise DomainError(
+            f"expected device 'cuda' or 'cuda:N' (N a device index), got {device!r}")
+    return int(tail)
+
+
+def cuda_factory(device: str, size: int, dtype: np.dtype[Any], fill: tuple[Any] | None
+                 ) -> tuple[CudaStorage, CudaPointerAccessor]:
+    """Storage and accessor for ``uni.empty/zeros/full(..., device="cuda[:N]")``."""
+    index = parse_cuda_device(device)
+    require(index, what=f"device {device!r}")
+    storage = CudaStorage(size, dtype, device=index)
+    stream = default_stream(index)
+    if fill is not None:
+        storage._fill(fill[0], stream)
+    if size:
+        # Allocation and fill are queued on uni's stream: the first access waits for them.
+        storage.add_fence(stream.record())
+    return storage, storage.default_accessor()
+
+
+def pinned_factory(device: str, size: int, dtype: np.dtype[Any], fill: tuple[Any] | None
+                   ) -> tuple[PinnedStorage, DefaultAccessor]:
+    """Storage and accessor for ``uni.empty/zeros/full(..., device="pinned")``."""
+    storage = PinnedStorage(size, dtype)
+    if fill is not None:
+        storage.buffer[...] = fill[0]  # host memory: filled by the host
+    return storage, DefaultAccessor(storage.dtype)
+
+
+__all__ = ["CUDA_BACKENDS", "CudaBuffer", "CudaStorage", "FenceSet", "PinnedStorage", "Reaper",
+           "cuda_factory", "parse_cuda_device", "pinned_factory"]

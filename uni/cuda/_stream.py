@@ -1,0 +1,267 @@
+"""uni.cuda.Stream, Event and default_stream: adapters over cuda.core's streams and events.
+
+This is the one module that names cuda.core's stream and event options (cuda-core 1.2.2:
+``StreamOptions(nonblocking=, priority=)``, ``EventOptions(timing_enabled=, blocking_sync=,
+ipc_enabled=)``, ``Device.create_stream(options=)``, ``Stream.record(options=)``,
+``Stream.wait``, ``Event.is_done``, ``Event.sync``); when cuda.core renames them, only this
+file changes.
+
+Streams made here are non-blocking: they never synchronize implicitly with the legacy NULL
+stream (where PyTorch and CuPy work by default), so all ordering goes through events.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator
+from types import TracebackType
+from typing import Any
+
+import trio
+
+from uni._errors import CudaError, WouldBlockError
+from uni.cuda._driver import check_device, cuda_call, require, use_device
+from uni.cuda._poller import wait_for
+
+
+def _options() -> Any:
+    # cuda.core is optional: imported once CUDA is known to be usable.
+    import cuda.core  # optional dependency, imported after detection
+
+    return cuda.core
+
+
+def _would_block(what: str, instead: str) -> WouldBlockError:
+    return WouldBlockError(
+        f"{what} would block the trio event loop while the device works; use {instead}")
+
+
+class Event:
+    """A point in a stream's work. ``is_done`` asks without blocking; ``await event`` waits
+    in trio without blocking the loop and without a thread; ``synchronize()`` blocks the
+    calling thread (refused on the trio thread while the event is pending).
+
+    Events come from :meth:`Stream.record`; they cannot be constructed directly.
+    """
+
+    __slots__ = ("__weakref__", "_closed", "_cu", "_device")
+
+    _cu: Any
+    _device: int
+    _closed: bool
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("uni.cuda.Event objects come from uni.cuda.Stream.record(); "
+                        "they cannot be constructed directly")
+
+    @classmethod
+    def _wrap(cls, cu_event: Any, device: int) -> Event:
+        self = object.__new__(cls)
+        self._cu = cu_event
+        self._device = device
+        self._closed = False
+        return self
+
+    @property
+    def device(self) -> int:
+        return self._device
+
+    @property
+    def handle(self) -> int:
+        """The ``CUevent`` as an int."""
+        return int(self._live("Event.handle").handle)
+
+    def _live(self, call: str) -> Any:
+        if self._closed:
+            raise CudaError(f"{call}: the event is closed", call=call)
+        return self._cu
+
+    @property
+    def is_done(self) -> bool:
+        """True once every piece of work recorded before this event has completed."""
+        cu = self._live("cuEventQuery")
+        use_device(self._device)
+        with cuda_call("cuEventQuery"):
+            return bool(cu.is_done)
+
+    def synchronize(self) -> None:
+        """Block this thread until the event completes (WouldBlockError on the trio thread)."""
+        cu = self._live("cuEventSynchronize")
+        if trio.lowlevel.in_trio_run() and not self.is_done:
+            raise _would_block("Event.synchronize()", "`await event`")
+        use_device(self._device)
+        with cuda_call("cuEventSynchronize"):
+            cu.sync()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        self._live("await Event")
+        return wait_for(self).__await__()
+
+    def elapsed_ms(self, start: Event) -> float:
+        """Milliseconds from ``start`` to this event (both recorded with ``timing=True``)."""
+        with cuda_call("cuEventElapsedTime"):
+            return float(self._live("cuEventElapsedTime") - start._live("cuEventElapsedTime"))
+
+    def close(self) -> None:
+        """Destroy the event (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with cuda_call("cuEventDestroy"):
+            self._cu.close()
+
+    def __enter__(self) -> Event:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"uni.cuda.Event(device={self._device}, {state})"
+
+
+class Stream:
+    """A non-blocking CUDA stream on ``device`` (an index).
+
+    ``record() -> Event``, ``wait(event_or_stream)`` (device-side: the host never blocks),
+    ``synchronize()`` (blocks this thread; refused on the trio thread while work is
+    pending), ``await stream.synchronize_async()``, ``close()`` (idempotent) and the context
+    manager. ``__cuda_stream__`` lets cuda.core, CuPy and others take it as a stream.
+    """
+
+    __slots__ = ("__weakref__", "_closed", "_cu", "_device", "_is_default")
+
+    def __init__(self, device: int = 0) -> None:
+        index = require(check_device(device), what="uni.cuda.Stream")
+        dev = use_device(index)
+        core = _options()
+        with cuda_call("cuStreamCreate"):
+            self._cu = dev.create_stream(
+                options=core.StreamOptions(nonblocking=True, priority=None))
+        self._device = index
+        self._closed = False
+        self._is_default = False
+
+    @property
+    def device(self) -> int:
+        return self._device
+
+    @property
+    def handle(self) -> int:
+        """The ``CUstream`` as an int (for cuBLAS, DLPack, raw driver calls)."""
+        return int(self._live("Stream.handle").handle)
+
+    @property
+    def is_default(self) -> bool:
+        """True for uni's own per-device stream (``uni.cuda.default_stream``)."""
+        return self._is_default
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _live(self, call: str) -> Any:
+        if self._closed:
+            raise CudaError(f"{call}: the stream is closed", call=call)
+        return self._cu
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+    def record(self, *, timing: bool = False) -> Event:
+        """A new event marking the work queued on this stream so far."""
+        cu = self._live("cuEventRecord")
+        use_device(self._device)
+        core = _options()
+        with cuda_call("cuEventRecord"):
+            event = cu.record(options=core.EventOptions(
+                timing_enabled=bool(timing), blocking_sync=False, ipc_enabled=False))
+        return Event._wrap(event, self._device)
+
+    def wait(self, event: Event | Stream) -> None:
+        """Make later work on this stream wait for ``event`` (or all of ``event``'s work so
+        far, for a stream). Device-side only: this returns at once."""
+        cu = self._live("cuStreamWaitEvent")
+        if isinstance(event, Event):
+            other = event._live("cuStreamWaitEvent")
+        elif isinstance(event, Stream):
+            other = event._live("cuStreamWaitEvent")
+        else:
+            raise TypeError(f"expected a uni.cuda.Event or uni.cuda.Stream, got {event!r}")
+        use_device(self._device)
+        with cuda_call("cuStreamWaitEvent"):
+            cu.wait(other)
+
+    def synchronize(self) -> None:
+        """Block this thread until all work queued so far has completed."""
+        cu = self._live("cuStreamSynchronize")
+        if trio.lowlevel.in_trio_run():
+            with self.record() as marker:
+                if not marker.is_done:
+                    raise _would_block("Stream.synchronize()",
+                                       "`await stream.synchronize_async()`")
+            return
+        use_device(self._device)
+        with cuda_call("cuStreamSynchronize"):
+            cu.sync()
+
+    async def synchronize_async(self) -> None:
+        """Wait (in trio, without blocking the loop) for the work queued so far.
+
+        Cancelling the awaiting task stops the waiting, not the device work.
+        """
+        marker = self.record()
+        try:
+            await marker
+        finally:
+            marker.close()
+
+    def close(self) -> None:
+        """Destroy the stream once its queued work is done (idempotent).
+
+        The default stream is uni's own and stays open: closing it does nothing.
+        """
+        # Note: unlike cuda.core's streams, uni's default stream ignores close() (it is
+        # shared by every uni operation on its device, as the NULL stream is in CUDA).
+        if self._closed or self._is_default:
+            return
+        self._closed = True
+        use_device(self._device)
+        with cuda_call("cuStreamDestroy"):
+            self._cu.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = "default " if self._is_default else ""
+        state = ", closed" if self._closed else ""
+        return f"uni.cuda.Stream({kind}device={self._device}{state})"
+
+
+_defaults: dict[int, Stream] = {}
+_defaults_lock = threading.Lock()
+
+
+def default_stream(device: int = 0) -> Stream:
+    """uni's own stream on ``device``: non-blocking, shared by uni's operations there.
+
+    It is not CUDA's legacy NULL stream: work on it does not synchronize with other streams
+    implicitly. Closing it does nothing.
+    """
+    index = require(check_device(device), what="uni.cuda.default_stream")
+    stream = _defaults.get(index)
+    if stream is None:
+        with _defaults_lock:
+            stream = _defaults.get(index)
+            if stream is None:
+                stream = Stream(index)
+                stream._is_default = True
+                _defaults[index] = stream
+    return stream
