@@ -16,6 +16,7 @@ import numpy as np
 
 from uni._accessor import CUDA, Domain, _AccessorBase
 from uni._dtypes import as_dtype
+from uni.cuda._nvrtc import kernel_cache_dir, kernel_cache_info
 
 
 @functools.cache
@@ -62,4 +63,10 @@ class CudaPointerAccessor(_AccessorBase):
         )
 
 
-__all__ = ["CudaPointerAccessor", "is_available", "unavailable_reason"]
+__all__ = [
+    "CudaPointerAccessor",
+    "is_available",
+    "kernel_cache_dir",
+    "kernel_cache_info",
+    "unavailable_reason",
+]
