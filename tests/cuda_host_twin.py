@@ -56,7 +56,7 @@ HOST_PRELUDE = r"""// uni host twin: the launch grid, emulated on the CPU.
 struct uni_dim3 { unsigned x, y, z; };
 static thread_local uni_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define UNI_KERNEL extern "C" void
-#define UNI_FN static inline
+#define UNI_FN inline
 #define UNI_SHARED static
 struct uni_twin_barrier {
   std::mutex m; std::condition_variable cv; unsigned count, waiting = 0, generation = 0;
@@ -886,3 +886,22 @@ def gemm_launch(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> Launch:
                                 beta, tile=2)
     assert launch is not None
     return launch
+
+
+def compile_suite_part(directory: str, part: int,
+                       parts: int) -> list[tuple[str, int, int | None, str, float, str]]:
+    """Compile every ``parts``-th suite kernel (from ``part``) with NVRTC into ``directory``.
+
+    Runs in a worker process (NVRTC holds the GIL: threads would not overlap); returns
+    (name, cubin bytes, cubin SM, origin, seconds, cache file) per kernel.
+    """
+    from uni.cuda import _nvrtc  # the worker's own import: it runs in a fresh process
+
+    cache = _nvrtc.KernelCache(directory)
+    results = []
+    for kernel in suite_kernels()[part::parts]:
+        compiled = cache.get(kernel.spec)
+        assert compiled.name == kernel.name
+        results.append((compiled.name, len(compiled.cubin), _nvrtc.cubin_arch(compiled.cubin),
+                        compiled.origin, compiled.seconds, str(compiled.path)))
+    return results

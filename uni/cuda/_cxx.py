@@ -258,7 +258,7 @@ def _conversions() -> str:
 _HEAD = r"""// uni generated kernel: common definitions. No #include: NVRTC has no headers.
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 #define UNI_KERNEL extern "C" __global__ void
-#define UNI_FN static __device__ __forceinline__
+#define UNI_FN __device__ __forceinline__
 #define UNI_SHARED __shared__
 #define UNI_SYNC() __syncthreads()
 #elif !defined(UNI_HOST_TWIN)
