@@ -40,8 +40,9 @@ import numpy as np
 
 import uni
 from uni import _promotion
-from uni.cuda import _codegen
-from uni.cuda._codegen import KernelSource, Launch
+from uni.cuda import _codegen, _launch_plan
+from uni.cuda._codegen import KernelSource
+from uni.cuda._launch_plan import Launch
 
 CXX = os.environ.get("CXX", "g++")
 FLAGS = ("-std=c++17", "-O1", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-fast-math",
@@ -515,8 +516,8 @@ class ElementwiseCase:
                              f"+{x.layout.offset} {list(x.recipe)}{' alias' if x.alias else ''}")
         return "; ".join(parts) + f"; width {self.index_width}, grid {self.grid}/{self.block}"
 
-    def _operands(self, pointers: Sequence[int]) -> tuple[_codegen.Operand, list[Any]]:
-        out = _codegen.Operand(pointers[0], uni.DefaultAccessor(self.out_dtype),
+    def _operands(self, pointers: Sequence[int]) -> tuple[_launch_plan.Operand, list[Any]]:
+        out = _launch_plan.Operand(pointers[0], uni.DefaultAccessor(self.out_dtype),
                                self.out.shape, self.out.strides, self.out.offset)
         inputs: list[Any] = []
         for k, x in enumerate(self.inputs, 1):
@@ -524,7 +525,7 @@ class ElementwiseCase:
                 inputs.append(x.scalar)
             else:
                 assert x.layout is not None
-                inputs.append(_codegen.Operand(pointers[k], build_accessor(x.dtype, x.recipe),
+                inputs.append(_launch_plan.Operand(pointers[k], build_accessor(x.dtype, x.recipe),
                                                x.layout.shape, x.layout.strides,
                                                x.layout.offset))
         return out, inputs
@@ -532,7 +533,7 @@ class ElementwiseCase:
     def launch(self, pointers: Sequence[int] | None = None) -> Launch | None:
         pointers = pointers or [0] * (len(self.inputs) + 1)
         out, inputs = self._operands(pointers)
-        return _codegen.plan_elementwise(self.op, out, inputs, index_width=self.index_width)
+        return _launch_plan.plan_elementwise(self.op, out, inputs, index_width=self.index_width)
 
     def specs(self) -> list[_codegen.Spec]:
         launch = self.launch()
@@ -542,28 +543,40 @@ class ElementwiseCase:
         launch = self.launch()
         return [] if launch is None else [launch.kernel]
 
-    def run(self, lib: TwinLibrary) -> None:
+    def buffers(self) -> list[Any]:
+        """The initial buffers, output first (None for scalar and aliased inputs)."""
         rng = np.random.default_rng([self.seed, 1])
-        launch0 = self.launch()
-        special = launch0 is None or not (spec_inexact(launch0.kernel.spec) or any(
+        launch = self.launch()
+        special = launch is None or not (spec_inexact(launch.kernel.spec) or any(
             any(step[0] == "transform" for step in x.recipe) for x in self.inputs))
-        out_init = random_values(rng, self.out_dtype, self.out.size, special=True)
-        buffers = []
+        buffers = [random_values(rng, self.out_dtype, self.out.size, special=True)]
         for x in self.inputs:
             if x.dtype is None or x.alias:
                 buffers.append(None)
             else:
                 assert x.layout is not None
                 buffers.append(random_values(rng, x.dtype, x.layout.size, special=special))
-        # The twin: on copies, through raw pointers.
-        twin_out = out_init.copy()
-        twin_in = [None if b is None else b.copy() for b in buffers]
-        pointers = [twin_out.ctypes.data] + [
-            twin_out.ctypes.data if x.alias else 0 if b is None else b.ctypes.data
-            for x, b in zip(self.inputs, twin_in, strict=True)]
-        launch = self.launch(pointers)
+        return buffers
+
+    def launch_on(self, pointers: Sequence[int | None]) -> Launch | None:
+        """The launch over buffers at ``pointers`` (as ``buffers()`` orders them)."""
+        out = pointers[0]
+        assert out is not None
+        return self.launch([out] + [out if x.alias else p or 0
+                                    for x, p in zip(self.inputs, pointers[1:], strict=True)])
+
+    def run_twin(self, lib: TwinLibrary, buffers: Sequence[Any]) -> None:
+        """Run the twin on ``buffers`` (in place)."""
+        launch = self.launch_on([None if b is None else b.ctypes.data for b in buffers])
         if launch is not None:
             lib.launch(launch, grid=self.grid, block=self.block)
+
+    def run(self, lib: TwinLibrary) -> None:
+        launch0 = self.launch()
+        out_init, *buffers = self.buffers()
+        # The twin: on copies, through raw pointers.
+        twin_out, *twin_in = [None if b is None else b.copy() for b in (out_init, *buffers)]
+        self.run_twin(lib, [twin_out, *twin_in])
         # The reference: uni tensors over other copies, through cpu_reference.
         ref_out = out_init.copy()
         out_t = tensor(ref_out, uni.DefaultAccessor(self.out_dtype), self.out)
@@ -664,19 +677,19 @@ class MatmulCase:
                          f"{list(rec)}")
         return "; ".join(parts)
 
-    def _operands(self, pointers: Sequence[int]) -> list[_codegen.Operand]:
+    def _operands(self, pointers: Sequence[int]) -> list[_launch_plan.Operand]:
         accs = [build_accessor(self.dtypes[0], self.recipes[0]),
                 build_accessor(self.dtypes[1], self.recipes[1]),
                 uni.DefaultAccessor(self.dtypes[2])]
-        return [_codegen.Operand(p, acc, lay.shape, lay.strides, lay.offset)
+        return [_launch_plan.Operand(p, acc, lay.shape, lay.strides, lay.offset)
                 for p, acc, lay in zip(pointers, accs, self.layouts, strict=True)]
 
     def launch(self, pointers: Sequence[int] = (0, 0, 0)) -> Launch | None:
         a, b, c = self._operands(pointers)
         if self.kind == "gemm":
-            return _codegen.plan_gemm(a, b, c, self.alpha, self.beta, tile=self.tile,
+            return _launch_plan.plan_gemm(a, b, c, self.alpha, self.beta, tile=self.tile,
                                       index_width=self.index_width, max_grid=self.max_grid)
-        return _codegen.plan_gemv(a, b, c, self.alpha, self.beta, index_width=self.index_width,
+        return _launch_plan.plan_gemv(a, b, c, self.alpha, self.beta, index_width=self.index_width,
                                   block=self.tile, max_blocks=self.max_grid[0])
 
     def kernels(self) -> list[KernelSource]:
@@ -686,20 +699,33 @@ class MatmulCase:
     def specs(self) -> list[_codegen.Spec]:
         return [k.spec for k in self.kernels()]
 
-    def run(self, lib: TwinLibrary) -> None:
+    def buffers(self) -> list[Any]:
+        """The initial buffers: a, b (or x), then the output."""
         rng = np.random.default_rng([self.seed, 1])
-        out_dtype = np.dtype(self.dtypes[2])
         ins = [random_values(rng, dt, lay.size, special=False)
                for dt, lay in zip(self.dtypes[:2], self.layouts[:2], strict=True)]
-        out_init = random_values(rng, out_dtype, self.layouts[2].size, special=False)
+        out_init = random_values(rng, self.dtypes[2], self.layouts[2].size, special=False)
         if self.alpha == 0:  # never read: garbage that would show
             ins = [_garbage(x) for x in ins]
         if self.beta == 0:
             out_init = _garbage(out_init)
-        twin = [x.copy() for x in (*ins, out_init)]
-        launch = self.launch([x.ctypes.data for x in twin])
+        return [*ins, out_init]
+
+    def launch_on(self, pointers: Sequence[int | None]) -> Launch | None:
+        assert all(p is not None for p in pointers)
+        return self.launch([int(p or 0) for p in pointers])
+
+    def run_twin(self, lib: TwinLibrary, buffers: Sequence[Any]) -> None:
+        launch = self.launch_on([b.ctypes.data for b in buffers])
         if launch is not None:
             lib.launch(launch)
+
+    def run(self, lib: TwinLibrary) -> None:
+        out_dtype = np.dtype(self.dtypes[2])
+        *ins, out_init = self.buffers()
+        twin = [x.copy() for x in (*ins, out_init)]
+        self.run_twin(lib, twin)
+        launch = self.launch()
         ref = [x.copy() for x in (*ins, out_init)]
         accs = [build_accessor(self.dtypes[0], self.recipes[0]),
                 build_accessor(self.dtypes[1], self.recipes[1]),
@@ -808,20 +834,20 @@ def suite_cases() -> tuple[list[ElementwiseCase], list[MatmulCase], list[MatmulC
             [matmul_case(i, "gemv") for i in range(GEMV_CASES)])
 
 
-def vector(ptr: int, dtype: Any, n: int, accessor: Any = None) -> _codegen.Operand:
+def vector(ptr: int, dtype: Any, n: int, accessor: Any = None) -> _launch_plan.Operand:
     """A contiguous 1-D operand of ``n`` elements at ``ptr``."""
-    return _codegen.Operand(ptr, accessor or uni.DefaultAccessor(dtype), (n,), (1,), 0)
+    return _launch_plan.Operand(ptr, accessor or uni.DefaultAccessor(dtype), (n,), (1,), 0)
 
 
 def copy_launch(src: Any, dst: Any, n: int, ptrs: tuple[int, int] = (0, 0)) -> Launch | None:
-    return _codegen.plan_elementwise("copy", vector(ptrs[1], dst, n), [vector(ptrs[0], src, n)])
+    return _launch_plan.plan_elementwise("copy", vector(ptrs[1], dst, n), [vector(ptrs[0], src, n)])
 
 
 def op_launch(op: Any, dtype: Any, n: int, ptrs: Sequence[int] | None = None,
               out_dtype: Any = None) -> Launch | None:
     ptrs = ptrs or [0] * (op.arity + 1)
     inputs = [vector(p, dtype, n) for p in ptrs[1:]]
-    return _codegen.plan_elementwise(op, vector(ptrs[0], out_dtype or dtype, n), inputs)
+    return _launch_plan.plan_elementwise(op, vector(ptrs[0], out_dtype or dtype, n), inputs)
 
 
 SPECIAL_OPS = (uni.ops.add, uni.ops.multiply, uni.ops.negate, uni.ops.square,
@@ -867,22 +893,22 @@ WIDE_STRIDE = 2**31 + 7  # one step past int32: only 64-bit offsets reach the se
 
 def wide_copy_launch(src_ptr: int = 0, dst_ptr: int = 0) -> Launch | None:
     """A copy of 3 bools ``WIDE_STRIDE`` apart into 3 contiguous ones (a 64-bit plan)."""
-    src = _codegen.Operand(src_ptr, uni.DefaultAccessor(np.bool_), (3,), (WIDE_STRIDE,), 1)
-    return _codegen.plan_elementwise("copy", vector(dst_ptr, np.bool_, 3), [src])
+    src = _launch_plan.Operand(src_ptr, uni.DefaultAccessor(np.bool_), (3,), (WIDE_STRIDE,), 1)
+    return _launch_plan.plan_elementwise("copy", vector(dst_ptr, np.bool_, 3), [src])
 
 
 NEVER_READ_DTYPES = (np.float32, np.float64, np.complex128)
 
 
-def array_operand(x: Any) -> _codegen.Operand:
+def array_operand(x: Any) -> _launch_plan.Operand:
     """A numpy array as an operand (element strides, offset 0 from its data pointer)."""
-    return _codegen.Operand(x.ctypes.data, uni.DefaultAccessor(x.dtype), x.shape,
+    return _launch_plan.Operand(x.ctypes.data, uni.DefaultAccessor(x.dtype), x.shape,
                             [s // x.itemsize for s in x.strides], 0)
 
 
 def gemm_launch(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> Launch:
     """``c = alpha * a @ b + beta * c`` on numpy arrays, in 2x2 tiles."""
-    launch = _codegen.plan_gemm(array_operand(a), array_operand(b), array_operand(c), alpha,
+    launch = _launch_plan.plan_gemm(array_operand(a), array_operand(b), array_operand(c), alpha,
                                 beta, tile=2)
     assert launch is not None
     return launch

@@ -19,6 +19,7 @@ import uni
 from uni import _promotion
 from uni.cuda import _codegen as cg
 from uni.cuda import _cxx
+from uni.cuda import _launch_plan as lp
 
 ALL_OPS = [uni.ops.identity, uni.ops.negate, uni.ops.square, uni.ops.reciprocal,
            uni.ops.scale(3), uni.ops.conjugate, uni.ops.add, uni.ops.subtract,
@@ -156,41 +157,41 @@ def test_unknown_accessors_and_lowering_transforms_are_declined() -> None:
         assert info.value.reason is uni.Decline.UNSUPPORTED_ACCESSOR
 
 
-def _nine_axes(ptr: int = 0) -> cg.Operand:
+def _nine_axes(ptr: int = 0) -> lp.Operand:
     shape = (2,) * 9
     strides = tuple(3**k for k in range(8, -1, -1))  # never adjacent: nothing coalesces
-    return cg.Operand(ptr, uni.DefaultAccessor(np.float32), shape, strides, 0)
+    return lp.Operand(ptr, uni.DefaultAccessor(np.float32), shape, strides, 0)
 
 
 def test_a_plan_of_rank_nine_is_declined_and_eight_is_not() -> None:
     with pytest.raises(cg.UnsupportedKernel, match="rank 9 after coalescing") as info:
-        cg.plan_elementwise(uni.ops.negate, _nine_axes(), [_nine_axes()])
+        lp.plan_elementwise(uni.ops.negate, _nine_axes(), [_nine_axes()])
     assert info.value.reason is uni.Decline.UNSUPPORTED_LAYOUT
     # Nine axes of which the last two are adjacent coalesce to eight: accepted.
-    eight = cg.Operand(0, uni.DefaultAccessor(np.float32), (2,) * 9,
+    eight = lp.Operand(0, uni.DefaultAccessor(np.float32), (2,) * 9,
                        (*(3**k for k in range(8, 1, -1)), 2, 1), 0)
-    launch = cg.plan_elementwise(uni.ops.negate, eight, [eight])
+    launch = lp.plan_elementwise(uni.ops.negate, eight, [eight])
     assert launch is not None and launch.kernel.spec.rank == 8
 
 
 def test_misaligned_pointers_are_declined() -> None:
     good = tw.vector(4096, np.complex128, 4)
     bad = tw.vector(4096 + 8, np.complex128, 4)
-    assert cg.plan_elementwise(uni.ops.negate, good, [good]) is not None
+    assert lp.plan_elementwise(uni.ops.negate, good, [good]) is not None
     for out, inp in ((bad, good), (good, bad)):
         with pytest.raises(cg.UnsupportedKernel, match="not aligned to 16") as info:
-            cg.plan_elementwise(uni.ops.negate, out, [inp])
+            lp.plan_elementwise(uni.ops.negate, out, [inp])
         assert info.value.reason is uni.Decline.UNSUPPORTED_LAYOUT
 
 
 def test_empty_outputs_launch_nothing_and_broadcast_outputs_are_refused() -> None:
-    empty = cg.Operand(0, uni.DefaultAccessor(np.float32), (3, 0), (0, 0), 0)
-    assert cg.plan_elementwise(uni.ops.negate, empty, [empty]) is None
-    z = cg.Operand(0, uni.DefaultAccessor(np.float32), (0, 2, 2), (1, 2, 1), 0)
-    assert cg.plan_gemm(z, z, z) is None
-    broadcast = cg.Operand(0, uni.DefaultAccessor(np.float32), (3, 2), (0, 1), 0)
+    empty = lp.Operand(0, uni.DefaultAccessor(np.float32), (3, 0), (0, 0), 0)
+    assert lp.plan_elementwise(uni.ops.negate, empty, [empty]) is None
+    z = lp.Operand(0, uni.DefaultAccessor(np.float32), (0, 2, 2), (1, 2, 1), 0)
+    assert lp.plan_gemm(z, z, z) is None
+    broadcast = lp.Operand(0, uni.DefaultAccessor(np.float32), (3, 2), (0, 1), 0)
     with pytest.raises(uni.LayoutError, match="never broadcasts"):
-        cg.plan_elementwise(uni.ops.negate, broadcast, [tw.vector(0, np.float32, 2)])
+        lp.plan_elementwise(uni.ops.negate, broadcast, [tw.vector(0, np.float32, 2)])
 
 
 def test_specs_validate_what_they_are_given() -> None:
@@ -228,8 +229,8 @@ def test_launch_arguments_follow_the_parameters_one_for_one() -> None:
 
 def test_index_arithmetic_width_and_casts() -> None:
     x = tw.vector(0, np.float64, 10)
-    k32 = cg.plan_elementwise(uni.ops.negate, x, [x])
-    k64 = cg.plan_elementwise(uni.ops.negate, x, [x], index_width=64)
+    k32 = lp.plan_elementwise(uni.ops.negate, x, [x])
+    k64 = lp.plan_elementwise(uni.ops.negate, x, [x], index_width=64)
     assert k32 is not None and k64 is not None
     assert k32.kernel.spec.index_width == 32 and k64.kernel.spec.index_width == 64
     assert "u32 o0" in k32.kernel.body and "u64 o0" not in k32.kernel.body
@@ -248,7 +249,7 @@ def test_generation_is_deterministic_and_keyed_by_the_spec() -> None:
     assert a is not None and b is not None
     assert a.kernel == b.kernel and hash(a.kernel.spec) == hash(b.kernel.spec)
     f = tw.vector(0, np.float32, 4)
-    two, three = (cg.plan_elementwise(uni.ops.scale(v), f, [f]) for v in (2.0, 3.0))
+    two, three = (lp.plan_elementwise(uni.ops.scale(v), f, [f]) for v in (2.0, 3.0))
     # A factor is an argument, not part of the kernel: one compile serves every factor.
     assert two is not None and three is not None and two.kernel == three.kernel
     factor = [p.name for p in two.kernel.params].index("op_factor")

@@ -25,6 +25,7 @@ import trio
 
 import uni
 from uni.cuda import _codegen as cg
+from uni.cuda import _launch_plan as lp
 from uni.cuda import _nvrtc
 
 needs_nvrtc = pytest.mark.skipif(not _nvrtc.is_available(),
@@ -183,7 +184,7 @@ def test_two_processes_fill_one_cache_at_once(tmp_path: pathlib.Path) -> None:
     time.sleep(1.0)  # both are importing; the go file starts them together
     go.touch()
     outputs = [p.communicate(timeout=300) for p in procs]
-    for (out, err), p in zip(outputs, procs, strict=True):
+    for (_, err), p in zip(outputs, procs, strict=True):
         assert p.returncode == 0, err
     rows = [[json.loads(line) for line in out.splitlines()] for out, _ in outputs]
     assert [r[0] for r in rows[0]] == [r[0] for r in rows[1]]
@@ -246,7 +247,7 @@ def test_kernel_cache_info_lists_what_the_process_built(monkeypatch: pytest.Monk
                                                         tmp_path: pathlib.Path) -> None:
     monkeypatch.setenv("UNI_CACHE_DIR", str(tmp_path))
     a = tw.vector(0, np.float32, 5)
-    launch = cg.plan_elementwise(uni.ops.add, a, [a, tw.vector(0, np.int64, 5)],
+    launch = lp.plan_elementwise(uni.ops.add, a, [a, tw.vector(0, np.int64, 5)],
                                  index_width=64)
     assert launch is not None
     compiled = _nvrtc.kernel_for(launch.kernel.spec)
@@ -267,6 +268,62 @@ def test_a_compile_error_is_a_cuda_error_with_the_log(monkeypatch: pytest.Monkey
     monkeypatch.setattr(_nvrtc, "generate", lambda s: type(broken)(
         s, broken.name, broken.body.replace("uni_store_", "uni_missing_"), broken.params,
         broken.uses_sync))
-    with pytest.raises(uni.CudaError, match="(?s)NVRTC could not compile .*uni_missing_"):
+    with pytest.raises(uni.CudaError, match=r"(?s)NVRTC could not compile .*uni_missing_"):
         _nvrtc.KernelCache(tmp_path).get(spec)
     assert not list(tmp_path.glob("*.cubin"))
+
+
+def _same_bits(got: Any, want: Any, what: str) -> None:
+    if got.dtype.kind in "fc":
+        real = got.real.dtype if got.dtype.kind == "c" else got.dtype
+        g, w = got.view(real), want.view(real)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=what)
+        keep = ~np.isnan(w)
+        g, w = g[keep], w[keep]
+    else:
+        g, w = got, want
+    np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8), err_msg=what)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not uni.cuda.is_available(), reason=f"no CUDA device: "
+                    f"{uni.cuda.unavailable_reason()}")
+def test_generated_kernels_on_the_gpu_match_their_host_twins(tmp_path: pathlib.Path) -> None:
+    # Only with a GPU (not yet run on one): the cubins, launched through cuda.core with the
+    # launch's own arguments, must leave every buffer bit for bit as the host twin does
+    # (the same IEEE operations in the same order, no FMA on either side).
+    from cuda.core import Buffer, Device, LaunchConfig, ObjectCode, launch  # GPU machines only
+
+    device = Device(0)
+    device.set_current()
+    stream = device.create_stream()
+    cache = _nvrtc.KernelCache(tmp_path, arch=f"sm_{device.arch}")
+    library = tw.build(tw.suite_kernels())
+    ew, gemm, gemv = tw.suite_cases()
+    for case in (*ew[:240], *gemm[:60], *gemv[:40]):
+        host = case.buffers()
+        twin = [None if b is None else b.copy() for b in host]
+        case.run_twin(library, twin)
+        on_device = [None if b is None else device.allocate(b.nbytes, stream=stream)
+                     for b in host]
+        for b, d in zip(host, on_device, strict=True):
+            if b is not None:
+                d.copy_from(Buffer.from_handle(b.ctypes.data, b.nbytes), stream=stream)
+        run = case.launch_on([None if d is None else int(d.handle) for d in on_device])
+        if run is not None:
+            compiled = cache.get(run.kernel.spec)
+            kernel = ObjectCode.from_cubin(compiled.cubin, name=compiled.name).get_kernel(
+                compiled.name)
+            launch(stream, LaunchConfig(grid=run.grid, block=run.block), kernel, *run.args)
+        back = [None if b is None else np.empty_like(b) for b in host]
+        for g, d in zip(back, on_device, strict=True):
+            if g is not None:
+                Buffer.from_handle(g.ctypes.data, g.nbytes).copy_from(d, stream=stream)
+        stream.sync()
+        for k, (g, t) in enumerate(zip(back, twin, strict=True)):
+            if g is not None:
+                _same_bits(g, t, f"buffer {k}: {case.describe()}")
+        for d in on_device:
+            if d is not None:
+                d.close(stream)
+    stream.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes.util
 import functools
 import importlib.util
+import pathlib
 from typing import Any
 
 import attrs
@@ -16,7 +17,6 @@ import numpy as np
 
 from uni._accessor import CUDA, Domain, _AccessorBase
 from uni._dtypes import as_dtype
-from uni.cuda._nvrtc import kernel_cache_dir, kernel_cache_info
 
 
 @functools.cache
@@ -61,6 +61,23 @@ class CudaPointerAccessor(_AccessorBase):
         raise TypeError(
             "a CUDA device pointer is not host-dereferenceable; copy to the host with uni.copy"
         )
+
+
+def kernel_cache_info() -> list[Any]:
+    """The kernels this process compiled (or read from the disk cache), one record each:
+    ``op``, ``dtypes``, ``compute``, ``rank``, ``index_width``, ``arch``, ``origin``
+    (``"compiled"`` or ``"disk"``), ``seconds``, ``path`` and the kernel ``name``."""
+    from uni.cuda import _nvrtc  # deferred: `import uni` need not load the code generator
+
+    return list(_nvrtc.kernel_cache_info())
+
+
+def kernel_cache_dir() -> pathlib.Path:
+    """The directory compiled kernels are cached in (``$UNI_CACHE_DIR/kernels`` when set,
+    else ``$XDG_CACHE_HOME/uni/kernels``, by default ``~/.cache/uni/kernels``)."""
+    from uni.cuda import _nvrtc  # deferred: `import uni` need not load the code generator
+
+    return _nvrtc.kernel_cache_dir()
 
 
 __all__ = [
