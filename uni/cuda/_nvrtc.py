@@ -51,9 +51,8 @@ from uni.dispatch import Specializer
 def _modules() -> tuple[Any, Any] | str:
     """(cuda.core, cuda.bindings.nvrtc), or why they cannot be imported."""
     try:
-        # Deferred: importing cuda.core costs ~0.25 s, which `import uni` must not pay.
-        import cuda.core as core
-        from cuda.bindings import nvrtc
+        import cuda.core as core  # deferred: ~0.25 s that `import uni` must not pay
+        from cuda.bindings import nvrtc  # deferred with it
     except ImportError as err:  # cuda-core is the optional uni[cuda] extra
         return f"cuda-core / cuda-bindings are not installed ({err}); install uni[cuda]"
     return core, nvrtc
