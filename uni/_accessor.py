@@ -229,8 +229,8 @@ class TransformAccessor(_Adapter):
     @property
     def domains(self) -> frozenset[Domain]:  # type: ignore[override]
         domains: frozenset[Domain] = self.base.domains
-        if getattr(self.op, "cuda_expression", None) is None:
-            # A Python callable can only run where Python runs.
+        if not isinstance(self.op, _DEVICE_OP_TYPES):
+            # A Python callable can only run where Python runs; uni.ops' ops have device code.
             return domains & {HOST}
         return domains
 
@@ -255,6 +255,18 @@ class TransformAccessor(_Adapter):
         for index in np.ndindex(base.shape):
             out[index] = fn(base[index])
         return out
+
+
+# The op types that generated kernels can apply: uni.ops registers ElementOp (its
+# ``is_element_op`` test). uni.ops sits above this module, so it is not imported here.
+_DEVICE_OP_TYPES: tuple[type, ...] = ()
+
+
+def register_device_op_type(cls: type) -> None:
+    """Declare ``cls``'s instances device-capable in TransformAccessor.domains (uni.ops)."""
+    global _DEVICE_OP_TYPES
+    if cls not in _DEVICE_OP_TYPES:
+        _DEVICE_OP_TYPES = (*_DEVICE_OP_TYPES, cls)
 
 
 Accessor = DefaultAccessor | ConstAccessor | ConjugateAccessor | ScaledAccessor | TransformAccessor

@@ -1,8 +1,9 @@
 """Element operations for ``uni.transform``: small hashable values that know their arithmetic.
 
-Each op carries the same arithmetic three ways -- ``apply_numpy`` (vectorized, numpy ufuncs),
-``apply_scalar`` (one element at a time, for the reference backend) and ``cuda_template`` (a C
-expression for generated kernels) -- and a result-dtype rule on top of ``uni._promotion``:
+Each op carries the same arithmetic two ways -- ``apply_numpy`` (vectorized, numpy ufuncs) and
+``apply_scalar`` (one element at a time, for the reference backend) -- and a result-dtype rule
+on top of ``uni._promotion``. The module is backend-neutral: the C++ each op becomes in
+generated CUDA kernels lives with the code generator (``uni.cuda._cxx``), keyed by ``name``.
 
 =============  =====  ==========================  ============================================
 op             arity  computes                    dtype rule on the promoted inputs
@@ -37,6 +38,7 @@ import attrs
 import numpy as np
 
 from uni import _promotion
+from uni._accessor import register_device_op_type
 from uni._dtypes import as_dtype
 from uni._errors import DTypeError
 from uni._promotion import Category, DType, OperandLike, PythonScalar
@@ -150,77 +152,27 @@ def _numpy_scale(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Arr
 
 @attrs.frozen
 class _Kind:
-    """Everything one op kind knows: arity, arithmetic in three forms, dtype rule."""
+    """Everything one op kind knows: arity, arithmetic in two forms, dtype rule."""
 
     arity: int
     numpy_impl: Callable[..., Array]
     scalar_impl: Callable[..., PythonScalar]
-    cuda_template: str
     rule: _Rule
 
 
 _KINDS: Mapping[str, _Kind] = {
-    "identity": _Kind(1, _numpy_identity, lambda x: x, "({0})", _Rule.PROMOTE),
-    "negate": _Kind(1, _numpy_negate, lambda x: -x, "(-{0})", _Rule.NO_BOOL),
-    "square": _Kind(1, _numpy_square, lambda x: x * x, "({0} * {0})", _Rule.PROMOTE),
-    "reciprocal": _Kind(
-        1, _numpy_reciprocal, lambda x: _ieee_divide(1, x), "({T}(1) / {0})", _Rule.TRUE_DIVIDE
-    ),
+    "identity": _Kind(1, _numpy_identity, lambda x: x, _Rule.PROMOTE),
+    "negate": _Kind(1, _numpy_negate, lambda x: -x, _Rule.NO_BOOL),
+    "square": _Kind(1, _numpy_square, lambda x: x * x, _Rule.PROMOTE),
+    "reciprocal": _Kind(1, _numpy_reciprocal, lambda x: _ieee_divide(1, x), _Rule.TRUE_DIVIDE),
     # The factor is bound by ElementOp.apply_scalar, converted into the computing dtype.
-    "scale": _Kind(1, _numpy_scale, lambda x, f: x * f, "({0} * {s})", _Rule.PROMOTE),
-    "conjugate": _Kind(1, _numpy_conjugate, _conjugate_scalar, "conj({0})", _Rule.PROMOTE),
-    "add": _Kind(2, _ufunc_binary(np.add), lambda x, y: x + y, "({0} + {1})", _Rule.PROMOTE),
-    "subtract": _Kind(
-        2, _ufunc_binary(np.subtract), lambda x, y: x - y, "({0} - {1})", _Rule.NO_BOOL
-    ),
-    "multiply": _Kind(
-        2, _ufunc_binary(np.multiply), lambda x, y: x * y, "({0} * {1})", _Rule.PROMOTE
-    ),
-    "divide": _Kind(
-        2, _ufunc_binary(np.true_divide), _ieee_divide, "({0} / {1})", _Rule.TRUE_DIVIDE
-    ),
+    "scale": _Kind(1, _numpy_scale, lambda x, f: x * f, _Rule.PROMOTE),
+    "conjugate": _Kind(1, _numpy_conjugate, _conjugate_scalar, _Rule.PROMOTE),
+    "add": _Kind(2, _ufunc_binary(np.add), lambda x, y: x + y, _Rule.PROMOTE),
+    "subtract": _Kind(2, _ufunc_binary(np.subtract), lambda x, y: x - y, _Rule.NO_BOOL),
+    "multiply": _Kind(2, _ufunc_binary(np.multiply), lambda x, y: x * y, _Rule.PROMOTE),
+    "divide": _Kind(2, _ufunc_binary(np.true_divide), _ieee_divide, _Rule.TRUE_DIVIDE),
 }
-
-#: The C++ type that NVRTC kernels use for each dtype (complex via libcu++).
-CUDA_TYPES: Mapping[DType, str] = {
-    np.dtype(np.bool_): "bool",
-    np.dtype(np.int32): "int",
-    np.dtype(np.int64): "long long",
-    np.dtype(np.float32): "float",
-    np.dtype(np.float64): "double",
-    np.dtype(np.complex64): "cuda::std::complex<float>",
-    np.dtype(np.complex128): "cuda::std::complex<double>",
-}
-
-
-def _cuda_real_literal(x: float, dtype: DType) -> str:
-    if math.isfinite(x):
-        # Hex floats are exact, so the kernel multiplies by the same factor numpy does.
-        return x.hex() + ("f" if dtype.itemsize == 4 else "")
-    if dtype.itemsize == 4:
-        bits = np.array(x, dtype=np.float32).view(np.uint32).item()
-        return f"__int_as_float({bits:#010x})"
-    bits = np.array(x, dtype=np.float64).view(np.uint64).item()
-    return f"__longlong_as_double({bits:#018x}LL)"
-
-
-def _cuda_literal(value: PythonScalar, dtype: DType) -> str:
-    """A C++ literal for ``value``, which is already exact in ``dtype``."""
-    if dtype.kind == "b":
-        return "true" if value else "false"
-    if dtype.kind == "i":
-        n = int(value.real)
-        if dtype.itemsize == 4:
-            # -2147483648 is unary minus on a literal too big for int; spell it as a sum.
-            return f"({n + 1} - 1)" if n == -(2**31) else str(n)
-        return f"({n + 1}LL - 1LL)" if n == -(2**63) else f"{n}LL"
-    if dtype.kind == "f":
-        return _cuda_real_literal(float(value.real), dtype)
-    part = np.dtype(np.float32) if dtype == np.complex64 else np.dtype(np.float64)
-    z = complex(value)
-    re, im = _cuda_real_literal(z.real, part), _cuda_real_literal(z.imag, part)
-    return f"{CUDA_TYPES[dtype]}({re}, {im})"
-
 
 def _factor_key(factor: PythonScalar | None) -> tuple[str, str] | None:
     # 2, 2.0 and True are equal in Python but promote differently, and NaN != NaN;
@@ -279,12 +231,6 @@ class ElementOp:
     def arity(self) -> int:
         """How many inputs the op takes (1 or 2)."""
         return self._kind.arity
-
-    @property
-    def cuda_template(self) -> str:
-        """A C++ expression with ``{0}``/``{1}`` for operands, ``{T}`` for the computing type
-        and ``{s}`` for the scale factor. ``cuda_expression`` fills it in."""
-        return self._kind.cuda_template
 
     def _check_arity(self, count: int, what: str) -> None:
         if count != self.arity:
@@ -354,26 +300,14 @@ class ElementOp:
         )
         return self._kind.scalar_impl(*values, factor)
 
-    def cuda_expression(self, dtype: Any, *operands: str) -> str:
-        """The C++ expression computing this op in ``dtype`` on the given operand expressions.
-
-        >>> multiply.cuda_expression("float32", "a[i]", "b[j]")
-        '(a[i] * b[j])'
-        """
-        self._check_arity(len(operands), "operand expressions")
-        dt = as_dtype(dtype)
-        template = self.cuda_template
-        if self.name == "conjugate" and dt.kind != "c":
-            template = "({0})"  # conj() of a real type would make it complex
-        factor = ""
-        if self.factor is not None:
-            factor = _cuda_literal(_promotion.python_scalar_to(self.factor, dt), dt)
-        return template.format(*operands, T=CUDA_TYPES[dt], s=factor)
-
 
 def is_element_op(x: object) -> TypeGuard[ElementOp]:
     """True for uni's element ops; false for plain Python callables."""
     return isinstance(x, ElementOp)
+
+
+# Element ops have device code: a TransformAccessor applying one keeps its base's domains.
+register_device_op_type(ElementOp)
 
 
 def scale(f: PythonScalar) -> ElementOp:
@@ -394,7 +328,6 @@ multiply = ElementOp("multiply")
 divide = ElementOp("divide")
 
 __all__ = [
-    "CUDA_TYPES",
     "ElementOp",
     "add",
     "conjugate",

@@ -7,6 +7,7 @@ touches the driver.
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,23 @@ def _allocate_pinned(size: int, dtype: np.dtype[Any], device: str, fill: Any) ->
 register_device("cuda", _allocate_cuda)
 register_device("pinned", _allocate_pinned)
 
+def kernel_cache_info() -> list[Any]:
+    """The kernels this process compiled (or read from the disk cache), one record each:
+    ``op``, ``dtypes``, ``compute``, ``rank``, ``index_width``, ``arch``, ``origin``
+    (``"compiled"`` or ``"disk"``), ``seconds``, ``path`` and the kernel ``name``."""
+    from uni.cuda import _nvrtc  # deferred: `import uni` need not load the code generator
+
+    return list(_nvrtc.kernel_cache_info())
+
+
+def kernel_cache_dir() -> pathlib.Path:
+    """The directory compiled kernels are cached in (``$UNI_CACHE_DIR/kernels`` when set,
+    else ``$XDG_CACHE_HOME/uni/kernels``, by default ``~/.cache/uni/kernels``)."""
+    from uni.cuda import _nvrtc  # deferred: `import uni` need not load the code generator
+
+    return _nvrtc.kernel_cache_dir()
+
+
 __all__ = [
     "CudaBuffer",
     "CudaHandle",
@@ -63,5 +81,7 @@ __all__ = [
     "device_count",
     "devices",
     "is_available",
+    "kernel_cache_dir",
+    "kernel_cache_info",
     "unavailable_reason",
 ]
