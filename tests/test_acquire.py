@@ -758,3 +758,75 @@ async def test_cancellation_at_random_points(seed: int) -> None:
     fresh = write_sync(t, timeout=0, overwrite=True)  # granted at once
     fresh.release()
     assert_idle(t)
+
+
+async def test_a_lease_taken_in_a_worker_thread_does_not_stick_to_the_thread() -> None:
+    t = uni.zeros(4)
+    kept = await trio.to_thread.run_sync(uni.acquire_host_write_access_sync, t)
+    released = threading.Event()
+
+    def later_job() -> str:
+        # Another job on the same (reused) worker thread: it must wait, not be told it holds
+        # the task's lease.
+        threading.Timer(0.05, lambda: (kept.release(), released.set())).start()
+        with uni.acquire_host_read_access_sync(t, timeout=5):
+            return "read"
+
+    assert await trio.to_thread.run_sync(later_job) == "read"
+    assert released.is_set()
+
+
+def test_poison_is_tracked_per_written_view() -> None:
+    t = uni.from_numpy(np.zeros((3, 4)))
+    with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(t[:, 0]):
+        raise RuntimeError("column writer failed")
+    # Another column lies inside the failed column's element range but shares no element.
+    with uni.acquire_host_read_access_sync(t[:, 1], timeout=5) as lease:
+        assert np.asarray(lease.mdspan()).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(uni.PoisonedError, match="column writer failed"):
+        uni.acquire_host_read_access_sync(t[1])  # row 1 holds an element of that column
+    # Overwriting that same strided view clears it (one [lo, hi] range never could).
+    with uni.acquire_host_write_access_sync(t[:, 0], overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = 1.0
+    with uni.acquire_host_read_access_sync(t, timeout=5) as lease:
+        assert np.asarray(lease.mdspan())[:, 0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_timeout_accepts_infinity_and_refuses_nonsense_up_front() -> None:
+    t = uni.zeros(3)
+    held = uni.acquire_host_write_access_sync(t).transfer()  # no longer this thread's
+    threading.Timer(0.05, held.release).start()
+    with uni.acquire_host_read_access_sync(t, timeout=float("inf")):  # waits, no OverflowError
+        pass
+    for bad in (float("nan"), "soon", [1]):
+        with pytest.raises(uni.LeaseError, match="timeout must be a number"):
+            uni.acquire_host_read_access_sync(t, timeout=bad)  # type: ignore[arg-type]
+    assert t.storage.access_queue.snapshot() == []
+
+
+def test_duck_typed_views_are_checked_against_their_storage() -> None:
+    seen: list[tuple[int, int]] = []
+
+    class Recording(uni.storage.HostStorage):
+        def acquire_read(self, region: Any) -> uni.HostHandle:
+            seen.append((region.lo, region.hi))
+            return super().acquire_read(region)
+
+    storage = Recording(4)
+
+    class TensorLike:  # a tensor view by duck typing, reaching outside its 4 elements
+        def __init__(self) -> None:
+            self.storage = storage
+            self.mapping = uni.layout_stride((7,), (8,))
+            self.accessor = uni.DefaultAccessor(np.float64)
+            self.offset = -3
+
+        def backend_selector(self) -> tuple[Any, ...]:
+            return ()
+
+        def mdspec(self) -> Any:
+            raise AssertionError("not needed")
+
+    with pytest.raises(uni.LayoutError, match=r"reaches elements -3\.\.45"):
+        uni.acquire_host_read_access_sync(TensorLike())
+    assert seen == []  # the hook never saw a region outside the buffer

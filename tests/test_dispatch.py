@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
 import uni
 from uni import Decline, Probe, _dispatch
@@ -439,3 +440,29 @@ def test_a_cuda_walk_without_the_cuda_backends_declines_unavailable_per_backend(
     with pytest.raises(uni.KernelDispatchError, match="cannot be loaded here"):
         uni.backends.get("cublas")
     assert "cublas" not in uni.backends.available()
+
+
+async def test_overrides_do_not_leak_between_interleaved_tasks() -> None:
+    seen: dict[str, str] = {}
+    a, b, c = uni.zeros((2, 2)), uni.zeros((2, 2)), uni.zeros((2, 2))
+
+    async def with_override() -> None:
+        with uni.override_backends("gemm", HostStorage, ["cpu_reference"]):
+            await trio.sleep(0.02)
+            with uni.dispatch_diagnostics() as records:
+                uni.gemm(a, b, c)
+            seen["inside"] = str(records[-1].selected)
+
+    async def without() -> None:
+        await trio.sleep(0.01)  # runs while the other task's override is in effect
+        with uni.dispatch_diagnostics() as records:
+            uni.gemm(a, b, c)
+        seen["other task"] = str(records[-1].selected)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(with_override)
+        nursery.start_soon(without)
+    assert seen == {"inside": "cpu_reference", "other task": "blas"}
+    with uni.dispatch_diagnostics() as records:
+        uni.gemm(a, b, c)
+    assert records[-1].selected == "blas"  # nothing left installed

@@ -202,3 +202,33 @@ def test_opposite_operations_on_two_storages_do_not_deadlock() -> None:
         th.join(20)
     assert not any(th.is_alive() for th in threads), "deadlocked"
     assert errors == []
+
+
+def test_a_partly_granted_async_operation_is_a_self_deadlock() -> None:
+    a, b = uni.zeros(4), uni.zeros(4)
+    held = uni.acquire_host_write_access_sync(b)
+    future = uni.copy_async(a, b)  # reads a (granted) and writes b (behind our lease)
+    with pytest.raises(uni.LeaseConflictError, match="release it first"):
+        uni.acquire_host_write_access_sync(a)  # waits for the copy, which waits for us
+    with pytest.raises(uni.LeaseConflictError, match="can never finish"):
+        future.result(timeout=5)  # the same: the copy waits for this thread's lease
+    held.release()
+    future.result(timeout=5)
+    with uni.acquire_host_write_access_sync(a, timeout=5):
+        pass
+
+
+def test_a_failed_input_release_poisons_the_outputs_of_an_async_operation() -> None:
+    class FailingRelease(uni.storage.HostStorage):
+        def release_read(self, region: Any, handle: Any) -> None:
+            raise OSError("could not hand the input back")
+
+    src = uni.Tensor.from_storage(FailingRelease.allocate(4, np.float64, fill=1.0),
+                                  uni.layout_right((4,)))
+    dst = uni.zeros(4)
+    future = uni.copy_async(src, dst)
+    with pytest.raises(OSError, match="hand the input back"):
+        future.result(timeout=5)
+    # Reported failure => poisoned output (never "failed" and "clean" at once).
+    with pytest.raises(uni.PoisonedError, match="hand the input back"):
+        uni.acquire_host_read_access_sync(dst)

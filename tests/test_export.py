@@ -239,10 +239,13 @@ def test_write_lease_export_is_writable_and_exclusive() -> None:
     with uni.acquire_host_write_access_sync(t) as lease:
         out = np.from_dlpack(lease)
         # Writable memory may go out as a legacy capsule too (numpy takes no raw capsules).
-        legacy = uni.from_dlpack(lease.__dlpack__())
+        legacy = uni.from_dlpack(lease.__dlpack__(), writable=True)
     assert not legacy.readonly
     out[1, 2] = 7.0
-    assert array[1, 2] == 7.0 and values(legacy)[1, 2] == 7.0
+    # The same memory: without a lease (it is immediate memory), since one memory has one
+    # queue and the export's write access is held until its consumer (legacy) lets go.
+    assert array[1, 2] == 7.0 and np.asarray(legacy.mdspec())[1, 2] == 7.0
+    assert legacy.storage.access_queue is t.storage.access_queue
     with pytest.raises(uni.LeaseTimeoutError):
         uni.acquire_host_read_access_sync(t, timeout=0.05)
     del out

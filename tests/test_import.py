@@ -39,7 +39,8 @@ def test_from_dlpack_is_zero_copy(name: str, array: np.ndarray[Any, Any], route:
         source = Producer(array)
     elif route == "legacy":
         source = array.__dlpack__()  # a raw legacy capsule
-    t = uni.from_dlpack(source)
+    # A legacy capsule cannot say whether writing is allowed: the caller says so.
+    t = uni.from_dlpack(source, writable=route == "legacy" and not readonly(array))
     assert t.shape == array.shape and t.dtype == array.dtype and t.device == "host"
     for n, mine, theirs in zip(array.shape, t.strides, array.strides, strict=True):
         assert n <= 1 or mine * array.itemsize == theirs
@@ -49,6 +50,31 @@ def test_from_dlpack_is_zero_copy(name: str, array: np.ndarray[Any, Any], route:
     if array.size > 1:
         with uni.acquire_host_read_access_sync(t) as lease:
             assert np.shares_memory(np.asarray(lease.mdspan()), array)
+
+
+def test_legacy_capsules_import_read_only_unless_the_caller_says_writable() -> None:
+    array = np.arange(6.0)
+    t = uni.from_dlpack(array.__dlpack__())  # what JAX hands out: it cannot say read-only
+    assert t.readonly
+    with pytest.raises(uni.LeaseError, match="read-only"):
+        uni.acquire_host_write_access_sync(t)
+    w = uni.from_dlpack(array.__dlpack__(), writable=True)
+    with uni.acquire_host_write_access_sync(w) as lease:
+        np.asarray(lease.mdspan())[0] = 5.0
+    assert array[0] == 5.0
+    with pytest.raises(ValueError, match="writable"):
+        uni.from_dlpack(array.__dlpack__(), writable="yes")  # type: ignore[arg-type]
+
+
+def test_a_read_lease_view_cannot_be_made_writeable() -> None:
+    t = uni.from_numpy(np.arange(6.0))
+    for view in (t, t[::-2], t[1:4]):
+        with uni.acquire_host_read_access_sync(view) as lease:
+            out = np.asarray(lease.mdspan())
+            with pytest.raises(ValueError, match="WRITEABLE"):
+                out.flags.writeable = True
+            with pytest.raises(ValueError, match="WRITEABLE"):
+                out[::1].flags.writeable = True
 
 
 def test_from_dlpack_asks_for_the_versioned_protocol() -> None:

@@ -329,3 +329,35 @@ def test_lease_collected_inside_a_queue_critical_section_does_not_deadlock(
     while queue.active_count() + queue.pending_count() and time.monotonic() < deadline:
         time.sleep(0.001)
     assert_idle(t)
+
+
+def test_a_transferred_lease_belongs_to_the_thread_that_uses_it() -> None:
+    t = uni.zeros(4)
+    lease = uni.acquire_host_write_access_sync(t)
+    moved = lease.transfer()
+    outcome: list[object] = []
+
+    def receiver() -> None:
+        np.asarray(moved.mdspan())[0] = 1.0  # first use: this thread owns it now
+        try:
+            uni.acquire_host_read_access_sync(t)  # its own lease is in the way: forever
+        except uni.LeaseConflictError as err:
+            outcome.append(err)
+        moved.release()
+
+    worker = threading.Thread(target=receiver)
+    worker.start()
+    worker.join(10)
+    assert len(outcome) == 1  # the receiver's self-deadlock is detected
+    # The giver holds nothing any more: no false conflict.
+    with uni.acquire_host_read_access_sync(t, timeout=5) as read:
+        assert np.asarray(read.mdspan())[0] == 1.0
+
+
+def test_the_giving_thread_waits_instead_of_a_false_conflict() -> None:
+    t = uni.zeros(4)
+    moved = uni.acquire_host_write_access_sync(t).transfer()
+    threading.Timer(0.05, moved.release).start()
+    # Before: LeaseConflictError ("this thread holds ..."); the lease is not ours any more.
+    with uni.acquire_host_read_access_sync(t, timeout=5):
+        pass

@@ -298,3 +298,9 @@ def test_conjugate() -> None:
     assert ops.conjugate.apply_numpy(np.array([-3], np.int64)).tolist() == [-3]
 
 
+
+
+def test_a_scale_factor_beyond_every_float_is_refused() -> None:
+    with pytest.raises(DTypeError, match="too large"):
+        ops.scale(2**2000)
+    assert ops.scale(2**900).factor == 2**900  # large but representable: fine

@@ -117,3 +117,17 @@ def test_fresh_views_of_the_same_operands_are_found_by_value() -> None:
     other = uni.zeros((6, 5))
     assert _prepared.lookup("gemm", ta.T, tb, other) is None  # another storage is another product
     np.testing.assert_allclose(c.to_numpy(), a @ b)
+
+
+def test_prepared_repeats_hold_nothing_alive() -> None:
+    import gc
+    import weakref
+
+    a, b, c = (uni.from_numpy(np.ones((8, 8))) for _ in range(3))
+    for _ in range(3):
+        uni.gemm(a, b, c)
+    assert _prepared.lookup("gemm", a, b, c) is not None
+    storages = [weakref.ref(t.storage) for t in (a, b, c)]
+    del a, b, c
+    gc.collect()
+    assert all(ref() is None for ref in storages)  # the cache kept no operand alive

@@ -804,3 +804,32 @@ def test_numpy_views_reach_every_kind_of_layout(kind: str) -> None:
         return a.ndim >= 2 and a.size > 1 and 0 < a.strides[0] < a.strides[1]
 
     find(numpy_views(), has, settings=settings(max_examples=3000, database=None))
+
+
+def test_repr_marks_poisoned_values() -> None:
+    t = uni.from_numpy(np.arange(4.0))
+    with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(t[1:3]) as lease:
+        np.asarray(lease.mdspan())[0] = 99.0
+        raise RuntimeError("half done")
+    text = repr(t)
+    assert "POISONED" in text and "half done" in text and "99." in text
+    assert "POISONED" not in repr(t[3:])  # a clean part is shown clean
+
+
+def test_gigantic_and_unrepresentable_shapes_are_uni_errors() -> None:
+    with pytest.raises(uni.AllocationError, match="could not allocate"):
+        uni.zeros((2**31, 2**31))
+    with pytest.raises(uni.LayoutError, match="fit int64"):
+        uni.zeros((0, 2**70))
+    with pytest.raises(uni.LayoutError, match="fit int64"):
+        uni.layout_stride((2, 2), (2**63, 1))
+    with pytest.raises(uni.LayoutError, match="negative"):
+        uni.storage.HostStorage(-5)
+
+
+def test_an_extent_one_axis_with_a_huge_stride_is_harmless() -> None:
+    src = uni.Tensor.from_storage(uni.storage.HostStorage.allocate(3, np.float64, fill=2.0),
+                                  uni.layout_stride((1, 3), (2**62, 1)))
+    dst = uni.zeros((1, 3))
+    uni.copy(src, dst)  # numpy never sees the stride of the axis that does not move
+    assert dst.to_numpy().tolist() == [[2.0, 2.0, 2.0]]

@@ -36,6 +36,7 @@ from uni._dtypes import float32 as float32
 from uni._dtypes import float64 as float64
 from uni._dtypes import int32 as int32
 from uni._dtypes import int64 as int64
+from uni._errors import AllocationError as AllocationError
 from uni._errors import CudaError as CudaError
 from uni._errors import DLPackError as DLPackError
 from uni._errors import DomainError as DomainError
@@ -97,6 +98,7 @@ from uni.concepts import strides as strides
 
 __all__ = [
     "CUDA",
+    "AllocationError",
     "HOST",
     "SUPPORTED_DTYPES",
     "ConjugateAccessor",

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
-from uni._access_queue import CURRENT_THREAD, AccessQueue, AccessRequest, Fence
+from uni._access_queue import CURRENT_THREAD, AccessQueue, AccessRequest, Fence, current_owner
 from uni._errors import LeaseReleasedError, PoisonedError
 from uni.storage._protocol import Region
 
@@ -124,6 +124,11 @@ class AccessSpec(Region):
     def describe(self) -> str:
         return (f"shape={self.mapping.extents.shape}, dtype={self.accessor.element_type.name}")
 
+    def view_key(self) -> tuple[int, tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        """``(storage key, (offset, shape, strides))``: this view, for per-view poison."""
+        mapping = self.mapping
+        return (id(self.storage), (self.offset, mapping.extents.shape, tuple(mapping.strides)))
+
     def what(self) -> str:
         """The data in words: ``Tensor(shape=(3, 4), dtype=float64)``."""
         return f"{self.label}({self.describe()})"
@@ -170,24 +175,33 @@ class Access:
     """
 
     __slots__ = ("__weakref__", "_holders", "_lock", "_primary_done", "_state", "error",
-                 "failure", "fence", "handle", "poison_range", "queue", "request", "spec")
+                 "failure", "fence", "handle", "poison_range", "queue", "request", "spec",
+                 "unclaimed", "written")
 
     def __init__(self, spec: AccessSpec, *, holder: object = None, owner: Any = CURRENT_THREAD,
-                 poison_range: tuple[int, int] | None = None) -> None:
+                 poison_range: tuple[int, int] | None = None,
+                 written: AccessSpec | None = None,
+                 cover: tuple[int, int] | None = None) -> None:
         self.spec = spec
         storage = spec.storage
         queue = storage.access_queue
         self.queue: AccessQueue = queue
-        if queue.unit == storage.dtype.itemsize and not getattr(storage, "queue_offset", 0):
+        if cover is not None:
+            lo, hi = cover  # already in queue units (an operation's widened write)
+        elif queue.unit == storage.dtype.itemsize and not getattr(storage, "queue_offset", 0):
             lo, hi = spec.lo, spec.hi  # the storage's own queue counts in its elements
         else:
             lo, hi = queue_range(storage, spec.lo, spec.hi)
         self.request: AccessRequest = queue.register(
             spec.mode, lo, hi, holder=spec if holder is None else holder, owner_thread=owner)
         self.poison_range = poison_range
+        # What a failure poisons and a successful overwrite clears: the view written, which
+        # is less than what is leased for an output widened over an input it overlaps.
+        self.written = spec if written is None else written
         self.handle: Any = None
         self._state = 0
         self._primary_done = False
+        self.unclaimed = False  # transferred, and not used by anyone since
         self._holders = 1
         self._lock: threading.Lock | None = None  # made by the first share()
         self.error: BaseException | None = None
@@ -249,7 +263,7 @@ class Access:
         if not queue.has_poison or allow_poisoned or (spec.mode == "write" and spec.overwrite):
             return
         request = self.request
-        cause = queue.poison_of(request.lo, request.hi)
+        cause = queue.poison_of(request.lo, request.hi, spec.view_key())
         if cause is None:
             return
         queue.release(request)
@@ -259,6 +273,13 @@ class Access:
             f"{what()} was poisoned by a failed writer ({type(cause).__name__}: {cause}); pass "
             "allow_poisoned=True to read it anyway, or rewrite it with overwrite=True"
         ) from cause
+
+    def poison_cause(self) -> BaseException | None:
+        """The failure that left this data poisoned, or None (a query: nothing is withdrawn)."""
+        queue = self.queue
+        if not queue.has_poison:
+            return None
+        return queue.poison_of(self.request.lo, self.request.hi, self.spec.view_key())
 
     def open(self) -> Any:
         """Call the storage's acquire hook (the request must be granted and ready)."""
@@ -305,6 +326,16 @@ class Access:
         self._state = _ENDED
         self._primary_done = True
         self.queue.release(self.request)
+
+    def release_ownership(self) -> None:
+        """Nobody owns the access until :meth:`claim` (a lease handed to another thread)."""
+        self.request.owner_thread = None
+        self.unclaimed = True
+
+    def claim(self) -> None:
+        """The calling context owns the access now (its later waits count it as its own)."""
+        self.request.owner_thread = current_owner()
+        self.unclaimed = False
 
     def disown(self, holder: object | None = None) -> None:
         """No thread owns this access any more (a DLPack consumer may end it from any thread)."""
@@ -390,9 +421,10 @@ class Access:
         if spec.mode == "write":
             if failure is not None and poison:
                 lo, hi = self.poison_range or (request.lo, request.hi)
-                queue.poison(lo, hi, failure)
-            elif failure is None and spec.overwrite and opened and spec.covers_exactly():
-                queue.clear_poison(request.lo, request.hi)
+                queue.poison(lo, hi, failure, self.written.view_key())
+            elif failure is None and spec.overwrite and opened and queue.has_poison:
+                queue.clear_poison(request.lo, request.hi, spec.view_key(),
+                                   exhaustive=spec.covers_exactly())
         queue.release(request, fence)
         return release_error
 
@@ -445,7 +477,7 @@ class PreparedAccess:
     it should. The storage must need no hooks (``immediate`` plain memory).
     """
 
-    __slots__ = ("hi", "holder", "lo", "mode", "queue", "write")
+    __slots__ = ("hi", "holder", "lo", "mode", "queue", "view", "write")
 
     def __init__(self, spec: AccessSpec, holder: object) -> None:
         storage = spec.storage
@@ -454,6 +486,7 @@ class PreparedAccess:
         self.mode: Mode = spec.mode
         self.write = spec.mode == "write"
         self.holder = holder
+        self.view = spec.view_key()
 
     def begin(self) -> AccessRequest | None:
         queue = self.queue
@@ -465,7 +498,7 @@ class PreparedAccess:
 
     def end(self, request: AccessRequest, failure: BaseException | None = None) -> None:
         if failure is not None and self.write:
-            self.queue.poison(self.lo, self.hi, failure)
+            self.queue.poison(self.lo, self.hi, failure, self.view)
         self.queue.release(request)
 
 
@@ -481,14 +514,15 @@ class PreparedGroup:
     __slots__ = ("_flat",)
 
     def __init__(self, accesses: tuple[PreparedAccess, ...]) -> None:
-        self._flat = tuple((a.queue, a.mode, a.lo, a.hi, a.holder, a.write) for a in accesses)
+        self._flat = tuple((a.queue, a.mode, a.lo, a.hi, a.holder, a.write, a.view)
+                           for a in accesses)
 
     def run(self, fn: Callable[..., bool], *args: Any) -> bool:
-        taken: list[tuple[AccessQueue, AccessRequest, int, int, bool]] = []
+        taken: list[tuple[AccessQueue, AccessRequest, int, int, bool, Any]] = []
         ok = True
-        for queue, mode, lo, hi, holder, write in self._flat:
+        for queue, mode, lo, hi, holder, write, view in self._flat:
             request = queue.register(mode, lo, hi, holder=holder)
-            taken.append((queue, request, lo, hi, write))
+            taken.append((queue, request, lo, hi, write, view))
             if not request.granted or request.fences or queue.has_poison:
                 ok = False
                 break
@@ -498,10 +532,10 @@ class PreparedGroup:
             try:
                 return fn(*args)
             except BaseException as err:
-                for queue, _, lo, hi, write in taken:
+                for queue, _, lo, hi, write, view in taken:
                     if write:
-                        queue.poison(lo, hi, err)
+                        queue.poison(lo, hi, err, view)
                 raise
         finally:
-            for queue, request, _, _, _ in reversed(taken):
+            for queue, request, *_ in reversed(taken):
                 queue.release(request)

@@ -36,13 +36,14 @@ wait.
 from __future__ import annotations
 
 import _thread
+import contextvars
 import enum
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Final, Literal, NoReturn, Protocol, runtime_checkable
+from typing import Any, Final, Literal, NoReturn, Protocol, runtime_checkable
 
 import trio
 
@@ -53,6 +54,7 @@ from uni._errors import (
     LeaseTimeoutError,
     WouldBlockError,
 )
+from uni._mapping import view_covers, views_overlap
 
 Mode = Literal["read", "write"]
 
@@ -63,7 +65,10 @@ __all__ = [
     "Fence",
     "HostFence",
     "Mode",
+    "Owner",
     "Waiter",
+    "current_owner",
+    "normalize_timeout",
     "wait_fences_async",
     "wait_fences_sync",
 ]
@@ -73,10 +78,46 @@ class _Sentinel(enum.Enum):
     CURRENT_THREAD = enum.auto()
 
 
-#: "The thread that makes this call": the one sentinel for request ownership.
+#: "Whoever makes this call": the one sentinel for request ownership (see :func:`current_owner`).
 CURRENT_THREAD: Final = _Sentinel.CURRENT_THREAD
 
+
+class Owner:
+    """Who holds a request, for self-deadlock detection: one per thread's context.
+
+    A plain thread gets one token for its whole life. Code run through
+    ``trio.to_thread.run_sync`` runs in a copy of the task's context, so a lease taken there
+    belongs to that call, not to the (reused) worker thread: a later, unrelated job on the
+    same worker is never told it holds that lease.
+    """
+
+    __slots__ = ("ident", "name")
+
+    def __init__(self) -> None:
+        thread = threading.current_thread()
+        self.ident = thread.ident
+        self.name = thread.name
+
+    def __repr__(self) -> str:
+        return f"<uni owner in thread {self.name!r}>"
+
+
+_owner: contextvars.ContextVar[Owner] = contextvars.ContextVar("uni_owner")
 _get_ident = threading.get_ident
+
+
+def current_owner() -> Owner:
+    """The owner token of the calling context (made on first use in this thread).
+
+    A context copied into another thread (``trio.to_thread.run_sync``, ``copy_context().run``
+    there) carries its parent's token; a token of another thread never counts here, so such
+    a call gets a token of its own.
+    """
+    owner = _owner.get(None)
+    if owner is None or owner.ident != threading.get_ident():
+        owner = Owner()
+        _owner.set(owner)
+    return owner
 _allocate_lock = _thread.allocate_lock
 _LockType = _thread.LockType
 
@@ -315,11 +356,12 @@ class AccessRequest:
     ``fences`` is set with the grant: the pending fences of conflicting predecessors.
     """
 
-    __slots__ = ("_waiter", "_write", "fences", "granted", "hi", "holder", "lo", "mode",
-                 "owner_thread", "released")
+    __slots__ = ("_waiter", "_write", "fences", "granted", "group", "hi", "holder", "lo", "mode",
+                 "owner_thread", "queue", "released")
 
     def __init__(
-        self, mode: Mode, write: bool, lo: int, hi: int, holder: object, owner_thread: int | None
+        self, mode: Mode, write: bool, lo: int, hi: int, holder: object,
+        owner_thread: Owner | None, queue: AccessQueue | None = None,
     ) -> None:
         self.mode: Mode = mode
         self._write = write
@@ -330,6 +372,10 @@ class AccessRequest:
         self.granted = False
         self.released = False
         self.fences: list[Fence] = _NO_FENCES
+        self.queue = queue
+        #: The requests of one operation, registered together: a granted member whose
+        #: siblings still wait is waiting too (for self-deadlock detection).
+        self.group: tuple[AccessRequest, ...] | None = None
         # Set only while somebody waits on the request; whoever grants or withdraws the
         # request takes it (under the queue lock), so each waiter is woken exactly once.
         self._waiter: Waiter | None = None
@@ -379,7 +425,7 @@ class AccessQueue:
         self._entries: dict[AccessRequest, None] = {}
         self._pending = 0
         self._tail: list[_Fenced] = []
-        self._poison: list[tuple[int, int, BaseException]] = []
+        self._poison: list[tuple[int, int, BaseException, Any]] = []
         #: False while no failed writer left poison here: lets the hot path skip the check.
         self.has_poison = False
 
@@ -397,12 +443,13 @@ class AccessQueue:
         hi: int,
         *,
         holder: object,
-        owner_thread: int | Literal[_Sentinel.CURRENT_THREAD] | None = CURRENT_THREAD,
+        owner_thread: Owner | Literal[_Sentinel.CURRENT_THREAD] | None = CURRENT_THREAD,
     ) -> AccessRequest:
         """Enqueue a request now; it is granted at once iff nothing earlier conflicts.
 
-        ``owner_thread`` defaults to the calling thread; pass None when the request is
-        handed to a worker, so the calling thread's later waits do not count it as its own.
+        ``owner_thread`` defaults to the calling context's :func:`current_owner`; pass None
+        when the request is handed to a worker, so the caller's later waits do not count it
+        as its own.
         An empty range (``lo > hi``) conflicts with nothing: it is granted at once and not
         kept in the queue. Never blocks.
         """
@@ -412,9 +459,14 @@ class AccessQueue:
             write = False
         else:
             raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
+        owner: Owner | None
         if owner_thread is CURRENT_THREAD:
-            owner_thread = _get_ident()
-        req = AccessRequest(mode, write, lo, hi, holder, owner_thread)
+            owner = _owner.get(None)
+            if owner is None or owner.ident != _get_ident():
+                owner = current_owner()
+        else:
+            owner = owner_thread
+        req = AccessRequest(mode, write, lo, hi, holder, owner, self)
         if lo > hi:
             req.granted = True
             return req
@@ -453,6 +505,7 @@ class AccessQueue:
         LeaseConflictError when the calling thread owns an earlier conflicting request
         (it could never be granted), LeaseTimeoutError when ``timeout`` seconds pass.
         """
+        timeout = normalize_timeout(timeout)
         if not req.granted:
             self._wait_grant_sync(req, timeout, async_hint)
         if req.fences:
@@ -461,7 +514,7 @@ class AccessQueue:
     def _wait_grant_sync(self, req: AccessRequest, timeout: float | None,
                          async_hint: str) -> None:
         in_trio = trio.lowlevel.in_trio_run()
-        me = _get_ident()
+        me = current_owner()
         with self._lock:
             if req.granted:
                 return
@@ -470,7 +523,7 @@ class AccessQueue:
             if req._waiter is not None:
                 raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
             blockers = self._blockers_locked(req)
-            mine = [b for b in blockers if b.owner_thread == me]
+            mine = [b for b in blockers if b.owner_thread is me]
             if not in_trio and not mine:
                 mine = self._owned_upstream_locked(blockers, me)
             if not in_trio and not mine:
@@ -480,6 +533,19 @@ class AccessQueue:
             else:
                 woken = self._remove_locked(req)
         if woken is None:
+            # Other queues are looked at only now, with this queue's lock dropped: an
+            # operation's request granted here may wait, in another queue, for this thread.
+            mine = _owned_through_groups(blockers, me)
+            if mine:
+                with self._lock:
+                    withdrawn = not req.granted and req._waiter is waiter
+                    if withdrawn:
+                        req._waiter = None
+                        woken = self._remove_locked(req)
+                if withdrawn:
+                    self._wake(woken or [])
+                    self._raise_conflict(req, mine[0])
+                # Granted meanwhile: the grant has woken (or is waking) the waiter.
             self._block(req, waiter, timeout)
             return
         self._wake(woken)
@@ -489,7 +555,9 @@ class AccessQueue:
                 f"(it waits for what is {_describe(blockers)}); use `await {async_hint}(...)` "
                 "instead"
             )
-        b = mine[0]
+        self._raise_conflict(req, mine[0])
+
+    def _raise_conflict(self, req: AccessRequest, b: AccessRequest) -> NoReturn:
         how = "holds" if b.granted else "has already requested"
         raise LeaseConflictError(
             f"{_who(req)} on {self.label} can never be granted: it would wait forever "
@@ -725,31 +793,45 @@ class AccessQueue:
         return found or _NO_FENCES
 
     # ------------------------------------------------------------------ poisoning
+    #
+    # A poison entry is the queue range a failed writer covered, its failure, and -- when
+    # known -- the writer's own view ``(storage key, (offset, shape, strides))``: then a
+    # reader of disjoint elements of the same storage inside that range is not poisoned,
+    # and a successful overwrite of that same view clears it (a column ``t[:, 0]`` whose
+    # range spans the whole matrix).
 
-    def poison(self, lo: int, hi: int, exc: BaseException) -> None:
-        """Mark ``[lo, hi]`` as left half-written by the failure ``exc``."""
+    def poison(self, lo: int, hi: int, exc: BaseException, view: Any = None) -> None:
+        """Mark ``[lo, hi]`` (the writer's ``view``, if given) as left half-written by ``exc``."""
         if lo > hi:
             return
         with self._lock:
-            self._poison.append((lo, hi, exc))
+            self._poison.append((lo, hi, exc, view))
             self.has_poison = True
 
-    def poison_of(self, lo: int, hi: int) -> BaseException | None:
-        """The failure of the first poison entry overlapping ``[lo, hi]``, else None."""
+    def poison_of(self, lo: int, hi: int, view: Any = None) -> BaseException | None:
+        """The failure of the first poison entry that ``[lo, hi]`` (``view``) touches, else None."""
         if lo > hi or not self.has_poison:
             return None
         with self._lock:
-            for plo, phi, exc in self._poison:
-                if plo <= hi and lo <= phi:
-                    return exc
+            entries = list(self._poison)
+        for plo, phi, exc, pview in entries:
+            if plo <= hi and lo <= phi and _views_meet(pview, view):
+                return exc
         return None
 
-    def clear_poison(self, lo: int, hi: int) -> None:
-        """Drop the poison entries that lie entirely inside ``[lo, hi]``."""
+    def clear_poison(self, lo: int, hi: int, view: Any = None, *, exhaustive: bool = True
+                     ) -> None:
+        """A successful overwrite of ``[lo, hi]`` (``view``): drop the poison it overwrote.
+
+        An entry goes when it lies inside the range and the overwrite reached every element
+        the failed writer did: the same storage's view covering it, or (``exhaustive``) an
+        overwrite of every element of the range.
+        """
         if lo > hi or not self.has_poison:
             return
         with self._lock:
-            self._poison = [p for p in self._poison if not (lo <= p[0] and p[1] <= hi)]
+            self._poison = [p for p in self._poison
+                            if not (lo <= p[0] and p[1] <= hi and _covered(view, p[3], exhaustive))]
             self.has_poison = bool(self._poison)
 
     # ------------------------------------------------------------------ diagnostics
@@ -786,7 +868,27 @@ class AccessQueue:
         found.sort(key=lambda q: not q.granted)
         return found
 
-    def _owned_upstream_locked(self, blockers: list[AccessRequest], me: int) -> list[AccessRequest]:
+    def owned_blocker(self, req: AccessRequest, me: Owner) -> AccessRequest | None:
+        """A request of ``me`` that the pending ``req`` waits for, however indirectly (in
+        this queue, upstream of it, or through an operation's other requests), or None."""
+        with self._lock:
+            if req.granted or req not in self._entries:
+                return None
+            blockers = self._blockers_locked(req)
+            mine = [b for b in blockers if b.owner_thread is me]
+            if not mine:
+                mine = self._owned_upstream_locked(blockers, me)
+        if not mine:
+            mine = _owned_through_groups(blockers, me)
+        return mine[0] if mine else None
+
+    def _blockers_snapshot(self, req: AccessRequest) -> list[AccessRequest]:
+        """``_blockers_locked`` taken under this queue's own lock (another queue's caller)."""
+        with self._lock:
+            return self._blockers_locked(req) if req in self._entries else []
+
+    def _owned_upstream_locked(self, blockers: list[AccessRequest], me: Owner
+                               ) -> list[AccessRequest]:
         """A request of thread ``me`` that a pending blocker waits for, however indirectly
         (a worker's or a task's request queued behind this thread's lease): waiting for the
         blocker would then wait for this very thread, forever. Empty when there is none."""
@@ -794,7 +896,7 @@ class AccessQueue:
         seen = set(stack)
         while stack:
             for b in self._blockers_locked(stack.pop()):
-                if b.owner_thread == me:
+                if b.owner_thread is me:
                     return [b]
                 if not b.granted and b not in seen:
                     seen.add(b)
@@ -866,15 +968,67 @@ def _who(req: AccessRequest) -> str:
     text = str(req.holder)
     owner = req.owner_thread
     if owner is not None and " from thread " not in text:
-        text += f" from thread {_thread_name(owner)!r}"
+        text += f" from thread {owner.name!r}"
     return text
 
 
-def _thread_name(ident: int) -> str:
-    for thread in threading.enumerate():
-        if thread.ident == ident:
-            return thread.name
-    return f"<finished thread {ident}>"
+def _owned_through_groups(blockers: list[AccessRequest], me: Owner, depth: int = 0
+                          ) -> list[AccessRequest]:
+    """A request of ``me`` that a granted blocker's operation still waits for.
+
+    An async operation registers all its requests together and runs only when every one is
+    granted: a granted request whose siblings (in other queues) wait behind ``me``'s own lease
+    will never be released while ``me`` waits for it. Read lock-free across queues (a
+    snapshot): it only decides whether waiting would be forever, never a grant.
+    """
+    if depth > 8:
+        return []
+    for b in blockers:
+        group = b.group
+        if group is None or not b.granted:
+            continue
+        for sibling in group:
+            if sibling.granted or sibling.released or sibling.queue is None:
+                continue
+            upstream = sibling.queue._blockers_snapshot(sibling)
+            for u in upstream:
+                if u.owner_thread is me:
+                    return [u]
+            found = _owned_through_groups(upstream, me, depth + 1)
+            if found:
+                return found
+    return []
+
+
+def _views_meet(poisoned: Any, view: Any) -> bool:
+    if poisoned is None or view is None or poisoned[0] != view[0]:
+        return True  # other storages' views: their ranges overlap, so count them as touching
+    return views_overlap(poisoned[1], view[1])
+
+
+def _covered(view: Any, poisoned: Any, exhaustive: bool) -> bool:
+    if view is not None and poisoned is not None and view[0] == poisoned[0]:
+        return view_covers(view[1], poisoned[1])
+    return exhaustive
+
+
+def normalize_timeout(timeout: float | None) -> float | None:
+    """A timeout in seconds, ``None``/``inf`` meaning forever; LeaseError otherwise.
+
+    Infinity waits forever (it would overflow the lock's own limit); negative means "do not
+    wait"; NaN and non-numbers are refused before anything is registered.
+    """
+    if timeout is None:
+        return None
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        raise LeaseError(f"timeout must be a number of seconds or None, got {timeout!r}") from None
+    if value != value:
+        raise LeaseError("timeout must be a number of seconds or None, got nan")
+    if value == float("inf") or value > threading.TIMEOUT_MAX:
+        return None
+    return max(value, 0.0)
 
 
 def _describe(reqs: list[AccessRequest]) -> str:

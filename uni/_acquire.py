@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from uni._access import Access, AccessSpec, Mode, StorageView, release_from_finalizer
+from uni._access_queue import normalize_timeout
 from uni._errors import DomainError, LeaseError
 from uni._handle import CUDA, HOST, Domain, HostHandle
 from uni._lease import _Lease, lease_for
@@ -131,6 +132,8 @@ def _check_write(spec: AccessSpec, is_tensor: bool, fn: str) -> None:
 
 def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float | None,
                   overwrite: bool, allow_poisoned: bool) -> Any:
+    if timeout is not None:
+        timeout = normalize_timeout(timeout)  # refused before anything is registered
     spec, is_tensor = spec_of(x, mode, domain, fn, overwrite=overwrite)
     access = Access(spec)
     request = access.request
@@ -271,16 +274,18 @@ def acquire_cuda_write_access_async(x: Any, stream: Any = None, *, overwrite: bo
     return _cuda_unavailable("acquire_cuda_write_access_async", x, "write")
 
 
-def try_read_values(view: Any) -> np.ndarray[Any, Any] | None:
-    """A copy of ``view``'s values if a read can be granted right now, else None (for repr)."""
+def try_read_values(view: Any) -> tuple[np.ndarray[Any, Any], BaseException | None] | None:
+    """A copy of ``view``'s values and the failure that poisoned them (None when clean), if
+    a read can be granted right now; else None (for repr, which never waits)."""
     spec, is_tensor = spec_of(view, "read", HOST, "repr")
     access = Access(spec)
     if not access.granted or access.request.fences:
         access.withdraw()
         return None
+    poisoned = access.poison_cause()
     access.open()
     lease = lease_for(access, is_tensor)
     try:
-        return np.array(lease.mdspan(), copy=True)
+        return np.array(lease.mdspan(), copy=True), poisoned
     finally:
         lease.release()

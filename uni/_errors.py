@@ -53,6 +53,10 @@ class ReadOnlyOutputError(LeaseError, ValueError):
     """An operation was given a read-only output (a uni error, and a ValueError as well)."""
 
 
+class AllocationError(UniError, MemoryError):
+    """Memory for a tensor or storage could not be allocated (too large, or none left)."""
+
+
 class StorageError(UniError, ValueError):
     """A storage cannot be opened or used as asked: a bad mode, a file in use or left
     mid-commit where it cannot be rolled back, a journal that cannot be written."""
@@ -95,6 +99,7 @@ class PerformanceWarning(UserWarning):
 
 
 __all__ = [
+    "AllocationError",
     "CudaError",
     "DLPackError",
     "DTypeError",

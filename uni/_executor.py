@@ -27,10 +27,10 @@ import numpy as np
 import trio
 
 from uni._access import Access, AccessSpec, queue_range
-from uni._access_queue import CURRENT_THREAD, Fence
+from uni._access_queue import CURRENT_THREAD, Fence, current_owner
 from uni._accessor import DefaultAccessor
 from uni._dispatch import walk
-from uni._errors import KernelDispatchError
+from uni._errors import KernelDispatchError, LeaseConflictError
 from uni._handle import HOST, HostHandle
 from uni._mapping import best_mapping, layout_right
 from uni._mdspec import MdSpan
@@ -52,7 +52,8 @@ _registration_lock = threading.Lock()
 class _Operand:
     """One operand of an operation: its tensor, its access (or the write it is folded into)."""
 
-    __slots__ = ("access", "cover", "mode", "overwrite", "spec", "tensor", "writer")
+    __slots__ = ("access", "cover", "handle", "mode", "overwrite", "queued", "separate", "spec",
+                 "tensor", "writer")
 
     def __init__(self, tensor: Any, mode: str, overwrite: bool) -> None:
         self.tensor = tensor
@@ -62,6 +63,13 @@ class _Operand:
         self.access: Access | None = None
         self.cover: AccessSpec | None = None  # a write widened over inputs: what is leased
         self.writer: _Operand | None = None  # an input folded into a write: that write
+        # The queue range the request covers (a write widened over inputs of other storages
+        # over the same memory covers them in the queue's units).
+        self.queued = queue_range(self.spec.storage, self.spec.lo, self.spec.hi)
+        # An input folded into a write of another storage over the same memory: it is read
+        # through its own storage (opened without a request of its own), then staged.
+        self.separate = False
+        self.handle: Any = None
 
     def leased(self) -> AccessSpec:
         return self.cover or self.spec
@@ -71,8 +79,8 @@ class _Operand:
         return f"the {role} of shape {self.tensor.shape}"
 
 
-def _overlaps(a: AccessSpec, b: AccessSpec) -> bool:
-    return not (a.empty or b.empty) and a.lo <= b.hi and b.lo <= a.hi
+def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= a[1] and b[0] <= b[1] and a[0] <= b[1] and b[0] <= a[1]
 
 
 class OperationAccess:
@@ -96,10 +104,18 @@ class OperationAccess:
                     continue
                 spec = item.leased()
                 # A widened write poisons only what the output reaches: the rest was only read.
-                poison_range = None if item.cover is None else queue_range(
+                poison_range = None if item.queued == queue_range(
+                    item.spec.storage, item.spec.lo, item.spec.hi) else queue_range(
                     item.spec.storage, item.spec.lo, item.spec.hi)
                 item.access = Access(spec, holder=_Holder(op, item.mode, item.tensor.shape),
-                                     owner=owner, poison_range=poison_range)
+                                     owner=owner, poison_range=poison_range,
+                                     written=item.spec, cover=item.queued)
+        if self.detached:
+            # An async operation runs only once all of its requests are granted: linked, a
+            # thread that waits behind one of them can see what the others wait for.
+            group = tuple(a.request for a in self._accesses())
+            for request in group:
+                request.group = group
 
     def _fold(self) -> None:
         # Fold until nothing changes: widening a write over one input can make it overlap
@@ -112,17 +128,29 @@ class OperationAccess:
                 if item.writer is not None:
                     continue
                 for w in self.writes:
-                    base = w.leased()
-                    if (w.tensor.storage.access_queue is item.tensor.storage.access_queue
-                            and w.tensor.storage is item.tensor.storage
-                            and _overlaps(base, item.spec)):
-                        item.writer = w
-                        w.overwrite = False  # it reads what it writes: the old contents matter
+                    # Overlap is decided by memory: the queue, and ranges in its units (two
+                    # storages over the same bytes share one queue, whatever their dtypes).
+                    if (w.spec.storage.access_queue is not item.spec.storage.access_queue
+                            or not _overlaps(w.queued, item.queued)):
+                        continue
+                    item.writer = w
+                    w.overwrite = False  # it reads what it writes: the old contents matter
+                    if w.spec.storage is item.spec.storage:
+                        # One buffer: lease the union, so the input is read through the
+                        # write's own handle (a file storage's private copy included).
+                        base = w.leased()
                         lo, hi = min(base.lo, item.spec.lo), max(base.hi, item.spec.hi)
                         w.cover = AccessSpec(w.spec.storage, layout_right((hi - lo + 1,)),
                                              w.spec.accessor, lo, "write", False, lo, hi)
-                        changed = True
-                        break
+                    else:
+                        item.separate = True
+                    w.queued = (min(w.queued[0], item.queued[0]),
+                                max(w.queued[1], item.queued[1]))
+                    if w.cover is not None:
+                        covered = queue_range(w.spec.storage, w.cover.lo, w.cover.hi)
+                        w.queued = (min(w.queued[0], covered[0]), max(w.queued[1], covered[1]))
+                    changed = True
+                    break
 
     def _accesses(self) -> list[Access]:
         return [item.access for item in [*self.reads, *self.writes] if item.access is not None]
@@ -156,6 +184,10 @@ class OperationAccess:
                 access.wait_sync(async_hint=f"uni.{self.op}_async")
                 access.check_poison(_Named(self.op, item).what)
                 access.open()
+            for item in self.reads:
+                if item.separate:
+                    # Covered by the write's request: only the storage hook is called.
+                    item.handle = item.spec.storage.acquire_read(item.spec)
         except BaseException as err:
             # A sync caller hears the error and its outputs stay untouched. An async
             # operation's outputs are poisoned: operations queued after it must not compute
@@ -169,6 +201,8 @@ class OperationAccess:
     def span(self, index: int, kind: str) -> MdSpan:
         item = (self.reads if kind == "read" else self.writes)[index]
         t = item.tensor
+        if item.separate:
+            return MdSpan(item.handle, t.mapping, t.accessor)
         if item.writer is not None:
             w = item.writer
             assert w.cover is not None and w.access is not None
@@ -195,17 +229,36 @@ class OperationAccess:
             return None
         self.finished = True
         release_error: BaseException | None = None
-        for item in [*self.reads, *self.writes]:
-            access = item.access
-            if access is None:
+        # Inputs first: an input whose release fails makes the operation fail, and a
+        # reported failure always leaves its outputs poisoned (never "failed" and "clean").
+        for item in self.reads:
+            if item.access is not None:
+                error = item.access.finish(failure, fence, poison=poison)
+                release_error = release_error or error
+            elif item.separate and item.handle is not None:
+                handle, item.handle = item.handle, None
+                try:
+                    item.spec.storage.release_read(item.spec, handle)
+                except BaseException as err:
+                    release_error = release_error or err
+        outputs_failure = failure or release_error
+        for item in self.writes:
+            if item.access is not None:
+                error = item.access.finish(outputs_failure, fence, poison=poison)
+                release_error = release_error or error
+        return release_error if failure is None else None
+
+    def owned_blocker(self) -> Any:
+        """A request of the calling context that one of this operation's requests waits
+        for, however indirectly: waiting for the operation here would wait forever."""
+        me = current_owner()
+        for access in self._accesses():
+            request = access.request
+            if request.granted or request.released:
                 continue
-            error = access.finish(failure, fence, poison=poison)
-            release_error = release_error or error
-        if release_error is not None and failure is None:
-            # A failed write-back of one output: the other outputs of the operation are
-            # suspect too; they were finished as successes, so nothing more can be done
-            # here but report it.
-            return release_error
+            found = access.queue.owned_blocker(request, me)
+            if found is not None:
+                return found
         return None
 
 
@@ -350,12 +403,14 @@ class OpFuture:
     ordered, and its outputs stay ordered after it.
     """
 
-    __slots__ = ("_completion", "_what", "op")
+    __slots__ = ("_completion", "_job", "_what", "op")
 
-    def __init__(self, op: str, completion: Completion, what: str = "") -> None:
+    def __init__(self, op: str, completion: Completion, what: str = "", job: Job | None = None
+                 ) -> None:
         self.op = op
         self._completion = completion
         self._what = what or op
+        self._job = job
 
     def done(self) -> bool:
         """True once the operation has finished, successfully or not."""
@@ -364,8 +419,18 @@ class OpFuture:
     def result(self, timeout: float | None = None) -> Any:
         """Block this thread until the operation finished; re-raise its error.
 
-        Raises TimeoutError (naming the operation) when ``timeout`` seconds pass first.
+        Raises TimeoutError (naming the operation) when ``timeout`` seconds pass first, and
+        LeaseConflictError when the operation waits for a lease this very thread holds (it
+        could never finish while this thread waits for it).
         """
+        job = self._job
+        if job is not None and not self._completion.done():
+            blocker = job.access.owned_blocker()
+            if blocker is not None:
+                raise LeaseConflictError(
+                    f"uni.{self.op}_async ({self._what}) can never finish while this thread "
+                    f"waits for it: it waits for {blocker.holder}, which this thread holds; "
+                    "release that first")
         try:
             return self._completion.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -459,4 +524,4 @@ def submit(job: Job) -> OpFuture:
             _submitting.active = False
 
     job.access.when_ready(dispatch)
-    return OpFuture(job.op, future, job.describe())
+    return OpFuture(job.op, future, job.describe(), job)

@@ -11,6 +11,8 @@ import attrs
 
 from uni._errors import LayoutError
 
+_INT64_MAX = 2**63 - 1
+
 #: The marker for an extent that is known only at run time (``Extents.static_extent`` returns it).
 dynamic_extent: None = None
 
@@ -36,7 +38,16 @@ def _as_shape(value: Any) -> tuple[int, ...]:
             raise LayoutError(
                 f"expected a shape of non-negative ints, got {extent} at axis {axis} of {items!r}"
             )
+        if extent > _INT64_MAX:
+            raise LayoutError(
+                f"expected extents that fit int64 (at most 2**63 - 1), got {extent} at axis "
+                f"{axis} of {items!r}"
+            )
         out.append(extent)
+    size = math.prod(out)
+    if size > _INT64_MAX:
+        raise LayoutError(f"a shape of {size} elements does not fit int64 (at most 2**63 - 1), "
+                          f"got shape {tuple(out)}")
     return tuple(out)
 
 

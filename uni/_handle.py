@@ -60,13 +60,27 @@ class HostHandle:
     buffer: np.ndarray[Any, Any] = attrs.field(eq=False)
     offset: int = 0
     owner: Any = attrs.field(default=None, eq=False)
+    # The same memory as a read-only array (made on first use, then kept with the handle).
+    _readonly: Any = attrs.field(default=None, eq=False, repr=False, alias="_readonly")
 
     @property
     def domain(self) -> Domain:
         return HOST
 
     def shifted(self, delta: int) -> HostHandle:
-        return HostHandle(self.buffer, self.offset + delta, self.owner)
+        return HostHandle(self.buffer, self.offset + delta, self.owner, self._readonly)
+
+    def readonly_buffer(self) -> np.ndarray[Any, Any]:
+        """``buffer`` as a read-only array whose views numpy never lets anyone make writeable
+        again (``flags.writeable = True`` raises), for read leases' views."""
+        twin = self._readonly
+        if twin is None:
+            buffer = self.buffer
+            twin = np.frombuffer(memoryview(buffer).toreadonly(),  # type: ignore[arg-type]
+                                 dtype=buffer.dtype)
+            object.__setattr__(self, "_readonly", twin)  # a cache, not a new value
+        result: np.ndarray[Any, Any] = twin
+        return result
 
 
 __all__ = ["CUDA", "HOST", "Domain", "Handle", "HostHandle"]

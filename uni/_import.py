@@ -24,24 +24,28 @@ from uni.storage.host import HostStorage
 __all__ = ["from_dlpack"]
 
 
-def from_dlpack(obj: Any, /, *, copy: bool | None = None) -> Tensor:
+def from_dlpack(obj: Any, /, *, copy: bool | None = None, writable: bool = False) -> Tensor:
     """A host tensor over the memory of a DLPack producer, a DLPack capsule or a numpy array.
 
     Zero-copy unless ``copy=True`` (then the tensor owns a private, writable copy). The
-    versioned protocol (DLPack 1.x) is asked for first; legacy capsules are accepted too
-    (and taken as writable, since they cannot say otherwise). A read-only producer gives a
-    read-only tensor: it can be read, and write acquisition raises ``uni.LeaseError``. The
+    versioned protocol (DLPack 1.x) is asked for first; legacy capsules are accepted too and,
+    since they cannot say whether writing is allowed, imported **read-only** unless
+    ``writable=True`` says the caller knows it is (as numpy does: JAX, for one, hands out
+    legacy capsules of immutable arrays). A read-only producer gives a read-only tensor: it
+    can be read, and write acquisition raises ``uni.LeaseError``. The
     producer's memory stays alive for as long as any view of the tensor needs it, and its
     deleter runs exactly once after that. Memory outside the host domain (CUDA, ROCm, ...)
     raises ``uni.DomainError`` naming the device.
     """
     if copy is not None and not isinstance(copy, bool):
         raise ValueError(f"expected copy=None, True or False, got copy={copy!r}")
+    if not isinstance(writable, bool):
+        raise ValueError(f"expected writable=True or False, got writable={writable!r}")
     if isinstance(obj, np.ndarray) and obj.dtype.isnative:
         # Straight to from_numpy: it finds the storage other views of the same allocation
         # already use, so leases on both are ordered by one queue.
         return from_numpy(obj, copy=bool(copy))
-    imported = import_dlpack(obj)
+    imported = import_dlpack(obj, legacy_readonly=not writable)
     array = imported.array
     if copy:
         return from_numpy(array.copy())

@@ -39,6 +39,8 @@ class _Lease:
             raise LeaseReleasedError(
                 f"this {self._kind} was released or transferred; acquire the data again"
             )
+        if access.unclaimed:
+            access.claim()  # a transferred lease belongs to whoever uses it next
         return access
 
     @property
@@ -67,9 +69,15 @@ class _Lease:
         return None if access is None else access.error
 
     def transfer(self) -> Any:
-        """Move the access into a new lease object; this one becomes inactive."""
+        """Move the access into a new lease object; this one becomes inactive.
+
+        Ownership follows the lease: until the new lease is used, no thread counts it as its
+        own (so the giving thread is not told it still holds it); the thread (or trio task's
+        worker call) that uses it first owns it from then on.
+        """
         access = self._live()
         self._access = None
+        access.release_ownership()
         return type(self)(access)
 
     def __enter__(self) -> Any:

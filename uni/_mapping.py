@@ -7,9 +7,12 @@ import operator
 from typing import Any, ClassVar
 
 import attrs
+import numpy as np
 
 from uni._errors import LayoutError
 from uni._extents import Extents
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # Exact uniqueness of an arbitrary strided mapping is expensive in general; below this many
 # elements we simply enumerate, above it we use the sufficient nested-strides test.
@@ -231,6 +234,18 @@ class layout_stride(_Strided):
                 f"'strides' must have one entry per axis: expected {self.extents.rank()} for "
                 f"shape {self.extents.shape}, got {value}"
             )
+        for axis, stride in enumerate(value):
+            if not _INT64_MIN <= stride <= _INT64_MAX:
+                raise LayoutError(
+                    f"expected strides that fit int64, got {stride} at axis {axis} "
+                    f"(strides {value})"
+                )
+        lo, hi = reach(self.extents.shape, value)
+        if lo < _INT64_MIN or hi > _INT64_MAX:
+            raise LayoutError(
+                f"a layout with shape {self.extents.shape} and strides {value} reaches offsets "
+                f"{lo}..{hi}, beyond int64"
+            )
 
 
 Mapping = layout_right | layout_left | layout_stride
@@ -269,3 +284,58 @@ def check_fits(mapping: _Strided, offset: int, size: int, what: str = "buffer") 
             f"mapping with shape {mapping.extents.shape} and strides {mapping.strides} at offset "
             f"{offset} reaches elements {lo}..{hi}; the {what} holds elements 0..{size - 1}"
         )
+
+
+#: A strided view as plain numbers: ``(offset, shape, strides)`` in elements.
+View = tuple[int, tuple[int, ...], tuple[int, ...]]
+
+# Above this many elements, exact overlap and cover answers give way to conservative ones.
+_EXACT_LIMIT = 1 << 14
+
+
+def _offsets(view: View) -> Any:
+    offset, shape, strides = view
+    reached = np.full((), offset, dtype=np.int64)
+    for n, s in zip(shape, strides, strict=True):
+        reached = np.add.outer(reached, np.arange(n, dtype=np.int64) * s)
+    return np.unique(reached)
+
+
+def views_overlap(a: View, b: View) -> bool:
+    """Whether two strided views of one buffer reach a common element.
+
+    Exact for small views; for larger ones True whenever their reaches intersect (a
+    conservative answer: at worst an unrelated view is treated as touching).
+    """
+    alo, ahi = reach(a[1], a[2])
+    blo, bhi = reach(b[1], b[2])
+    if alo > ahi or blo > bhi:
+        return False
+    if a[0] + alo > b[0] + bhi or b[0] + blo > a[0] + ahi:
+        return False
+    if a == b:
+        return True
+    if math.prod(a[1]) + math.prod(b[1]) > _EXACT_LIMIT:
+        return True
+    return bool(np.intersect1d(_offsets(a), _offsets(b), assume_unique=True).size)
+
+
+def view_covers(a: View, b: View) -> bool:
+    """Whether view ``a`` reaches every element view ``b`` reaches (``b``'s writes are all
+    overwritten by a full write of ``a``). Exact for small views; for larger ones True only
+    when they are the same view or ``a`` is exhaustive over a range holding ``b``'s reach."""
+    blo, bhi = reach(b[1], b[2])
+    if blo > bhi:
+        return True
+    alo, ahi = reach(a[1], a[2])
+    if alo > ahi:
+        return False
+    if a == b:
+        return True
+    size_a = math.prod(a[1])
+    exhaustive = size_a == ahi - alo + 1 and nests(a[1], a[2])
+    if exhaustive:
+        return a[0] + alo <= b[0] + blo and b[0] + bhi <= a[0] + ahi
+    if size_a + math.prod(b[1]) > _EXACT_LIMIT:
+        return False
+    return bool(np.isin(_offsets(b), _offsets(a), assume_unique=True).all())

@@ -139,6 +139,9 @@ def _index_tuple(index: Any, rank: int) -> tuple[int, ...]:
         ) from None
 
 
+_MAX_BYTE_STRIDE = 2**62  # well inside numpy's intp
+
+
 def host_view(handle: HostHandle, mapping: Any, *, writeable: bool) -> np.ndarray[Any, Any]:
     """A numpy view of the stored elements that ``mapping`` reaches from ``handle``.
 
@@ -149,16 +152,21 @@ def host_view(handle: HostHandle, mapping: Any, *, writeable: bool) -> np.ndarra
     shape = mapping.extents.shape
     if mapping.extents.size() == 0:
         view = np.empty(shape, dtype=buffer.dtype)
-    else:
-        itemsize = buffer.dtype.itemsize
-        view = np.ndarray(
-            shape,
-            buffer.dtype,
-            buffer=buffer,
-            offset=handle.offset * itemsize,
-            strides=tuple(s * itemsize for s in mapping.strides),
-        )
-    if not writeable and view.flags.writeable:
+        if not writeable:
+            view.flags.writeable = False
+        return view
+    itemsize = buffer.dtype.itemsize
+    # An extent-1 axis never moves: a stride there too big for numpy's byte strides is
+    # dropped rather than handed over (numpy would refuse the whole view).
+    strides = tuple(0 if n == 1 and abs(s * itemsize) > _MAX_BYTE_STRIDE else s * itemsize
+                    for n, s in zip(shape, mapping.strides, strict=True))
+    if not writeable:
+        # A read-only view whose flag cannot be flipped back: numpy refuses writeable=True
+        # on a view of a read-only buffer it did not allocate.
+        buffer = handle.readonly_buffer()
+    view = np.ndarray(shape, buffer.dtype, buffer=buffer, offset=handle.offset * itemsize,
+                      strides=strides)
+    if not writeable and view.flags.writeable:  # pragma: no cover - a read-only buffer
         view.flags.writeable = False
     return view
 

@@ -285,9 +285,14 @@ class Tensor(StorageView):
             head += ", readonly"
         if self.size > _REPR_VALUES_LIMIT or self._storage.domain is not HOST:
             return f"uni.Tensor({head})"
-        values = try_read_values(self)
-        if values is None:
+        read = try_read_values(self)
+        if read is None:
             return f"uni.Tensor({head}, values unavailable: the data is leased for writing)"
+        values, poisoned = read
+        if poisoned is not None:
+            # Note: numpy has no such state; what a failed writer left is marked, not hidden.
+            head += (f", POISONED by a failed writer ({type(poisoned).__name__}: {poisoned}); "
+                     "the values shown may be half-written")
         body = np.array2string(values, separator=", ", prefix="uni.Tensor(")
         return f"uni.Tensor({body}, {head})"
 

@@ -195,6 +195,13 @@ def _normalize_factor(value: Any) -> PythonScalar | None:
         raise DTypeError(
             f"scale factor must be a Python bool, int, float or complex, got {value!r}"
         )
+    if type(value) is int and value.bit_length() > 1000:
+        try:
+            float(value)
+        except OverflowError:
+            # As ScaledAccessor and alpha refuse it: it would become inf in any float dtype.
+            raise DTypeError(f"scale factor (an int of {value.bit_length()} bits) is too large "
+                             "for any of uni's dtypes") from None
     result: PythonScalar = value
     return result
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from uni._errors import LayoutError
+from uni._errors import AllocationError, LayoutError
 from uni._handle import HostHandle
+from uni.storage import _memory
 from uni.storage._base import StorageBase
 from uni.storage._protocol import Region
 
@@ -21,9 +22,22 @@ ALIGNMENT = 64
 def aligned_empty(size: int, dtype: np.dtype[Any], alignment: int = ALIGNMENT) -> np.ndarray[Any, Any]:
     """A 1-D uninitialized array whose first element is ``alignment``-byte aligned."""
     nbytes = size * dtype.itemsize
-    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    try:
+        raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    except (MemoryError, ValueError) as err:
+        raise AllocationError(
+            f"could not allocate {size} elements of {dtype.name} ({_bytes(nbytes)}) of host "
+            f"memory: {err}") from None
     shift = (-raw.ctypes.data) % alignment
     return raw[shift : shift + nbytes].view(dtype)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n:.0f} EiB"
 
 
 class HostStorage(StorageBase):
@@ -56,6 +70,11 @@ class HostStorage(StorageBase):
                              readonly=readonly or not buffer.flags.writeable)
             self.buffer = buffer
         self._handles = {}
+        # One memory, one queue: this buffer joins the queue of any memory uni already
+        # orders that it overlaps, whichever way that memory came in.
+        self.address = int(self.buffer.__array_interface__["data"][0]) if self.size else 0
+        self.access_queue, self.queue_offset = _memory.register(
+            self, self.address, self.size * self.dtype.itemsize)
 
     @classmethod
     def allocate(cls, size: int, dtype: Any, *, device: str | None = None,

@@ -1,0 +1,167 @@
+"""One memory, one queue (uni.storage._memory): every way into the same bytes is ordered by
+one access queue, whatever its dtype or its way in, and operations see the overlap."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import uni
+from uni.storage import _memory
+
+
+def write_one(t: uni.Tensor, index: int, delta: float) -> None:
+    """A read-modify-write of one element under a write lease (loses updates if unordered)."""
+    with uni.acquire_host_write_access_sync(t, timeout=10) as lease:
+        view = np.asarray(lease.mdspan())
+        value = view[index]
+        time.sleep(0)  # give up the GIL: the window a racing writer would slip into
+        view[index] = value + delta
+
+
+def ways_in(x: np.ndarray[Any, Any]) -> list[uni.Tensor]:
+    """Several tensors over x's bytes, each by a different way in."""
+    views = [
+        uni.from_numpy(x),                                         # the array itself
+        uni.from_dlpack(x.__dlpack__(), writable=True),            # a raw legacy capsule
+        uni.from_numpy(np.frombuffer(memoryview(x), dtype=x.dtype)),  # does not own its data
+        uni.from_numpy(x.view(np.int64)).with_accessor(uni.DefaultAccessor(np.int64)),
+    ]
+    return views
+
+
+def test_every_way_into_one_memory_shares_one_queue() -> None:
+    x = np.zeros(64)
+    tensors = ways_in(x)
+    queues = {id(t.storage.access_queue) for t in tensors}
+    assert len(queues) == 1
+    assert len({id(t.storage) for t in tensors}) > 1  # separate storages, one queue
+
+
+def test_two_ways_in_exclude_each_other() -> None:
+    x = np.zeros(8)
+    a = uni.from_numpy(x)
+    b = uni.from_dlpack(x.__dlpack__(), writable=True)
+    held = uni.acquire_host_write_access_sync(a)
+    with pytest.raises(uni.LeaseConflictError):
+        uni.acquire_host_write_access_sync(b)  # this very thread holds it through a
+    done = threading.Event()
+
+    def other() -> None:
+        with uni.acquire_host_write_access_sync(b, timeout=10):
+            done.set()
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    assert not done.wait(0.1), "a second way into the same bytes got a write lease at once"
+    held.release()
+    worker.join(10)
+    assert done.is_set()
+
+
+def test_a_dtype_view_is_ordered_by_bytes() -> None:
+    x = np.zeros(8)  # 64 bytes
+    doubles = uni.from_numpy(x)
+    ints = uni.from_numpy(x.view(np.int32))  # 16 int32 elements over the same bytes
+    with uni.acquire_host_write_access_sync(doubles[2]):  # bytes 16..23
+        with uni.acquire_host_write_access_sync(ints[6], timeout=0):  # bytes 24..27: free
+            pass
+        with pytest.raises(uni.LeaseConflictError):
+            uni.acquire_host_read_access_sync(ints[5])  # bytes 20..23: inside doubles[2]
+
+
+@pytest.mark.parametrize("threads", [4])
+def test_no_lost_updates_across_ways_into_one_memory(threads: int) -> None:
+    x = np.zeros(4)
+    tensors = ways_in(x)[:3]
+    rounds = 300
+    errors: list[BaseException] = []
+
+    def hammer(t: uni.Tensor) -> None:
+        try:
+            for _ in range(rounds):
+                write_one(t, 1, 1.0)
+        except BaseException as err:  # reported below, not lost in the thread
+            errors.append(err)
+
+    workers = [threading.Thread(target=hammer, args=(tensors[i % len(tensors)],))
+               for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert not errors
+    assert x[1] == threads * rounds  # zero lost updates
+
+
+def test_torch_tensors_sharing_storage_share_the_queue() -> None:
+    torch = pytest.importorskip("torch")
+    base = torch.zeros(8, dtype=torch.float64)
+    a = uni.from_dlpack(base)
+    b = uni.from_dlpack(base[2:6])
+    assert a.storage.access_queue is b.storage.access_queue
+    with uni.acquire_host_write_access_sync(a[3]):
+        with pytest.raises(uni.LeaseConflictError):
+            uni.acquire_host_write_access_sync(b[1])  # element 3 of the same storage
+
+
+def test_an_operation_sees_overlap_through_another_way_in() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 4))
+    want = x @ x
+    a = uni.from_numpy(x)
+    out = uni.from_dlpack(x.__dlpack__(), writable=True)  # the same bytes, another storage
+    uni.gemm(a, a, out)  # the inputs are staged before the output is written
+    np.testing.assert_allclose(x, want)
+    y = np.arange(6.0)
+    src = uni.from_numpy(y)
+    dst = uni.from_numpy(np.frombuffer(memoryview(y), dtype=y.dtype))
+    uni.copy(src[:-1], dst[1:])  # an overlapping shift, seen by memory
+    np.testing.assert_array_equal(y, [0.0, 0.0, 1.0, 2.0, 3.0, 4.0])
+
+
+async def test_an_async_operation_sees_overlap_through_another_way_in() -> None:
+    y = np.arange(6.0)
+    src = uni.from_numpy(y)
+    dst = uni.from_dlpack(y.__dlpack__(), writable=True)
+    await uni.copy_async(src[1:], dst[:-1])
+    np.testing.assert_array_equal(y, [1.0, 2.0, 3.0, 4.0, 5.0, 5.0])
+
+
+def test_regions_are_dropped_with_their_memory() -> None:
+    gc.collect()
+    before = _memory.region_count()
+    tensors = [uni.zeros(16) for _ in range(10)]
+    shared = np.zeros(32)
+    tensors += ways_in(shared)
+    assert _memory.region_count() == before + 11
+    del tensors, shared
+    gc.collect()
+    assert _memory.region_count() == before
+
+
+def test_a_range_bridging_two_idle_regions_joins_them() -> None:
+    x = np.zeros(10)
+    left = uni.from_dlpack(x[:5].__dlpack__(), writable=True)
+    right = uni.from_dlpack(x[5:].__dlpack__(), writable=True)
+    assert left.storage.access_queue is not right.storage.access_queue
+    whole = uni.from_numpy(x)  # overlaps both: they become one memory
+    assert left.storage.access_queue is whole.storage.access_queue is right.storage.access_queue
+    with uni.acquire_host_write_access_sync(whole):
+        with pytest.raises(uni.LeaseConflictError):
+            uni.acquire_host_read_access_sync(right[0])
+
+
+def test_a_range_bridging_busy_regions_is_refused_clearly() -> None:
+    x = np.zeros(10)
+    left = uni.from_dlpack(x[:5].__dlpack__(), writable=True)
+    right = uni.from_dlpack(x[5:].__dlpack__(), writable=True)
+    with uni.acquire_host_read_access_sync(left), uni.acquire_host_read_access_sync(right):
+        with pytest.raises(uni.StorageError, match="separate queues that are in use"):
+            uni.from_numpy(x)
+    uni.from_numpy(x)  # once they are idle, it joins them

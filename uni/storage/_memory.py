@@ -1,0 +1,163 @@
+"""One memory, one queue: host memory registered by address range.
+
+The same bytes can reach uni by many ways -- ``from_numpy`` of two arrays that do not own
+their data, a DLPack capsule of an array uni already wraps, a dtype view, a torch tensor over
+the same storage. Each way makes a storage of its own; they must still be ordered by *one*
+access queue, or two write leases on the same bytes would be granted at once.
+
+So every host storage registers its buffer's address range here. A range that overlaps
+memory already registered joins that memory's queue, at the byte offset where it sits
+(``queue_offset``); its requests then count in the queue's units, and overlap with the other
+ways in is decided by memory, whatever the dtype. A range overlapping several registered
+regions joins them into one when their queues are idle (nothing held, pending, fenced or
+poisoned); when they are busy that cannot be done safely and the storage is refused with a
+clear error. A region is dropped when the last storage over it is garbage-collected, so the
+registry holds nothing alive and does not grow.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+import weakref
+from typing import Any
+
+from uni._access_queue import AccessQueue
+from uni._errors import StorageError
+
+__all__ = ["region_count", "register"]
+
+
+class _Region:
+    """A stretch of host memory ``[lo, hi)`` and the queue that orders every access to it.
+
+    ``origin`` is the address of the queue's unit 0 (the first member's buffer start).
+    """
+
+    __slots__ = ("__weakref__", "hi", "lo", "members", "origin", "queue")
+
+    def __init__(self, lo: int, hi: int, queue: AccessQueue) -> None:
+        self.lo = lo
+        self.hi = hi
+        self.origin = lo
+        self.queue = queue
+        # id(storage) -> (weak reference, buffer start address)
+        self.members: dict[int, tuple[weakref.ref[Any], int]] = {}
+
+
+_lock = threading.Lock()
+_starts: list[int] = []  # the regions' lo, sorted
+_regions: list[_Region] = []  # in the same order
+_by_member: dict[int, _Region] = {}  # id(storage) -> its region
+# Members whose storage was collected, to be dropped under the lock by the next caller: a
+# weakref callback may run inside a garbage collection that started while this very thread
+# held the lock, so it only appends here (atomic) and never takes the lock itself.
+_dead: collections.deque[int] = collections.deque()
+
+
+def _idle(queue: AccessQueue) -> bool:
+    return (not queue.snapshot() and not queue.fenced_count() and not queue.has_poison)
+
+
+def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]:
+    """The queue for ``storage``'s buffer at ``[address, address + nbytes)``, and its
+    ``queue_offset`` (bytes from the queue's origin to the buffer's start).
+
+    ``storage.access_queue`` is the queue the storage made for itself; it becomes the
+    memory's queue when the memory is new to uni. Raises StorageError when the memory bridges
+    regions that are in use through separate queues.
+    """
+    own: AccessQueue = storage.access_queue
+    if nbytes <= 0:
+        return own, 0  # no memory: nothing to share
+    lo, hi = address, address + nbytes
+    with _lock:
+        _drop_dead_locked()
+        first = bisect.bisect_right(_starts, lo) - 1
+        if first < 0 or _regions[first].hi <= lo:
+            first += 1
+        last = first
+        while last < len(_regions) and _regions[last].lo < hi:
+            last += 1
+        touched = _regions[first:last]
+        if not touched:
+            region = _Region(lo, hi, own)
+            index = bisect.bisect_left(_starts, lo)
+            _starts.insert(index, lo)
+            _regions.insert(index, region)
+        else:
+            region = touched[0] if len(touched) == 1 else _merge(touched, first, last)
+            if lo < region.lo or hi > region.hi:
+                index = _index_of(region)
+                region.lo = min(region.lo, lo)
+                region.hi = max(region.hi, hi)
+                _starts[index] = region.lo
+        key = id(storage)
+        region.members[key] = (weakref.ref(storage, _forget(key)), address)
+        _by_member[key] = region
+        return region.queue, address - region.origin
+
+
+def _index_of(region: _Region) -> int:
+    index = bisect.bisect_left(_starts, region.lo)
+    assert _regions[index] is region  # regions are disjoint: one per start address
+    return index
+
+
+def _merge(touched: list[_Region], first: int, last: int) -> _Region:
+    """Join regions a new range bridges into the busiest one (the others must be idle)."""
+    keep = max(touched, key=lambda r: not _idle(r.queue))
+    busy = [r for r in touched if r is not keep and not _idle(r.queue)]
+    if busy:
+        raise StorageError(
+            "this memory overlaps memory that uni already orders through separate queues that "
+            f"are in use ({', '.join(r.queue.label for r in [keep, *busy])}); release the "
+            "leases on it first, or wrap the whole allocation before any part of it"
+        )
+    for region in touched:
+        if region is keep:
+            continue
+        for key, (ref, start) in region.members.items():
+            member = ref()
+            if member is not None:
+                member.access_queue = keep.queue
+                member.queue_offset = start - keep.origin
+            _by_member[key] = keep
+        keep.members.update(region.members)
+        keep.lo = min(keep.lo, region.lo)
+        keep.hi = max(keep.hi, region.hi)
+    del _starts[first:last]
+    del _regions[first:last]
+    index = bisect.bisect_left(_starts, keep.lo)
+    _starts.insert(index, keep.lo)
+    _regions.insert(index, keep)
+    return keep
+
+
+def _forget(key: int) -> Any:
+    def forget(_ref: weakref.ref[Any]) -> None:
+        _dead.append(key)
+
+    return forget
+
+
+def _drop_dead_locked() -> None:
+    while _dead:
+        key = _dead.popleft()
+        region = _by_member.pop(key, None)
+        if region is None:
+            continue
+        region.members.pop(key, None)
+        if region.members:
+            continue
+        index = _index_of(region)
+        del _starts[index]
+        del _regions[index]
+
+
+def region_count() -> int:
+    """How many memory regions are registered (for tests: nothing leaks)."""
+    with _lock:
+        _drop_dead_locked()
+        return len(_regions)
