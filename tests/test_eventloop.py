@@ -134,7 +134,7 @@ def test_asyncio_work_done_before_the_wait_returns_at_once() -> None:
 def test_cancelling_an_asyncio_wait_stops_only_the_waiting() -> None:
     async def main() -> None:
         work = Work()
-        with pytest.raises(asyncio.TimeoutError):
+        with pytest.raises(TimeoutError):
             await asyncio.wait_for(wait_callback_async(work.add, work.done), 0.01)
         work.finish()  # a late wake-up lands on a cancelled future: nothing happens
         await settle()

@@ -567,7 +567,7 @@ class AccessQueue:
 
     def _library(self, req: AccessRequest) -> Library:
         try:
-            return current_library(f"waiting for {_who(req)} on {self.label}")
+            return current_library(f"a wait for {_who(req)} on {self.label}")
         except BaseException:
             self.release(req)  # nobody can wait for it: it must not hold back later requests
             raise
