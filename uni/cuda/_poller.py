@@ -344,4 +344,4 @@ async def wait_for(source: EventSource) -> None:
     elif library == "asyncio":
         await asyncio_poller().wait(source)
     else:
-        raise unsupported_loop("awaiting a CUDA event")
+        raise unsupported_loop("a CUDA event")
