@@ -202,3 +202,18 @@ def test_opposite_operations_on_two_storages_do_not_deadlock() -> None:
         th.join(20)
     assert not any(th.is_alive() for th in threads), "deadlocked"
     assert errors == []
+
+
+def test_op_future_result_timeout_names_the_operation_and_done_says_without_waiting() -> None:
+    src, dst = uni.from_numpy(np.ones(4)), uni.zeros(4)
+    held = uni.acquire_host_write_access_sync(src)
+    future = uni.copy_async(src, dst)
+    assert not future.done() and "running" in repr(future)
+    with pytest.raises(TimeoutError) as info:
+        future.result(timeout=0.01)
+    message = str(info.value)
+    assert message.startswith("uni.copy_async did not finish within 0.01 s: copy (")
+    assert "read of shape (4,)" in message and "waiting for its leases" in message
+    held.release()
+    assert future.result(timeout=10) is not None
+    assert future.done() and "done" in repr(future)
