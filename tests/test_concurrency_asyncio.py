@@ -493,3 +493,27 @@ def test_op_future_outside_trio_and_asyncio_is_refused_and_the_work_goes_on() ->
     with pytest.raises(uni.EventLoopError, match="trio or an asyncio task"):
         drive_by_hand(future)  # finished, and still refused: the rule does not depend on timing
     assert_idle(src)
+
+
+def test_an_abandoned_waiter_collected_inside_the_queue_lock_does_not_deadlock() -> None:
+    # The coroutine of a task left on a closed loop is closed by the garbage collector,
+    # wherever it fires: here inside this thread's critical section of the very queue it
+    # waited on. Its clean-up must not take that (non-reentrant) lock again.
+    t = vec()
+    queue = queue_of(t)
+    held = write_sync(t)
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, _context: None)
+    box = [loop.create_task(_awaited(write_async(t)))]
+    loop.run_until_complete(asyncio.sleep(0.01))
+    loop.close()
+    join(run_thread(held.release))  # claimed and released by the waker
+    assert queue.pending_count() == queue.active_count() == 0
+
+    def collect_inside_the_lock() -> None:
+        with queue._lock:
+            box.clear()
+            gc.collect()
+
+    join(run_thread(collect_inside_the_lock))
+    assert_idle(t)

@@ -590,13 +590,17 @@ class AccessQueue:
             # Cancelled (or the coroutine was closed). asyncio delivers the cancellation
             # after the fact, so decide here, under the lock, as trio's abort does: a wake-up
             # nobody claimed will never come, and withdrawing is final; a claimed one means
-            # the request was granted (or withdrawn) meanwhile: give the grant back.
-            with self._lock:
-                if req._waiter is park:
-                    req._waiter = None
-                    woken = self._remove_locked(req)
-                else:
-                    woken = None
+            # the request was granted (or withdrawn) meanwhile: give the grant back. A claim
+            # is never undone, so a claimed request needs no lock: that is the case of a
+            # coroutine abandoned on a closed loop and closed by the garbage collector, which
+            # may fire inside this thread's own critical section of this very queue (and
+            # its waker already released the grant).
+            woken = None
+            if req._waiter is park:
+                with self._lock:
+                    if req._waiter is park:
+                        req._waiter = None
+                        woken = self._remove_locked(req)
             if woken is None:
                 self.release(req)
             else:
