@@ -232,3 +232,19 @@ def test_a_failed_input_release_poisons_the_outputs_of_an_async_operation() -> N
     # Reported failure => poisoned output (never "failed" and "clean" at once).
     with pytest.raises(uni.PoisonedError, match="hand the input back"):
         uni.acquire_host_read_access_sync(dst)
+
+
+def test_op_future_result_timeout_names_the_operation_and_done_says_without_waiting() -> None:
+    src, dst = uni.from_numpy(np.ones(4)), uni.zeros(4)
+    # Held, but not by this thread (or result() would say it can never finish).
+    held = uni.acquire_host_write_access_sync(src).transfer()
+    future = uni.copy_async(src, dst)
+    assert not future.done() and "running" in repr(future)
+    with pytest.raises(TimeoutError) as info:
+        future.result(timeout=0.01)
+    message = str(info.value)
+    assert message.startswith("uni.copy_async did not finish within 0.01 s: copy (")
+    assert "read of shape (4,)" in message and "waiting for its leases" in message
+    held.release()
+    assert future.result(timeout=10) is not None
+    assert future.done() and "done" in repr(future)

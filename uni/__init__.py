@@ -41,6 +41,7 @@ from uni._errors import CudaError as CudaError
 from uni._errors import DLPackError as DLPackError
 from uni._errors import DomainError as DomainError
 from uni._errors import DTypeError as DTypeError
+from uni._errors import EventLoopError as EventLoopError
 from uni._errors import KernelDispatchError as KernelDispatchError
 from uni._errors import LayoutError as LayoutError
 from uni._errors import LeaseConflictError as LeaseConflictError
@@ -111,6 +112,7 @@ __all__ = [
     "DefaultAccessor",
     "Domain",
     "DomainError",
+    "EventLoopError",
     "Extents",
     "HostHandle",
     "KernelDispatchError",

@@ -169,9 +169,10 @@ class Access:
 
     ``holder`` names the access in other waiters' error messages (built lazily with ``str``).
     ``owner`` is the thread whose later waits count this access as its own (the default,
-    the calling thread) or None (a worker or a trio task will hold it). ``poison_range`` is
-    what a failure poisons, when that is less than what is leased (an operation's output
-    widened over an input it overlaps: only the output's elements are ever written).
+    the calling thread) or None (a worker, a trio or an asyncio task will hold it).
+    ``poison_range`` is what a failure poisons, when that is less than what is leased (an
+    operation's output widened over an input it overlaps: only the output's elements are
+    ever written).
     """
 
     __slots__ = ("__weakref__", "_holders", "_lock", "_primary_done", "_state", "error",
@@ -237,11 +238,13 @@ class Access:
         if not request.granted or request.fences:
             self.queue.wait_sync(request, timeout=timeout, async_hint=async_hint)
 
-    async def wait_async(self) -> None:
-        """Park this trio task until granted and ready (withdrawn when cancelled)."""
+    async def wait_async(self, *, library: Any = None) -> None:
+        """Park this trio or asyncio task until granted and ready (withdrawn when cancelled).
+
+        ``library``: ``"trio"`` or ``"asyncio"`` when the caller has asked already."""
         request = self.request
         if not request.granted or request.fences:
-            await self.queue.wait_async(request)
+            await self.queue.wait_async(request, library=library)
 
     def when_granted(self, callback: Any) -> None:
         self.queue.when_granted(self.request, callback)

@@ -14,8 +14,8 @@ release carries a *fence* (:class:`Fence`: ``done()``, ``wait()``, optionally
 ``add_done_callback()``). Successors are granted at once, as for any release, and the grant
 carries the pending fences of the conflicting released predecessors (a read: the writers
 before it; a write: the writers and every reader since). Host waiters wait on those fences
-after the grant and outside the lock (a thread blocks, a trio task parks without blocking the
-loop); a stream waiter just makes its stream wait on them. The released-but-fenced requests
+after the grant and outside the lock (a thread blocks, a trio or asyncio task parks without
+blocking its loop); a stream waiter just makes its stream wait on them. The released-but-fenced requests
 stay in a per-queue *tail* until their fences are done; :meth:`AccessQueue.outstanding_fences`
 lists what is left (what a buffer must wait for before it is freed). The tail relies on one
 invariant that every uni waiter keeps: an access's own fence completes only after the fences
@@ -23,13 +23,16 @@ it was granted with (its work starts after them), so a released writer's fence s
 every fence it covers, and those are dropped.
 
 Waiters are one small protocol (:class:`Waiter`, ``wake(queue, request)``): a blocked thread,
-a parked trio task, a callback. Grants are decided under one ``threading.Lock``; waiters are
-woken after that lock is dropped, so a wake-up never runs foreign code (trio's scheduler,
-another thread) while the queue is locked.
+a parked trio task, an asyncio task awaiting a future, a callback. Grants are decided under
+one ``threading.Lock``; waiters are woken after that lock is dropped, so a wake-up never runs
+foreign code (trio's scheduler, an asyncio loop, another thread) while the queue is locked.
+A task waits under trio or asyncio (:mod:`uni._eventloop` says which); cancelling it
+withdraws its request the same way under both, and a grant whose wake-up can no longer land
+(the task's run or loop is gone) is released by the waker.
 
 The uncontended path (register, wait, release with nobody in the way) allocates one request
-object, takes the lock twice and never touches trio: everything that costs more (a wait
-primitive, trio's run-state checks, error text) is built only once a request really has to
+object, takes the lock twice and never touches an event loop: everything that costs more (a
+wait primitive, run-state checks, error text) is built only once a request really has to
 wait.
 """
 
@@ -38,12 +41,10 @@ from __future__ import annotations
 import _thread
 import contextvars
 import enum
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from typing import Any, Final, Literal, NoReturn, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, Protocol, runtime_checkable
 
 import trio
 
@@ -54,7 +55,20 @@ from uni._errors import (
     LeaseTimeoutError,
     WouldBlockError,
 )
+from uni._eventloop import (
+    AsyncioWake,
+    Library,
+    current_library,
+    loop_in_this_thread,
+    poll_until_async,
+    reschedule_quietly,
+    run_quietly,
+    wait_callback_async,
+)
 from uni._mapping import view_covers, views_overlap
+
+if TYPE_CHECKING:
+    import asyncio
 
 Mode = Literal["read", "write"]
 
@@ -166,25 +180,17 @@ class HostFence:
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
-            _run_quietly(fn)
+            run_quietly(fn)
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(fn)
                 return
-        _run_quietly(fn)
+        run_quietly(fn)
 
     def __repr__(self) -> str:
         return f"<HostFence {self.label}: {'done' if self.done() else 'pending'}>"
-
-
-def _run_quietly(fn: Callable[[], None]) -> None:
-    # Callbacks run inside release()/set(), which never raise: report and swallow.
-    try:
-        fn()
-    except BaseException:  # pragma: no cover - defensive
-        traceback.print_exc(file=sys.stderr)
 
 
 def _describe_fence(fence: object) -> str:
@@ -201,69 +207,28 @@ def wait_fences_sync(fences: list[Fence], timeout: float | None) -> Fence | None
     return None
 
 
-async def wait_fences_async(fences: list[Fence]) -> None:
-    """Wait in trio until every fence is done, without blocking the event loop.
+async def wait_fences_async(fences: list[Fence], *,
+                            orphaned: Callable[[], None] | None = None,
+                            library: Library | None = None) -> None:
+    """Wait in a trio or asyncio task until every fence is done, without blocking the loop.
 
     A fence with ``add_done_callback`` wakes the task from whichever thread completes it (no
     thread per wait); any other fence is polled with a backoff from 50 us to 5 ms. Cancelling
-    the task stops the waiting, never the work the fence stands for.
+    the task stops the waiting, never the work the fence stands for. ``orphaned`` (idempotent)
+    is called, in the completing thread, when a fence completes after the task's loop or run
+    is gone (see :func:`~uni._eventloop.wait_callback_async`); ``library`` is the caller's
+    :func:`~uni._eventloop.current_library`, when it has asked already.
     """
     for fence in fences:
         if fence.done():
             continue
+        if library is None:
+            library = current_library("waiting for a fence")
         add = getattr(fence, "add_done_callback", None)
         if add is None:
-            delay = 50e-6
-            while not fence.done():
-                await trio.sleep(delay)
-                delay = min(delay * 2, 5e-3)
-            continue
-        await _park_until_done(fence, add)
-
-
-async def _park_until_done(fence: Fence, add: Callable[[Callable[[], None]], None]) -> None:
-    task = trio.lowlevel.current_task()
-    token = trio.lowlevel.current_trio_token()
-    lock = threading.Lock()
-    parked = [True]
-
-    def on_done() -> None:
-        with lock:
-            if not parked[0]:
-                return
-            parked[0] = False
-        try:
-            token.run_sync_soon(_reschedule_quietly, task)
-        except trio.RunFinishedError:
-            pass
-
-    def abort(_: object) -> trio.lowlevel.Abort:
-        with lock:
-            if not parked[0]:
-                return trio.lowlevel.Abort.FAILED  # the wake-up is on its way
-            parked[0] = False
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    add(on_done)
-    if fence.done():
-        # Done around the registration: if the callback already claimed the wake-up, it is
-        # queued through run_sync_soon and lands once this task parks below; otherwise take
-        # it back here and do not park at all.
-        with lock:
-            claimed_here = parked[0]
-            parked[0] = False
-        if claimed_here:
-            await trio.lowlevel.checkpoint()
-            return
-    await trio.lowlevel.wait_task_rescheduled(abort)
-
-
-def _reschedule_quietly(task: trio.lowlevel.Task) -> None:
-    # An exception escaping a run_sync_soon callback kills the whole trio run.
-    try:
-        trio.lowlevel.reschedule(task)
-    except BaseException:  # pragma: no cover - defensive
-        traceback.print_exc(file=sys.stderr)
+            await poll_until_async(fence.done, library=library)
+        else:
+            await wait_callback_async(add, fence.done, orphaned=orphaned, library=library)
 
 
 # ------------------------------------------------------------------------------ waiters
@@ -315,7 +280,7 @@ class _TrioWaiter:
             trio.lowlevel.reschedule(self.task)
             return True
         try:
-            self.token.run_sync_soon(_reschedule_quietly, self.task)
+            self.token.run_sync_soon(reschedule_quietly, self.task)
         except trio.RunFinishedError:
             return False
         return True
@@ -331,6 +296,20 @@ class _TrioWaiter:
             return False
 
 
+class _AsyncioWaiter:
+    """How to wake one asyncio task awaiting its future, from any thread."""
+
+    __slots__ = ("wakeup",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.wakeup = AsyncioWake(loop)
+
+    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+        if not self.wakeup.wake() and request.granted:
+            # The task's loop has closed, so nobody will ever release this grant.
+            queue.release(request)
+
+
 class _CallbackWaiter:
     """A function to call (in the granting thread, outside the lock) once granted."""
 
@@ -340,7 +319,7 @@ class _CallbackWaiter:
         self.fn = fn
 
     def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
-        _run_quietly(self.fn)
+        run_quietly(self.fn)
 
 
 # ------------------------------------------------------------------------------ requests
@@ -501,7 +480,8 @@ class AccessQueue:
     ) -> None:
         """Block the calling thread until ``req`` is granted and its fences are done.
 
-        Raises, after withdrawing ``req``: WouldBlockError inside a running trio run,
+        Raises, after withdrawing ``req``: WouldBlockError in a thread that runs an event
+        loop (trio or asyncio: blocking would freeze it, and with it whoever must release),
         LeaseConflictError when the calling thread owns an earlier conflicting request
         (it could never be granted), LeaseTimeoutError when ``timeout`` seconds pass.
         """
@@ -513,7 +493,7 @@ class AccessQueue:
 
     def _wait_grant_sync(self, req: AccessRequest, timeout: float | None,
                          async_hint: str) -> None:
-        in_trio = trio.lowlevel.in_trio_run()
+        loop = loop_in_this_thread()
         me = current_owner()
         with self._lock:
             if req.granted:
@@ -524,9 +504,9 @@ class AccessQueue:
                 raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
             blockers = self._blockers_locked(req)
             mine = [b for b in blockers if b.owner_thread is me]
-            if not in_trio and not mine:
+            if loop is None and not mine:
                 mine = self._owned_upstream_locked(blockers, me)
-            if not in_trio and not mine:
+            if loop is None and not mine:
                 waiter = _ThreadWaiter()
                 req._waiter = waiter
                 woken = None
@@ -549,9 +529,9 @@ class AccessQueue:
             self._block(req, waiter, timeout)
             return
         self._wake(woken)
-        if in_trio:
+        if loop is not None:
             raise WouldBlockError(
-                f"{_who(req)} on {self.label} would block inside a running trio task "
+                f"{_who(req)} on {self.label} would block {_inside(loop)} "
                 f"(it waits for what is {_describe(blockers)}); use `await {async_hint}(...)` "
                 "instead"
             )
@@ -569,10 +549,11 @@ class AccessQueue:
         pending = [f for f in req.fences if not f.done()]
         if not pending:
             return
-        if trio.lowlevel.in_trio_run():
+        loop = loop_in_this_thread()
+        if loop is not None:
             self.release(req)
             raise WouldBlockError(
-                f"{_who(req)} on {self.label} would block inside a running trio task (it "
+                f"{_who(req)} on {self.label} would block {_inside(loop)} (it "
                 f"waits for {_describe_fence(pending[0])} to finish); use "
                 f"`await {async_hint}(...)` instead"
             )
@@ -624,23 +605,77 @@ class AccessQueue:
             f"what is {_describe(holders)}"
         )
 
-    async def wait_async(self, req: AccessRequest) -> None:
-        """Park the calling trio task until ``req`` is granted and its fences are done.
+    async def wait_async(self, req: AccessRequest, *, library: Library | None = None) -> None:
+        """Park the calling trio or asyncio task until ``req`` is granted and its fences are
+        done.
 
         Already granted with nothing to wait for: returns without a checkpoint (zero
         schedule points), so the lease layer decides whether an uncontended acquisition
-        checkpoints. Otherwise parking is the one checkpoint. Cancelled while parked: a
-        request not yet granted is withdrawn; one whose grant raced the cancellation, or
-        that waits on fences, is released; Cancelled propagates.
+        checkpoints. Otherwise parking is the one checkpoint. Cancelled while parked (trio's
+        Cancelled, asyncio's CancelledError, a coroutine closed): a request not yet granted
+        is withdrawn; one whose grant raced the cancellation, or that waits on fences, is
+        released; the cancellation propagates. ``library``: the caller's
+        :func:`~uni._eventloop.current_library`, when it has asked already; under any other
+        loop this raises EventLoopError (after withdrawing ``req``) once it has to wait.
         """
         if not req.granted:
-            await self._wait_grant_async(req)
+            if library is None:
+                library = self._library(req)
+            if library == "trio":
+                await self._wait_grant_async(req)
+            else:
+                await self._wait_grant_asyncio(req)
         if req.fences:
             try:
-                await wait_fences_async(req.fences)
+                await wait_fences_async(req.fences, orphaned=lambda: self.release(req),
+                                        library=library)
             except BaseException:
                 self.release(req)
                 raise
+
+    def _library(self, req: AccessRequest) -> Library:
+        try:
+            return current_library(f"a wait for {_who(req)} on {self.label}")
+        except BaseException:
+            self.release(req)  # nobody can wait for it: it must not hold back later requests
+            raise
+
+    async def _wait_grant_asyncio(self, req: AccessRequest) -> None:
+        import asyncio  # deferred: loaded already, since an asyncio task is running
+
+        park = _AsyncioWaiter(asyncio.get_running_loop())
+        with self._lock:
+            if req.granted:
+                return
+            if req.released:
+                raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn")
+            if req._waiter is not None:
+                raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
+            req._waiter = park
+        try:
+            await park.wakeup.future
+        except BaseException:
+            # Cancelled (or the coroutine was closed). asyncio delivers the cancellation
+            # after the fact, so decide here, under the lock, as trio's abort does: a wake-up
+            # nobody claimed will never come, and withdrawing is final; a claimed one means
+            # the request was granted (or withdrawn) meanwhile: give the grant back. A claim
+            # is never undone, so a claimed request needs no lock: that is the case of a
+            # coroutine abandoned on a closed loop and closed by the garbage collector, which
+            # may fire inside this thread's own critical section of this very queue (and
+            # its waker already released the grant).
+            woken = None
+            if req._waiter is park:
+                with self._lock:
+                    if req._waiter is park:
+                        req._waiter = None
+                        woken = self._remove_locked(req)
+            if woken is None:
+                self.release(req)
+            else:
+                self._wake(woken)
+            raise
+        if not req.granted:
+            raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn while waiting")
 
     async def _wait_grant_async(self, req: AccessRequest) -> None:
         park = _TrioWaiter(trio.lowlevel.current_task(), trio.lowlevel.current_trio_token())
@@ -947,7 +982,7 @@ def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
     """Run ``callback`` once every fence is done, chaining done-callbacks where offered."""
     pending = [f for f in fences if not f.done()]
     if not pending or any(getattr(f, "add_done_callback", None) is None for f in pending):
-        _run_quietly(callback)
+        run_quietly(callback)
         return
     lock = threading.Lock()
     left = [len(pending)]
@@ -957,10 +992,17 @@ def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
             left[0] -= 1
             last = not left[0]
         if last:
-            _run_quietly(callback)
+            run_quietly(callback)
 
     for fence in pending:
         fence.add_done_callback(one)  # type: ignore[attr-defined]
+
+
+def _inside(loop: Library) -> str:
+    """Where a blocking wait would freeze an event loop, in words (messages only)."""
+    if loop == "trio":
+        return "inside a running trio task"
+    return "inside the asyncio event loop running in this thread"
 
 
 def _who(req: AccessRequest) -> str:

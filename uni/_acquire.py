@@ -17,6 +17,7 @@ import numpy as np
 from uni._access import Access, AccessSpec, Mode, StorageView, release_from_finalizer
 from uni._access_queue import normalize_timeout
 from uni._errors import DomainError, LeaseError
+from uni._eventloop import running_library, unsupported_loop
 from uni._handle import CUDA, HOST, Domain, HostHandle
 from uni._lease import _Lease, lease_for
 from uni._mapping import check_fits
@@ -145,15 +146,18 @@ def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float
 
 
 class PendingAcquisition:
-    """An ``_async`` acquisition: registered at call time; await it or ``async with`` it.
+    """An ``_async`` acquisition: registered at call time; await it or ``async with`` it,
+    inside a trio or an asyncio task.
 
-    Dropping it without awaiting withdraws the request with a ResourceWarning.
+    Dropping it without awaiting withdraws the request with a ResourceWarning. Awaited
+    anywhere else (another event loop, a coroutine driven by hand), it raises
+    EventLoopError and withdraws the request, whether or not it would have had to wait.
     """
 
     __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_is_tensor", "_lease", "_state")
 
     def __init__(self, spec: AccessSpec, is_tensor: bool, allow_poisoned: bool) -> None:
-        # No owner thread: whoever awaits holds it, and a trio waiter never deadlocks a thread.
+        # No owner thread: whoever awaits holds it, and a task never deadlocks a thread.
         self._access = Access(spec, owner=None)
         self._is_tensor = is_tensor
         self._allow_poisoned = allow_poisoned
@@ -166,9 +170,18 @@ class PendingAcquisition:
     async def _acquire(self) -> Any:
         if self._state != "registered":
             raise RuntimeError("this acquisition was already awaited; call acquire_* again")
-        self._state = "awaiting"
         access = self._access
-        await access.wait_async()
+        # Checked even when nothing is in the way (the trio check is one attribute read): an
+        # acquisition that worked only while uncontended would fail the first time it waits.
+        library = running_library()
+        if library is None:
+            self._state = "failed"
+            access.withdraw()
+            spec = access.spec
+            raise unsupported_loop(
+                f"acquire_{spec.storage.domain.value}_{spec.mode}_access_async(...)")
+        self._state = "awaiting"
+        await access.wait_async(library=library)
         # Before opening: a handle the opener made would never be handed back.
         access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
         await access.open_async()
@@ -212,9 +225,10 @@ def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
     """Read access to ``x``'s host data; blocks this thread until granted.
 
     Returns a ReadTensorLease for a tensor view, a ReadMdspanLease for an mdspec. Raises
-    WouldBlockError inside trio when it would wait, LeaseConflictError when this thread holds
-    conflicting access, LeaseTimeoutError after ``timeout`` seconds, PoisonedError when a
-    failed writer left the data poisoned (unless ``allow_poisoned``), DomainError for CUDA data.
+    WouldBlockError when it would wait in a thread that runs trio or asyncio (blocking would
+    freeze the loop), LeaseConflictError when this thread holds conflicting access,
+    LeaseTimeoutError after ``timeout`` seconds, PoisonedError when a failed writer left the
+    data poisoned (unless ``allow_poisoned``), DomainError for CUDA data.
     """
     return _acquire_sync(x, "read", HOST, "acquire_host_read_access_sync", timeout=timeout,
                          overwrite=False, allow_poisoned=allow_poisoned)
@@ -232,14 +246,14 @@ def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
 
 
 def acquire_host_read_access_async(x: Any, *, allow_poisoned: bool = False) -> PendingAcquisition:
-    """Register a read request now; ``await`` it (or ``async with`` it) inside trio."""
+    """Register a read request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
     return _acquire_async(x, "read", HOST, "acquire_host_read_access_async", overwrite=False,
                           allow_poisoned=allow_poisoned)
 
 
 def acquire_host_write_access_async(x: Any, *, overwrite: bool = False,
                                     allow_poisoned: bool = False) -> PendingAcquisition:
-    """Register a write request now; ``await`` it (or ``async with`` it) inside trio."""
+    """Register a write request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
     return _acquire_async(x, "write", HOST, "acquire_host_write_access_async",
                           overwrite=overwrite, allow_poisoned=allow_poisoned)
 

@@ -38,7 +38,12 @@ class LeaseConflictError(LeaseError):
 
 
 class WouldBlockError(LeaseError):
-    """A synchronous acquisition would have to wait inside a running trio task."""
+    """A synchronous wait would freeze the running event loop (a trio task, an asyncio loop)."""
+
+
+class EventLoopError(UniError, RuntimeError):
+    """An ``_async`` acquisition or operation awaited where uni cannot wait: outside a trio
+    or an asyncio task (another event loop, or a coroutine driven by hand)."""
 
 
 class LeaseTimeoutError(LeaseError, TimeoutError):
@@ -104,6 +109,7 @@ __all__ = [
     "DLPackError",
     "DTypeError",
     "DomainError",
+    "EventLoopError",
     "KernelDispatchError",
     "LayoutError",
     "LeaseConflictError",

@@ -10,8 +10,8 @@
   access (poisoning outputs on failure).
 * Executors run jobs: :func:`run_inline` in the calling thread (sync operations), the host
   worker pool (:func:`submit`, async host operations). A :class:`Completion` is what an
-  executor gives back; :class:`OpFuture` wraps it for users (``await`` in trio, ``.result()``
-  in a thread). A stream executor for CUDA slots in beside the pool.
+  executor gives back; :class:`OpFuture` wraps it for users (``await`` in trio or asyncio,
+  ``.result()`` in a thread). A stream executor for CUDA slots in beside the pool.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from uni._access_queue import CURRENT_THREAD, Fence, current_owner
 from uni._accessor import DefaultAccessor
 from uni._dispatch import walk
 from uni._errors import KernelDispatchError, LeaseConflictError
+from uni._eventloop import running_library, unsupported_loop, wait_callback_async
 from uni._handle import HOST, HostHandle
 from uni._mapping import best_mapping, layout_right
 from uni._mdspec import MdSpan
@@ -396,11 +397,15 @@ def _workers() -> concurrent.futures.ThreadPoolExecutor:
 
 
 class OpFuture:
-    """A dispatched async operation: ``await`` it (trio), or ``.result()`` in a thread.
+    """A dispatched async operation: ``await`` it (in a trio or an asyncio task), or
+    ``.result()`` in a thread.
 
     ``done()`` says whether it has finished (successfully or not) without waiting.
-    Cancelling the task that awaits stops the waiting, not the operation: it is already
-    ordered, and its outputs stay ordered after it.
+    Awaiting returns what ``result()`` returns (the name of the backend that ran it) and
+    re-raises its error; the completion wakes the task from the worker that finished the
+    operation, with no thread per wait. Cancelling the task that awaits stops the waiting,
+    not the operation: it is already ordered, and its outputs stay ordered after it.
+    Awaited outside trio and asyncio, it raises EventLoopError (the work goes on).
     """
 
     __slots__ = ("_completion", "_job", "_what", "op")
@@ -440,43 +445,28 @@ class OpFuture:
             ) from None
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return _await_completion(self._completion).__await__()
+        return _await_completion(self._completion, self.op).__await__()
 
     def __repr__(self) -> str:
         state = "done" if self._completion.done() else "running"
         return f"<uni.OpFuture {self.op} {state}>"
 
 
-async def _await_completion(completion: Completion) -> Any:
+async def _await_completion(completion: Completion, op: str) -> Any:
+    library = running_library()
+    if library is None:
+        raise unsupported_loop(f"uni.{op}_async(...)")
     if completion.done():
-        await trio.lowlevel.checkpoint()
+        if library == "trio":
+            await trio.lowlevel.checkpoint()
+        # Note: under asyncio a finished operation is returned without yielding, as awaiting
+        # a finished asyncio future does; trio's rule is a checkpoint on every await.
         return completion.result()
-    task = trio.lowlevel.current_task()
-    token = trio.lowlevel.current_trio_token()
-    lock = threading.Lock()
-    parked = [True]
 
-    def on_done(_: Any) -> None:
-        with lock:
-            if not parked[0]:
-                return
-            parked[0] = False
-        try:
-            token.run_sync_soon(trio.lowlevel.reschedule, task)
-        except trio.RunFinishedError:
-            pass
+    def arm(wake: Callable[[], None]) -> None:
+        completion.add_done_callback(lambda _: wake())
 
-    def abort(_: Any) -> trio.lowlevel.Abort:
-        # Cancelling the waiter stops the waiting, not the work: the operation is ordered
-        # and keeps its outputs ordered after it, as on a CUDA stream.
-        with lock:
-            if not parked[0]:
-                return trio.lowlevel.Abort.FAILED
-            parked[0] = False
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    completion.add_done_callback(on_done)
-    await trio.lowlevel.wait_task_rescheduled(abort)
+    await wait_callback_async(arm, completion.done, library=library)
     return completion.result()
 
 

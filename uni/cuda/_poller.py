@@ -1,6 +1,7 @@
-"""Waiting for CUDA events from an event loop: one poller per run, no thread per wait.
+"""Waiting for CUDA events from an event loop: one poller per run or loop, no thread per wait.
 
-A task that awaits an event parks; one poller task per trio run asks every pending event
+A task that awaits an event parks; one poller task per trio run (or asyncio loop) asks every
+pending event
 ``is_done`` (``cuEventQuery``: non-blocking, releases the GIL) and wakes the tasks whose
 events completed. Between rounds it backs off: right after progress (a completion or a new
 waiter) it only yields (a checkpoint per round, so a completion that comes soon is seen
@@ -16,19 +17,27 @@ Cancellation: cancelling a task that awaits an event withdraws only its wait. Th
 work the event marks is already queued on its stream and runs to completion regardless;
 other tasks waiting for the same event still wake when it completes.
 
-The polling logic (:class:`PollerCore`) knows nothing about trio: it holds the waiters and
-runs one round. :class:`TrioPoller` parks trio tasks and drives the rounds; an asyncio
-poller can sit beside it over the same core (a task per loop, futures instead of parking).
+The polling logic (:class:`PollerCore`) knows nothing about event loops: it holds the
+waiters and runs one round. :class:`TrioPoller` parks trio tasks and drives the rounds from a
+system task of the run; :class:`AsyncioPoller` does the same over the same core for asyncio,
+with a task per loop and a future per waiter. :func:`wait_for` picks the one of the running
+library.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import outcome
 import trio
+
+from uni._eventloop import running_library, unsupported_loop
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class EventSource(Protocol):
@@ -218,11 +227,121 @@ def trio_poller() -> TrioPoller:
         return poller
 
 
+class AsyncioPoller:
+    """Waits asyncio tasks on event sources, polled from one task of their loop.
+
+    The same rounds and back-off as :class:`TrioPoller`; a waiter is a future of the loop
+    (everything here runs in the loop's thread, so no lock is needed).
+    """
+
+    def __init__(self, schedule: PollSchedule | None = None) -> None:
+        self.core = PollerCore(schedule)
+        self._task: asyncio.Task[None] | None = None
+        # The poller's current sleep, cut short when a new waiter arrives.
+        self._nudge: asyncio.Future[None] | None = None
+        #: How many poller tasks this poller started (one per loop, unless one was cancelled).
+        self.tasks_started = 0
+
+    async def wait(self, source: EventSource) -> None:
+        """Return once ``source.is_done``; raise what ``is_done`` raised.
+
+        A source already done returns without yielding (as awaiting a finished asyncio
+        future does). Cancelling the waiting task withdraws this wait only.
+        """
+        if source.is_done:
+            return
+        import asyncio  # deferred: loaded already, since an asyncio task is running
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        waiter = self.core.add(source, future)
+        if self._task is None:
+            self.tasks_started += 1
+            self._task = loop.create_task(self._run(), name="uni.cuda event poller")
+        self._kick()
+        try:
+            await future
+        finally:
+            # Cancelled: withdraw this wait (the device work goes on). Woken: the round that
+            # finished it dropped it already, and this does nothing.
+            self.core.remove(waiter)
+
+    def _kick(self) -> None:
+        nudge = self._nudge
+        if nudge is not None and not nudge.done():
+            nudge.set_result(None)
+
+    async def _sleep(self, delay: float | None) -> None:
+        import asyncio  # deferred: loaded already (this runs as an asyncio task)
+
+        loop = asyncio.get_running_loop()
+        nudge: asyncio.Future[None] = loop.create_future()
+        self._nudge = nudge
+        timer = None if delay is None else loop.call_later(delay, _settle, nudge, _DONE)
+        try:
+            await nudge
+        finally:
+            self._nudge = None
+            if timer is not None:
+                timer.cancel()
+
+    async def _run(self) -> None:
+        import asyncio  # deferred: loaded already (this runs as an asyncio task)
+
+        core = self.core
+        try:
+            while True:
+                if not core.pending_count:
+                    await self._sleep(None)
+                    continue
+                for waiter, result in core.poll():
+                    _settle(waiter.target, result)
+                if not core.pending_count:
+                    continue
+                delay = core.next_delay()
+                if delay == 0.0:
+                    await asyncio.sleep(0)
+                else:
+                    await self._sleep(delay)
+        finally:
+            # Cancelled (the loop is shutting down): the next wait starts a new task.
+            self._task = None
+
+
+_DONE: outcome.Outcome[None] = outcome.Value(None)
+
+
+def _settle(future: asyncio.Future[None], result: outcome.Outcome[None]) -> None:
+    # A waiter cancelled meanwhile has a done future: nothing to tell it.
+    if future.done():
+        return
+    if isinstance(result, outcome.Error):
+        future.set_exception(result.error)
+    else:
+        future.set_result(None)
+
+
+_LOOP_POLLERS: weakref.WeakKeyDictionary[Any, AsyncioPoller] = weakref.WeakKeyDictionary()
+
+
+def asyncio_poller() -> AsyncioPoller:
+    """The running asyncio loop's poller (made on first use; it goes with the loop)."""
+    import asyncio  # deferred: loaded already, since an asyncio loop is running
+
+    loop = asyncio.get_running_loop()
+    poller = _LOOP_POLLERS.get(loop)
+    if poller is None:
+        poller = _LOOP_POLLERS[loop] = AsyncioPoller()
+    return poller
+
+
 async def wait_for(source: EventSource) -> None:
-    """Wait for ``source.is_done`` without blocking the event loop (trio only, for now)."""
-    if not trio.lowlevel.in_trio_task():
-        raise RuntimeError(
-            "awaiting a CUDA event needs a running trio task (asyncio support comes with "
-            "uni's asyncio poller); under asyncio use `await loop.run_in_executor(None, "
-            "event.synchronize)`")
-    await trio_poller().wait(source)
+    """Wait for ``source.is_done`` without blocking the event loop, in a trio or an asyncio
+    task (EventLoopError anywhere else)."""
+    library = running_library()
+    if library == "trio":
+        await trio_poller().wait(source)
+    elif library == "asyncio":
+        await asyncio_poller().wait(source)
+    else:
+        raise unsupported_loop("a CUDA event")

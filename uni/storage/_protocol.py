@@ -77,7 +77,8 @@ class Storage(Protocol):
       (``DefaultAccessor(dtype)`` on the host; a device-pointer accessor on CUDA).
 
     Optional: coroutine methods ``acquire_read_async`` / ``acquire_write_async``, awaited
-    instead of the sync forms by the ``_async`` acquisitions; a classmethod
+    instead of the sync forms by the ``_async`` acquisitions, in the caller's task (trio or
+    asyncio: the hook must work under the loop its users run); a classmethod
     ``allocate(size, dtype, *, device=None)`` that factories (``uni.empty``...) use.
     """
 

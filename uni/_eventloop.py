@@ -1,0 +1,276 @@
+"""Which event loop runs the calling task, and how a task waits for a wake-up from any thread.
+
+uni waits under two event loops, trio and asyncio, and under nothing else: an ``_async``
+acquisition or operation awaited anywhere else (another library's loop, a coroutine driven
+by hand with ``send(None)``) raises :class:`~uni.EventLoopError`, naming both.
+
+* :func:`current_library` (:func:`running_library`, without the error) says which of the
+  two runs the calling task. It asks ``sniffio``, as anyio does: trio marks its run thread
+  there, trio-asyncio marks each of its modes, and asyncio is recognised by its current
+  task. (``asyncio.get_running_loop()`` alone could not tell trio-asyncio's modes apart,
+  nor name the library that is running instead.)
+* :func:`loop_in_this_thread` says whether a *blocking* wait here would freeze a loop.
+* :func:`wait_callback_async` parks the calling task until a callback that it hands out is
+  called, from whichever thread: the one way uni waits for work done elsewhere (a fence's
+  ``add_done_callback``, an operation's completion, a host function a CUDA stream calls).
+  No thread per wait, no polling. :func:`poll_until_async` is the fallback for what offers
+  no callback: a poll with a back-off that never blocks the loop.
+* :class:`AsyncioWake` resolves one asyncio future from any thread
+  (``loop.call_soon_threadsafe``) and says when the wake-up cannot land because the loop
+  has closed; the access queue's asyncio waiter is built on it.
+
+Cancelling a task that waits here stops the waiting, never the work it waits for.
+
+asyncio itself is never imported here: it costs tens of milliseconds, and a process in
+which it was never imported runs no asyncio loop. The functions that need it find it
+already loaded whenever an asyncio task is running.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import sniffio
+import trio
+
+from uni._errors import EventLoopError
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = [
+    "AsyncioWake",
+    "Library",
+    "current_library",
+    "loop_in_this_thread",
+    "poll_until_async",
+    "reschedule_quietly",
+    "run_quietly",
+    "running_library",
+    "unsupported_loop",
+    "wait_callback_async",
+]
+
+Library = Literal["trio", "asyncio"]
+
+# trio names itself here for the whole of its run, in its run thread: reading it is the
+# cheapest way to recognise trio, and sniffio reads it first too.
+_sniffio_thread = sniffio.thread_local
+
+#: The first and the longest delay of a poll (seconds).
+POLL_FIRST = 50e-6
+POLL_CAP = 5e-3
+
+
+def running_library() -> Library | None:
+    """``"trio"`` or ``"asyncio"``: the library running the calling task; None for any other
+    (no error text built: the cheap form for hot paths, see :func:`current_library`)."""
+    if _sniffio_thread.name == "trio":
+        return "trio"
+    try:
+        name = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+    if name == "trio":
+        return "trio"
+    if name == "asyncio":
+        return "asyncio"
+    return None
+
+
+def current_library(what: str) -> Library:
+    """Like :func:`running_library`, but raise :func:`unsupported_loop` instead of None."""
+    library = running_library()
+    if library is None:
+        raise unsupported_loop(what)
+    return library
+
+
+def unsupported_loop(what: str) -> EventLoopError:
+    """The error for awaiting ``what`` (the call, in words) outside trio and asyncio."""
+    try:
+        name: str | None = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        name = None
+    found = (
+        "no trio or asyncio task is running in this thread (another event loop, or a "
+        "coroutine driven by hand)" if name is None else f"this task runs under {name!r}")
+    return EventLoopError(
+        f"{what} can only be awaited inside a trio or an asyncio task, but {found}; start "
+        "it with trio.run(...) or asyncio.run(...), or wait in a thread instead (the _sync "
+        "acquisitions, OpFuture.result())"
+    )
+
+
+def loop_in_this_thread() -> Library | None:
+    """The event loop a blocking wait in this thread would freeze, or None.
+
+    A thread of ``trio.to_thread`` or of an asyncio executor runs no loop: it may block.
+    """
+    if trio.lowlevel.in_trio_run():
+        return "trio"
+    if "asyncio" in sys.modules:
+        import asyncio  # deferred: loaded already whenever an asyncio loop can run
+
+        if asyncio._get_running_loop() is not None:
+            return "asyncio"
+    return None
+
+
+def run_quietly(fn: Callable[[], None]) -> None:
+    """Call ``fn``; report and swallow what it raises (for callbacks that must not raise)."""
+    try:
+        fn()
+    except BaseException:  # pragma: no cover - defensive
+        traceback.print_exc(file=sys.stderr)
+
+
+def reschedule_quietly(task: trio.lowlevel.Task) -> None:
+    """``trio.lowlevel.reschedule`` for ``run_sync_soon``: an exception escaping a
+    ``run_sync_soon`` callback kills the whole trio run."""
+    try:
+        trio.lowlevel.reschedule(task)
+    except BaseException:  # pragma: no cover - defensive
+        traceback.print_exc(file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------ asyncio
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    # Cancelled meanwhile (the task stopped waiting): nothing to do.
+    if not future.done():
+        future.set_result(None)
+
+
+class AsyncioWake:
+    """One asyncio future of ``loop``, to be resolved once from any thread."""
+
+    __slots__ = ("future", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def wake(self) -> bool:
+        """Resolve the future (thread-safe); False when the loop has closed, so that the
+        wake-up can never land and whatever the waiting task holds must be given back."""
+        import asyncio  # deferred: loaded already, since self.loop exists
+
+        loop = self.loop
+        if asyncio._get_running_loop() is loop:
+            # Inside the loop's own thread (another task of it released): no need for the
+            # self-pipe round trip of call_soon_threadsafe.
+            _resolve(self.future)
+            return True
+        try:
+            loop.call_soon_threadsafe(_resolve, self.future)
+        except RuntimeError:  # "Event loop is closed"
+            return False
+        return True
+
+
+async def _park_asyncio(arm: Callable[[Callable[[], None]], object],
+                        orphaned: Callable[[], None] | None) -> None:
+    import asyncio  # deferred: loaded already, since an asyncio task is running
+
+    wake = AsyncioWake(asyncio.get_running_loop())
+
+    def on_done() -> None:
+        if not wake.wake() and orphaned is not None:
+            run_quietly(orphaned)
+
+    arm(on_done)
+    # Cancellation cancels the future; a wake-up arriving later finds it done and does nothing.
+    await wake.future
+
+
+# ------------------------------------------------------------------------------ trio
+
+
+async def _park_trio(arm: Callable[[Callable[[], None]], object], done: Callable[[], bool],
+                     orphaned: Callable[[], None] | None) -> None:
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+    lock = threading.Lock()
+    parked = [True]
+
+    def on_done() -> None:
+        with lock:
+            if not parked[0]:
+                return
+            parked[0] = False
+        try:
+            token.run_sync_soon(reschedule_quietly, task)
+        except trio.RunFinishedError:
+            if orphaned is not None:
+                run_quietly(orphaned)
+
+    def abort(_: object) -> trio.lowlevel.Abort:
+        with lock:
+            if not parked[0]:
+                return trio.lowlevel.Abort.FAILED  # the wake-up is on its way
+            parked[0] = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    arm(on_done)
+    if done():
+        # Done around the registration: if the callback already claimed the wake-up, it is
+        # queued through run_sync_soon and lands once this task parks below; otherwise take
+        # it back here and do not park at all.
+        with lock:
+            claimed_here = parked[0]
+            parked[0] = False
+        if claimed_here:
+            await trio.lowlevel.checkpoint()
+            return
+    await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+# ------------------------------------------------------------------------------ both
+
+
+async def wait_callback_async(arm: Callable[[Callable[[], None]], object],
+                              done: Callable[[], bool], *,
+                              orphaned: Callable[[], None] | None = None,
+                              library: Library | None = None, what: str = "this wait") -> None:
+    """Park the calling trio or asyncio task until the callback passed to ``arm`` is called.
+
+    ``arm(callback)`` registers ``callback`` with whatever completes the work (it may call
+    it at once, in this thread, when the work is already over); ``callback`` may then be
+    called from any thread, at most once counts. ``done()`` says whether the work is over.
+    Cancelling the task stops the waiting only. ``orphaned`` is called (in the completing
+    thread) when the wake-up cannot land because the task's loop or run is gone: whatever
+    the task was going to take must be given back there. It may come after the task itself
+    gave up, so it must be idempotent. ``library``: the caller's answer from
+    :func:`current_library`, when it has one; ``what`` names the wait in its error.
+    """
+    if library is None:
+        library = current_library(what)
+    if library == "trio":
+        await _park_trio(arm, done, orphaned)
+    else:
+        await _park_asyncio(arm, orphaned)
+
+
+async def poll_until_async(done: Callable[[], bool], *, library: Library | None = None,
+                           what: str = "this wait") -> None:
+    """Return once ``done()``; between asks sleep from 50 us, doubling up to 5 ms, in the
+    calling trio or asyncio task (the loop runs on meanwhile)."""
+    if library is None:
+        library = current_library(what)
+    sleep: Callable[[float], Any]
+    if library == "trio":
+        sleep = trio.sleep
+    else:
+        import asyncio  # deferred: loaded already, since an asyncio task is running
+
+        sleep = asyncio.sleep
+    delay = POLL_FIRST
+    while not done():
+        await sleep(delay)
+        delay = min(delay * 2, POLL_CAP)
