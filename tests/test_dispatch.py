@@ -62,16 +62,23 @@ WANT = np.arange(6.0).reshape(2, 3) @ np.arange(12.0).reshape(3, 4)
 # where the list comes from
 
 
-def test_default_host_list_is_blas_then_cpu_reference() -> None:
+def test_default_host_list_is_blas_then_numpy_then_cpu_reference() -> None:
     a, b, c = operands()
-    assert [bk.name for bk in c.backend_selector()] == ["blas", "cpu_reference"]
+    assert [bk.name for bk in c.backend_selector()] == ["blas", "numpy", "cpu_reference"]
     with uni.dispatch_diagnostics() as records:
         uni.gemm(a, b, c)
         uni.gemm(uni.from_numpy(np.ones((2, 3), np.int64)), uni.from_numpy(np.ones((3, 4), np.int64)),
                  uni.zeros((2, 4), np.int64))
-    assert [r.selected for r in records] == ["blas", "cpu_reference"]
+        square = uni.zeros((2, 4))
+        uni.transform(square, lambda v: v * v, c)  # a Python callable: only the oracle
+    assert [r.selected for r in records] == ["blas", "numpy", "cpu_reference"]
     assert [tuple(at) for at in records[1].attempts] == [
-        ("blas", Probe.NO, None), ("cpu_reference", Probe.YES, None)]
+        ("blas", Probe.NO, None), ("numpy", Probe.MAYBE, None)]
+    assert [tuple(at) for at in records[2].attempts] == [
+        ("blas", Probe.NO, None), ("numpy", Probe.MAYBE, Decline.UNSUPPORTED_TRANSFORM),
+        ("cpu_reference", Probe.YES, None)]
+    assert "Python callable" in records[2].attempts[1].detail
+    assert np.array_equal(np.asarray(square), WANT * WANT)
 
 
 def test_backends_by_name_and_by_object() -> None:
@@ -364,8 +371,8 @@ def test_changing_an_override_forgets_decisions() -> None:
 
 
 def test_a_layout_blas_declines_does_not_pin_other_strided_layouts_to_the_fallback() -> None:
-    """A negative-stride view falls back to cpu_reference; a padded view with the same dtypes
-    (also a layout_stride mapping) must still reach blas, not the remembered fallback."""
+    """A negative-stride view falls back to numpy; a padded view with the same dtypes (also a
+    layout_stride mapping) must still reach blas, not the remembered fallback."""
     rng = np.random.default_rng(1)
     b = uni.from_numpy(rng.standard_normal((4, 4)))
     with uni.dispatch_diagnostics() as records:
@@ -377,7 +384,7 @@ def test_a_layout_blas_declines_does_not_pin_other_strided_layouts_to_the_fallba
         uni.gemm(flipped_again[:4], b, uni.zeros((4, 4)))
     assert [type(t.mapping).__name__ for t in (flipped, padded)] == ["layout_stride"] * 2
     assert [(r.selected, r.cached) for r in records] == [
-        ("cpu_reference", False), ("blas", False), ("cpu_reference", True)]
+        ("numpy", False), ("blas", False), ("numpy", True)]
 
 
 def test_probe_answers_are_cached_per_signature() -> None:

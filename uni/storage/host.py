@@ -56,6 +56,8 @@ class HostStorage(StorageBase):
                              readonly=readonly or not buffer.flags.writeable)
             self.buffer = buffer
         self._handles = {}
+        # The buffer never changes: operand signatures read alignment from its address.
+        self.base_address = int(self.buffer.__array_interface__["data"][0])
 
     @classmethod
     def allocate(cls, size: int, dtype: Any, *, device: str | None = None,
