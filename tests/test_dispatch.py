@@ -1,9 +1,10 @@
-"""The backend walk (uni._dispatch): lists, overrides, probes, declines, errors, diagnostics
-and the decision cache."""
+"""The backend walk (uni._dispatch): lists, overrides, probes, declines, errors, diagnostics,
+the decision cache and the slow-path warning."""
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -446,3 +447,43 @@ def test_a_cuda_walk_without_the_cuda_backends_declines_unavailable_per_backend(
     with pytest.raises(uni.KernelDispatchError, match="cannot be loaded here"):
         uni.backends.get("cublas")
     assert "cublas" not in uni.backends.available()
+
+
+# -- the slow-path warning ---------------------------------------------------------------------
+def test_a_large_walk_onto_cpu_reference_warns_once_per_signature() -> None:
+    _dispatch.clear_caches()
+    a_np = np.arange(80.0 * 80).reshape(80, 80) % 7
+    a = uni.from_numpy(a_np)
+    lam = a.with_accessor(uni.TransformAccessor(a.accessor, lambda v: v - 1))
+    out = uni.zeros((80, 80))
+    with pytest.warns(uni.PerformanceWarning) as caught:
+        uni.copy(lam, out)
+    (warning,) = caught
+    message = str(warning.message)
+    assert warning.filename == __file__  # points at the caller's line
+    for words in ("uni.copy ran on cpu_reference", "6,400 elements", "blas: probe MAYBE, "
+                  "declined: unsupported accessor", "numpy: probe MAYBE, declined",
+                  "to change:", "use a uni.ops op or a numpy ufunc"):
+        assert words in message, (words, message)
+    assert np.array_equal(np.asarray(out), a_np - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        uni.copy(lam, out)  # the same signature again: no second warning
+        uni.copy(lam[:10, :10], uni.zeros((10, 10)))  # small: no warning at all
+    with pytest.warns(uni.PerformanceWarning, match="uni.gemm ran on cpu_reference"):
+        uni.gemm(lam, a, out)
+    with pytest.warns(uni.PerformanceWarning, match="came first in the backend list"):
+        uni.gemm(a, a, out, backends=["cpu_reference"])
+
+
+def test_where_the_warning_is_an_error_the_slow_call_is_refused_untouched() -> None:
+    _dispatch.clear_caches()
+    a = uni.from_numpy(np.ones((100, 100)))
+    lam = a.with_accessor(uni.TransformAccessor(a.accessor, lambda v: v * 2))
+    out = uni.full((100, 100), 7.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", uni.PerformanceWarning)
+        with pytest.raises(uni.KernelDispatchError, match="PerformanceWarning is an error") as info:
+            uni.copy(lam, out)
+    assert isinstance(info.value.__cause__, uni.PerformanceWarning)
+    assert np.array_equal(np.asarray(out), np.full((100, 100), 7.0))  # readable: not poisoned

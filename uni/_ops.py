@@ -108,14 +108,14 @@ def _check_scalars(op: str, alpha: Any, beta: Any, tensors: dict[str, Tensor]) -
     """alpha and beta are numbers that fit the dtype gemm/gemv compute in; returned as given,
     except that a complex scalar with a zero imaginary part and no complex operand becomes
     its (float) real part, so that it does not move the computation into complex."""
-    has_complex = any(t.dtype.kind == "c" for t in tensors.values())
     scalars = []
     for name, value in (("alpha", alpha), ("beta", beta)):
         if type(value) not in _PLAIN_SCALARS:
             if not isinstance(value, (int, float, complex, np.number, np.bool_)):
                 raise TypeError(f"{op}: {name} must be a number (int, float, complex or a "
                                 f"numpy scalar), got {type(value).__name__}")
-            if not has_complex and isinstance(value, (complex, np.complexfloating)):
+            if isinstance(value, (complex, np.complexfloating)) and not any(
+                    t.dtype.kind == "c" for t in tensors.values()):
                 if complex(value).imag != 0:
                     listed = ", ".join(f"{n}: {t.dtype.name}" for n, t in tensors.items())
                     raise DTypeError(f"{op}: {name}={value!r} is complex but the operands are "
@@ -123,11 +123,17 @@ def _check_scalars(op: str, alpha: Any, beta: Any, tensors: dict[str, Tensor]) -
                 value = float(complex(value).real)
         scalars.append(value)
     alpha, beta = scalars
+    # Floats and complex convert into any compute dtype (overflowing to inf, as numpy does);
+    # only an integer beyond int32 can fail to fit. The usual alpha=1, beta=0 skip the rest.
+    wide = [(name, int(v)) for name, v in (("alpha", alpha), ("beta", beta))
+            if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+            and not -(2**31) <= v < 2**31]
+    if not wide:
+        return alpha, beta
     compute = _promotion.matmul_dtype(*(t.dtype for t in tensors.values()), alpha=alpha,
                                       beta=beta)
-    for name, value in (("alpha", alpha), ("beta", beta)):
-        v = value.item() if isinstance(value, np.generic) else value
-        if type(v) is int and compute.kind in "fc" and abs(v) > 2**1000:
+    for name, v in wide:
+        if compute.kind in "fc" and abs(v) > 2**1000:
             try:
                 complex(v)
             except OverflowError:
