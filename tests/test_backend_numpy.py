@@ -653,15 +653,20 @@ def test_frompyfunc_counts_as_a_python_callable() -> None:
     assert np.asarray(out).tolist() == [0.0, 2.0, 4.0]
 
 
-def test_ufunc_output_into_a_strided_view_avoids_numpys_strided_negative() -> None:
-    """numpy 2.4's np.negative (4-byte dtypes) misreads inputs into strided outputs; the
-    backend goes through a temporary there."""
+def test_ufunc_output_into_a_strided_view_avoids_numpys_strided_loop_bugs() -> None:
+    """numpy 2.4's np.negative (4-byte dtypes) and np.isfinite write wrong values into
+    strided outputs; the backend goes through a temporary there."""
     src = np.arange(64, dtype=np.float32)
     buf = np.zeros(64, np.float32)
     out = uni.from_numpy(buf)[::2][:16]
     uni.transform(out, np.negative, uni.from_numpy(src)[::4], backends=["numpy"])
     assert np.array_equal(buf[::2][:16], -src[::4])
     assert not buf[1::2].any()
+    values = np.tile(np.array([1.0, np.inf, 2.0, np.nan]), 10)
+    flags = np.zeros(80, bool)
+    uni.transform(uni.from_numpy(flags)[::2][:40], np.isfinite, uni.from_numpy(values),
+                  backends=["numpy"])
+    assert np.array_equal(flags[::2][:40], np.isfinite(values)) and not flags[1::2].any()
 
 
 # -- alignment in the operand signature ---------------------------------------------------------
@@ -764,3 +769,17 @@ def test_numpy_prepared_repeats_match_the_general_path(dtypes: tuple[str, str, s
     del ta, tb, tc, entry
     gc.collect()
     assert probe() is None  # the prepared cache holds nothing alive
+
+
+def test_ufunc_ops_are_host_only() -> None:
+    from uni.cuda import CudaPointerAccessor
+    from uni.storage._base import StorageBase
+
+    class FakeCuda(StorageBase):
+        domain = uni.CUDA
+
+    out = uni.Tensor.from_storage(FakeCuda(np.float32, 4), uni.layout_right((4,)),
+                                  CudaPointerAccessor(np.float32))
+    with pytest.raises(uni.DomainError, match="runs on the host only"):
+        uni.transform(out, np.sqrt, out)
+    assert out.storage.access_queue.snapshot() == []

@@ -266,6 +266,11 @@ def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
             raise TypeError(f"transform: {op.name} takes {op.arity} inputs, got {len(inputs)}")
     elif is_ufunc_op(op):
         check_ufunc(op, len(inputs))
+        if out.storage.domain is not HOST:
+            raise DomainError(
+                f"transform: np.{op.__name__} is a numpy ufunc, which runs on the host only, "
+                f"but the output lives in the {out.storage.domain.value} domain; use a uni.ops "
+                "op, or copy the data to the host first")
     elif not callable(op):
         raise TypeError(f"transform: expected a uni.ops element op, a numpy ufunc or a "
                         f"callable, got {op!r}")

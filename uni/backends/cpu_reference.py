@@ -37,9 +37,12 @@ def _store(span: Any, index: tuple[int, ...], value: Any) -> None:
     span[index] = store_scalar(value, span.dtype)
 
 
-def _as(x: Any, dtype: Any) -> Any:
-    """One element as the Python number it is in the compute dtype."""
-    return cast_value(_value(x), dtype)
+def _reader(span: Any, compute: Any) -> Any:
+    """``read(index)``: the element at ``index`` as the Python number it is in ``compute``
+    (a conversion only where the span's dtype is another)."""
+    if span.dtype == compute:
+        return lambda index: _value(span[index])
+    return lambda index: cast_value(_value(span[index]), compute)
 
 
 def _product_scalars(call: Any, *spans: Any) -> tuple[Any, Any, Any]:
@@ -82,16 +85,17 @@ class CpuReference:
         k = a.shape[-1]
         *batch, m, n = c.shape
         compute, alpha, beta = _product_scalars(call, a, b, c)
+        ra, rb, rc = (_reader(s, compute) for s in (a, b, c))
         for bidx in _indices(tuple(batch)):
             for i in range(m):
                 for j in range(n):
                     # alpha == 0 or k == 0: beta * c, even for alpha = inf or NaN (SPEC §5).
                     value: Any = 0
                     if not (alpha == 0 or k == 0):
-                        value = alpha * sum(_as(a[(*bidx, i, p)], compute)
-                                            * _as(b[(*bidx, p, j)], compute) for p in range(k))
+                        value = alpha * sum(ra((*bidx, i, p)) * rb((*bidx, p, j))
+                                            for p in range(k))
                     if beta != 0:
-                        value = value + beta * _as(c[(*bidx, i, j)], compute)
+                        value = value + beta * rc((*bidx, i, j))
                     _store(c, (*bidx, i, j), cast_value(value, compute))
 
     @staticmethod
@@ -99,14 +103,14 @@ class CpuReference:
         a, x, y = call.a, call.x, call.y
         *batch, m, n = a.shape
         compute, alpha, beta = _product_scalars(call, a, x, y)
+        ra, rx, ry = (_reader(s, compute) for s in (a, x, y))
         for bidx in _indices(tuple(batch)):
             for i in range(m):
                 value: Any = 0  # alpha == 0 or n == 0: beta * y, even for alpha = inf/NaN
                 if not (alpha == 0 or n == 0):
-                    value = alpha * sum(_as(a[(*bidx, i, p)], compute) * _as(x[(*bidx, p)], compute)
-                                        for p in range(n))
+                    value = alpha * sum(ra((*bidx, i, p)) * rx((*bidx, p)) for p in range(n))
                 if beta != 0:
-                    value = value + beta * _as(y[(*bidx, i)], compute)
+                    value = value + beta * ry((*bidx, i))
                 _store(y, (*bidx, i), cast_value(value, compute))
 
     @staticmethod

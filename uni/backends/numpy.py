@@ -104,10 +104,10 @@ def _scalar(value: Any, dtype: np.dtype[Any]) -> Array:
 
 
 def _direct(out: Array) -> bool:
-    # Note: numpy 2.4's negative and isfinite loops (4-byte dtypes) read the wrong input
-    # elements when the output is strided (np.negative(x[::4], out=y[::2])); kernels write
-    # straight into outputs whose elements are adjacent and go through a fresh temporary,
-    # then a copy, for the others.
+    # Note: numpy 2.4's np.negative (4-byte dtypes, input stride 4) and np.isfinite (float
+    # input, any strided output) write wrong values into strided outputs
+    # (np.negative(x[::4], out=y[::2])); kernels write straight into outputs whose elements
+    # are adjacent only, and go through a fresh temporary, then a copy, for the others.
     return bool(out.flags.c_contiguous or out.flags.f_contiguous)
 
 
