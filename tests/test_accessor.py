@@ -326,3 +326,35 @@ def test_scaled_element_access_wraps_integers_like_the_vectorized_path() -> None
     assert acc.access(h, 0) == 0  # no overflow warning (warnings are errors here)
     assert acc.access(h, 1) == 12
     assert np.asarray(acc.access(h, 1)).dtype == np.int32
+
+
+def test_transform_accessor_with_a_numpy_ufunc_is_vectorised_and_typed_by_numpy() -> None:
+    base = uni.DefaultAccessor(np.int32)
+    acc = uni.TransformAccessor(base, np.sqrt)
+    assert acc.element_type == np.float64 and acc.domains == frozenset({uni.HOST})
+    values = np.array([4, 2, -1], np.int32)
+    got = acc.apply(values)  # NaN for -1, without numpy's warning
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(got, np.sqrt(values.astype(np.float64)))
+    one = [acc.access(handle_of(values), i) for i in range(3)]  # the scalar path agrees
+    np.testing.assert_array_equal(np.array(one), got)
+    assert type(one[0]) is np.float64
+    into = uni.TransformAccessor(base, np.sqrt, np.int32)       # a dtype: the store rules
+    np.testing.assert_array_equal(into.apply(values), [2, 1, 0])  # NaN -> 0
+    assert [into.access(handle_of(values), i) for i in range(3)] == [2, 1, 0]
+    with pytest.raises(TypeError, match="unary elementwise ufunc"):
+        uni.TransformAccessor(base, np.add)
+    with pytest.raises(uni.DTypeError, match="no loop"):
+        uni.TransformAccessor(uni.DefaultAccessor(np.float64), np.invert)
+
+
+def test_transform_accessor_element_ops_wrap_one_element_as_on_arrays() -> None:
+    values = np.array([50_000, -3, 2**31 - 1], np.int32)
+    for op in (uni.ops.square, uni.ops.negate, uni.ops.scale(3)):
+        acc = uni.TransformAccessor(uni.DefaultAccessor(np.int32), op)
+        vector = acc.apply(values)
+        scalar = [acc.access(handle_of(values), i) for i in range(3)]
+        np.testing.assert_array_equal(np.array(scalar, np.int32), vector)  # both wrap
+    wide = uni.TransformAccessor(uni.DefaultAccessor(np.float64), uni.ops.square, np.int32)
+    assert wide.apply(np.array([1e6]))[0] == 2**31 - 1                 # stored: saturates
+    assert wide.access(handle_of(np.array([1e6])), 0) == 2**31 - 1

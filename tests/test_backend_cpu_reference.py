@@ -125,3 +125,39 @@ def test_try_kernel_declines_spans_it_cannot_reach() -> None:
     with uni.acquire_host_read_access_sync(uni.zeros(2)) as lease:
         opaque: Any = Opaque(lease.mdspan())
         assert ref.try_kernel("copy", CopyCall(opaque, opaque)) is uni.Decline.INCOMPATIBLE_DEVICES
+
+
+def test_integer_products_wrap_in_the_compute_dtype_like_numpy() -> None:
+    """Arithmetic wraps in the compute dtype; only the store into the output saturates."""
+    a = np.array([[2**62, 2**62], [3, -(2**63)]], np.int64)
+    b = np.array([[2, 1], [3, -1]], np.int64)
+    c = uni.zeros((2, 2), np.int64)
+    uni.gemm(uni.from_numpy(a), uni.from_numpy(b), c, alpha=3, beta=0, backends=ONLY)
+    assert np.array_equal(np.asarray(c), np.int64(3) * (a @ b))  # numpy's int64 wraps
+    y = uni.zeros(2, np.int32)  # int64 compute (a is int64), int32 store: saturates
+    uni.gemv(uni.from_numpy(a), uni.from_numpy(np.array([1, 0], np.int32)), y, backends=ONLY)
+    assert np.asarray(y).tolist() == [2**31 - 1, 3]
+
+
+def test_mixed_dtypes_compute_in_the_promoted_dtype() -> None:
+    a = uni.from_numpy(np.array([[2**24 + 1]], np.int64))
+    one32 = uni.from_numpy(np.ones((1, 1), np.float32))
+    c = uni.zeros((1, 1), np.float64)
+    uni.gemm(a, one32, c, backends=ONLY)           # float64 output: computes in float64
+    assert np.asarray(c).tolist() == [[2**24 + 1]]
+    c32 = uni.zeros((1, 1), np.int64)
+    uni.gemm(a, one32, c32, backends=ONLY)         # int64, float32, int64: float32 rounds
+    assert np.asarray(c32).tolist() == [[2**24]]
+    dst = uni.zeros(2, np.int32)
+    uni.copy(uni.from_numpy(np.array([1e12, -2.5 + 7j])), dst, backends=ONLY)
+    assert np.asarray(dst).tolist() == [2**31 - 1, -2]
+
+
+def test_numpy_ufuncs_run_through_numpys_loop_element_by_element() -> None:
+    out = uni.zeros(4, np.int32)
+    x = uni.from_numpy(np.array([7, -7, 7, 0], np.int32))
+    uni.transform(out, np.floor_divide, x, uni.from_numpy(np.array([2, 2, -2, 0], np.int32)),
+                  backends=ONLY)
+    assert np.asarray(out).tolist() == [3, -4, -4, 0]  # numpy's floor division; x // 0 is 0
+    with pytest.raises(ValueError, match="negative integer powers"):
+        uni.transform(out, np.power, x, -1, backends=ONLY)  # numpy's own error, per element

@@ -1,9 +1,10 @@
-"""The backend walk (uni._dispatch): lists, overrides, probes, declines, errors, diagnostics
-and the decision cache."""
+"""The backend walk (uni._dispatch): lists, overrides, probes, declines, errors, diagnostics,
+the decision cache and the slow-path warning."""
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,16 +64,23 @@ WANT = np.arange(6.0).reshape(2, 3) @ np.arange(12.0).reshape(3, 4)
 # where the list comes from
 
 
-def test_default_host_list_is_blas_then_cpu_reference() -> None:
+def test_default_host_list_is_blas_then_numpy_then_cpu_reference() -> None:
     a, b, c = operands()
-    assert [bk.name for bk in c.backend_selector()] == ["blas", "cpu_reference"]
+    assert [bk.name for bk in c.backend_selector()] == ["blas", "numpy", "cpu_reference"]
     with uni.dispatch_diagnostics() as records:
         uni.gemm(a, b, c)
         uni.gemm(uni.from_numpy(np.ones((2, 3), np.int64)), uni.from_numpy(np.ones((3, 4), np.int64)),
                  uni.zeros((2, 4), np.int64))
-    assert [r.selected for r in records] == ["blas", "cpu_reference"]
+        square = uni.zeros((2, 4))
+        uni.transform(square, lambda v: v * v, c)  # a Python callable: only the oracle
+    assert [r.selected for r in records] == ["blas", "numpy", "cpu_reference"]
     assert [tuple(at) for at in records[1].attempts] == [
-        ("blas", Probe.NO, None), ("cpu_reference", Probe.YES, None)]
+        ("blas", Probe.NO, None), ("numpy", Probe.MAYBE, None)]
+    assert [tuple(at) for at in records[2].attempts] == [
+        ("blas", Probe.NO, None), ("numpy", Probe.MAYBE, Decline.UNSUPPORTED_TRANSFORM),
+        ("cpu_reference", Probe.YES, None)]
+    assert "Python callable" in records[2].attempts[1].detail
+    assert np.array_equal(np.asarray(square), WANT * WANT)
 
 
 def test_backends_by_name_and_by_object() -> None:
@@ -365,8 +373,8 @@ def test_changing_an_override_forgets_decisions() -> None:
 
 
 def test_a_layout_blas_declines_does_not_pin_other_strided_layouts_to_the_fallback() -> None:
-    """A negative-stride view falls back to cpu_reference; a padded view with the same dtypes
-    (also a layout_stride mapping) must still reach blas, not the remembered fallback."""
+    """A negative-stride view falls back to numpy; a padded view with the same dtypes (also a
+    layout_stride mapping) must still reach blas, not the remembered fallback."""
     rng = np.random.default_rng(1)
     b = uni.from_numpy(rng.standard_normal((4, 4)))
     with uni.dispatch_diagnostics() as records:
@@ -378,7 +386,7 @@ def test_a_layout_blas_declines_does_not_pin_other_strided_layouts_to_the_fallba
         uni.gemm(flipped_again[:4], b, uni.zeros((4, 4)))
     assert [type(t.mapping).__name__ for t in (flipped, padded)] == ["layout_stride"] * 2
     assert [(r.selected, r.cached) for r in records] == [
-        ("cpu_reference", False), ("blas", False), ("cpu_reference", True)]
+        ("numpy", False), ("blas", False), ("numpy", True)]
 
 
 def test_probe_answers_are_cached_per_signature() -> None:
@@ -466,3 +474,43 @@ async def test_overrides_do_not_leak_between_interleaved_tasks() -> None:
     with uni.dispatch_diagnostics() as records:
         uni.gemm(a, b, c)
     assert records[-1].selected == "blas"  # nothing left installed
+
+
+# -- the slow-path warning ---------------------------------------------------------------------
+def test_a_large_walk_onto_cpu_reference_warns_once_per_signature() -> None:
+    _dispatch.clear_caches()
+    a_np = np.arange(80.0 * 80).reshape(80, 80) % 7
+    a = uni.from_numpy(a_np)
+    lam = a.with_accessor(uni.TransformAccessor(a.accessor, lambda v: v - 1))
+    out = uni.zeros((80, 80))
+    with pytest.warns(uni.PerformanceWarning) as caught:
+        uni.copy(lam, out)
+    (warning,) = caught
+    message = str(warning.message)
+    assert warning.filename == __file__  # points at the caller's line
+    for words in ("uni.copy ran on cpu_reference", "6,400 elements", "blas: probe MAYBE, "
+                  "declined: unsupported accessor", "numpy: probe MAYBE, declined",
+                  "to change:", "use a uni.ops op or a numpy ufunc"):
+        assert words in message, (words, message)
+    assert np.array_equal(np.asarray(out), a_np - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        uni.copy(lam, out)  # the same signature again: no second warning
+        uni.copy(lam[:10, :10], uni.zeros((10, 10)))  # small: no warning at all
+    with pytest.warns(uni.PerformanceWarning, match="uni.gemm ran on cpu_reference"):
+        uni.gemm(lam, a, out)
+    with pytest.warns(uni.PerformanceWarning, match="came first in the backend list"):
+        uni.gemm(a, a, out, backends=["cpu_reference"])
+
+
+def test_where_the_warning_is_an_error_the_slow_call_is_refused_untouched() -> None:
+    _dispatch.clear_caches()
+    a = uni.from_numpy(np.ones((100, 100)))
+    lam = a.with_accessor(uni.TransformAccessor(a.accessor, lambda v: v * 2))
+    out = uni.full((100, 100), 7.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", uni.PerformanceWarning)
+        with pytest.raises(uni.KernelDispatchError, match="PerformanceWarning is an error") as info:
+            uni.copy(lam, out)
+    assert isinstance(info.value.__cause__, uni.PerformanceWarning)
+    assert np.array_equal(np.asarray(out), np.full((100, 100), 7.0))  # readable: not poisoned

@@ -298,9 +298,31 @@ def test_conjugate() -> None:
     assert ops.conjugate.apply_numpy(np.array([-3], np.int64)).tolist() == [-3]
 
 
-
-
 def test_a_scale_factor_beyond_every_float_is_refused() -> None:
     with pytest.raises(DTypeError, match="too large"):
         ops.scale(2**2000)
     assert ops.scale(2**900).factor == 2**900  # large but representable: fine
+
+
+def test_numpy_ufuncs_are_ops_with_numpys_own_loops() -> None:
+    i4, f4 = np.dtype(np.int32), np.dtype(np.float32)
+    assert ops.is_ufunc_op(np.add) and ops.is_ufunc_op(np.sqrt)
+    assert not ops.is_ufunc_op(ops.add) and not ops.is_ufunc_op(abs)
+    assert not ops.is_ufunc_op(np.frompyfunc(abs, 1, 1))  # object loops: a Python callable
+    assert ops.ufunc_loop(np.add, np.dtype(np.int64), f4) == (np.dtype("f8"),) * 3
+    assert ops.ufunc_loop(np.add, i4, 2) == (i4, i4, i4)          # a Python int is weak
+    assert ops.ufunc_loop(np.add, i4, 2.5) == (np.dtype("f8"),) * 3
+    assert ops.ufunc_loop(np.add, (f4, True), np.float64(1)) == (np.dtype("f8"),) * 3
+    assert ops.ufunc_loop(np.sqrt, i4) == (np.dtype("f8"), np.dtype("f8"))
+    assert ops.ufunc_loop(np.greater, f4, f4) == (f4, f4, np.dtype(bool))
+    with pytest.raises(DTypeError, match="no loop"):
+        ops.ufunc_loop(np.bitwise_and, f4, f4)
+    with pytest.raises(DTypeError, match="outside uni's set"):
+        ops.ufunc_loop(np.square, np.dtype(bool))
+    ops.check_ufunc(np.add, 2)
+    for bad, words in ((np.matmul, "generalized"), (np.divmod, "2 outputs"),
+                       (np.frexp, "2 outputs")):
+        with pytest.raises(TypeError, match=words):
+            ops.check_ufunc(bad)
+    with pytest.raises(TypeError, match="takes 1 inputs, got 2"):
+        ops.check_ufunc(np.sqrt, 2)

@@ -380,3 +380,18 @@ def test_store_cast_keeps_the_shape_of_multidimensional_and_empty_arrays() -> No
     assert_identical(P.store_cast(values, I4), np.array([[0, 2**31 - 1], [-1, 3]], np.int32))
     assert_identical(P.store_cast(values.T, B), np.array([[1, 1], [1, 1]], bool))
     assert_identical(P.store_cast(np.zeros((0, 3)), I8), np.zeros((0, 3), np.int64))
+
+
+def test_matmul_dtype_promotes_every_operand_and_counts_scalars_by_category() -> None:
+    i4, f4, f8, c8 = (np.dtype(d) for d in ("i4", "f4", "f8", "c8"))
+    assert P.matmul_dtype(i4, i4, i4) == i4                      # alpha=1: an int, no change
+    assert P.matmul_dtype(i4, i4, i4, alpha=2, beta=-3) == i4
+    assert P.matmul_dtype(i4, i4, i4, alpha=0.5) == f4           # a Python float: float32
+    assert P.matmul_dtype(i4, i4, i4, alpha=np.float64(0.5)) == f4  # numpy scalars as Python
+    assert P.matmul_dtype(f4, f4, f8) == f8                      # the output counts too
+    assert P.matmul_dtype(f4, f4, f4, alpha=1j) == c8
+    assert P.matmul_dtype(np.bool_, np.bool_, np.bool_, alpha=True, beta=False) == np.bool_
+    assert P.matmul_dtype(np.bool_, np.bool_, np.bool_) == np.int64  # alpha=1 counts in int64
+    assert P.matmul_dtype(np.int64, f4, np.int32) == f4
+    with pytest.raises(DTypeError, match="Python bool, int, float or complex"):
+        P.matmul_dtype(f4, f4, f4, alpha="2")

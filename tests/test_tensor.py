@@ -659,7 +659,7 @@ def test_mdspec_of_a_host_tensor_is_an_mdspan_of_its_metadata() -> None:
 
 def test_backend_selector_lists_the_host_backends_best_first() -> None:
     t = uni.zeros((2, 2))[::-1]
-    assert [b.name for b in t.backend_selector()] == ["blas", "cpu_reference"]
+    assert [b.name for b in t.backend_selector()] == ["blas", "numpy", "cpu_reference"]
 
 
 def test_numpy_asarray_of_a_tensor_is_a_copy() -> None:
@@ -725,8 +725,9 @@ def test_host_storage_is_aligned_flat_host_memory(dtype: np.dtype[Any]) -> None:
     assert uni.zeros((3, 5), dtype).storage.buffer.ctypes.data % 64 == 0
 
 
-def test_host_storage_default_backends_are_blas_then_cpu_reference() -> None:
-    assert tuple(HostStorage(1, np.float64).default_backends()) == ("blas", "cpu_reference")
+def test_host_storage_default_backends_are_blas_numpy_then_cpu_reference() -> None:
+    assert tuple(HostStorage(1, np.float64).default_backends()) == (
+        "blas", "numpy", "cpu_reference")
 
 
 def test_host_storage_wraps_only_contiguous_1d_buffers() -> None:

@@ -26,7 +26,7 @@ from uni import ops
 Array = np.ndarray[Any, Any]
 DTYPES: list[np.dtype[Any]] = [np.dtype(d) for d in uni.SUPPORTED_DTYPES]
 B, I4, I8, F4, F8, C8, C16 = DTYPES
-BACKENDS = ("blas", "cpu_reference")
+BACKENDS = ("blas", "numpy", "cpu_reference")
 UNARY = [ops.identity, ops.negate, ops.square, ops.reciprocal, ops.conjugate,
          ops.scale(2), ops.scale(-3), ops.scale(0.5), ops.scale(1.5j), ops.scale(True)]
 BINARY = [ops.add, ops.subtract, ops.multiply, ops.divide]
@@ -640,11 +640,14 @@ def test_python_callables_run_on_cpu_reference_through_the_walk() -> None:
     assert seen == [(float, float)] * 3
     (record,) = records
     assert record.selected == "cpu_reference"
-    assert [(a.backend_name, a.probe) for a in record.attempts] == [
-        ("blas", uni.Probe.NO), ("cpu_reference", uni.Probe.YES)]
+    assert [(a.backend_name, a.probe, a.decline) for a in record.attempts] == [
+        ("blas", uni.Probe.NO, None), ("numpy", uni.Probe.MAYBE, uni.Decline.UNSUPPORTED_TRANSFORM),
+        ("cpu_reference", uni.Probe.YES, None)]
     with pytest.raises(uni.KernelDispatchError) as info:
-        uni.transform(out, fma, x, y, backends=["blas"])
+        uni.transform(out, fma, x, y, backends=["blas", "numpy"])
     assert "blas: probe NO" in str(info.value)
+    assert "numpy: probe MAYBE, declined: unsupported transform" in str(info.value)
+    assert "use a uni.ops op or a numpy ufunc" in str(info.value)
     # Its results are stored with the store rules too.
     ints = uni.zeros((3,), I4)
     uni.transform(ints, lambda v: v * 1e10, y)
@@ -675,8 +678,15 @@ def test_accessor_views_are_honoured(backend: str) -> None:
     uni.transform(out, ops.subtract, squared, 1, backends=[backend])
     assert np.allclose(out.to_numpy(), values * values - 1, rtol=1e-15)
     halved = t.with_accessor(uni.TransformAccessor(t.accessor, lambda v: v / 2))
-    uni.transform(out, ops.negate, halved, backends=[backend])
-    assert np.array_equal(out.to_numpy(), -values / 2)
+    if backend == "cpu_reference":
+        uni.transform(out, ops.negate, halved, backends=[backend])
+        assert np.array_equal(out.to_numpy(), -values / 2)
+    else:  # a Python callable in an accessor reads element by element: a vectorised backend
+        with pytest.raises(uni.KernelDispatchError, match="Python callable"):  # says so
+            uni.transform(out, ops.negate, halved, backends=[backend])
+    rooted = t.with_accessor(uni.TransformAccessor(t.accessor, np.sqrt))  # a ufunc: vectorised
+    uni.transform(out, ops.negate, rooted, backends=[backend])
+    assert np.array_equal(out.to_numpy(), -np.sqrt(values))
     # A real tensor's scaled view with a float factor reads as float64.
     ints = uni.from_numpy(np.array([1, 2, 3], I4))
     real = uni.zeros((3,), F8)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 from uni._dtypes import as_dtype
 from uni._errors import DTypeError
 from uni._handle import CUDA, HOST, Domain, HostHandle
+from uni._promotion import cast_value, store_cast, store_scalar
 
 
 class _AccessorBase:
@@ -196,16 +198,29 @@ class ScaledAccessor(_Adapter):
         return result
 
 
+@functools.lru_cache(maxsize=256)
+def _ufunc_loop(ufunc: np.ufunc, base: np.dtype[Any]) -> tuple[np.dtype[Any], np.dtype[Any]]:
+    """numpy's own (input, output) loop dtypes for a unary ufunc on ``base``, in uni's set."""
+    try:
+        loop = ufunc.resolve_dtypes((base, None))
+    except TypeError as err:  # numpy's UFuncTypeError: no loop for this dtype
+        raise DTypeError(f"np.{ufunc.__name__} has no loop for {base.name}: {err}") from None
+    return as_dtype(loop[0]), as_dtype(loop[1])
+
+
 @attrs.frozen
 class TransformAccessor(_Adapter):
-    """Values are ``op(base value)``: a ``uni.ops`` unary element op or, host only, a callable.
+    """Values are ``op(base value)``: a ``uni.ops`` unary element op, a unary numpy ufunc, or
+    (host only) any Python callable.
 
-    A plain Python callable keeps the base element type unless ``dtype`` says otherwise, and
-    restricts the accessor to the host domain.
+    A ``uni.ops`` op computes in its own result dtype and a ufunc in the dtype numpy's type
+    resolution picks; either result wraps there (integers) and converts into ``dtype``, when
+    given, by the store rules. A plain Python callable keeps the base element type unless
+    ``dtype`` says otherwise, and restricts the accessor to the host domain (so does a ufunc).
     """
 
     base: Any = attrs.field(validator=_check_accessor)
-    op: Any = attrs.field()  # a uni.ops element op, or (host only) any Python callable
+    op: Any = attrs.field()  # a uni.ops element op, a numpy ufunc, or (host only) a callable
     dtype: np.dtype[Any] | None = attrs.field(default=None)
     transforms_values: bool = attrs.field(default=True, init=False)
 
@@ -213,48 +228,83 @@ class TransformAccessor(_Adapter):
     def _check_op(self, _attr: Any, value: Any) -> None:
         if not callable(value) and not hasattr(value, "apply_scalar"):
             raise TypeError(f"expected a uni.ops element op or a callable, got {value!r}")
-        if getattr(value, "arity", 1) != 1:
+        if isinstance(value, np.ufunc):
+            if value.nin != 1 or value.nout != 1 or value.signature is not None:
+                raise TypeError(f"expected a unary elementwise ufunc for TransformAccessor, "
+                                f"got np.{value.__name__} ({value.nin} in, {value.nout} out)")
+            _ufunc_loop(value, as_dtype(self.base.element_type))  # DTypeError now, not later
+        elif getattr(value, "arity", 1) != 1:
             raise TypeError(f"expected a unary op for TransformAccessor, got {value!r}")
+
+    def _compute(self) -> np.dtype[Any] | None:
+        """The dtype the op computes in; None for a plain Python callable."""
+        rule = getattr(self.op, "result_dtype", None)
+        if rule is not None:
+            # uni.ops rules take operands (arrays, scalars), not bare dtypes.
+            return as_dtype(rule(np.empty(0, dtype=self.base.element_type)))
+        if isinstance(self.op, np.ufunc):
+            return _ufunc_loop(self.op, as_dtype(self.base.element_type))[1]
+        return None
 
     @property
     def element_type(self) -> np.dtype[Any]:  # type: ignore[override]
         if self.dtype is not None:
             return as_dtype(self.dtype)
-        rule = getattr(self.op, "result_dtype", None)
-        if rule is not None:
-            # uni.ops rules take operands (arrays, scalars), not bare dtypes.
-            return as_dtype(rule(np.empty(0, dtype=self.base.element_type)))
-        return self.base.element_type  # type: ignore[no-any-return]
+        compute = self._compute()
+        if compute is None:
+            base: np.dtype[Any] = self.base.element_type
+            return base
+        return compute
 
     @property
     def domains(self) -> frozenset[Domain]:  # type: ignore[override]
         domains: frozenset[Domain] = self.base.domains
         if not isinstance(self.op, _DEVICE_OP_TYPES):
-            # A Python callable can only run where Python runs; uni.ops' ops have device code.
+            # A Python callable (or a numpy ufunc) runs only where Python and numpy run;
+            # uni.ops' ops have device code.
             return domains & {HOST}
         return domains
 
-    def _scalar_fn(self) -> Callable[[Any], Any]:
-        # A uni.ops op computes through apply_scalar; a plain callable is called.
-        fn: Callable[[Any], Any] = getattr(self.op, "apply_scalar", self.op)
-        return fn
+    def _of(self, value: Any) -> Any:
+        """The op on one base value, as the element type's numpy scalar."""
+        target = self.element_type
+        op = self.op
+        if hasattr(op, "apply_numpy"):  # a uni.ops op: computes and wraps in its dtype
+            compute = self._compute()
+            result = cast_value(op.apply_scalar(value, dtype=compute), compute)
+        elif isinstance(op, np.ufunc):
+            inner, _ = _ufunc_loop(op, as_dtype(self.base.element_type))
+            with np.errstate(all="ignore"):  # IEEE results, as the vectorised form gives
+                result = op(np.asarray(value, dtype=inner)).item()
+        else:
+            fn: Callable[[Any], Any] = getattr(op, "apply_scalar", op)
+            return target.type(fn(value))
+        return target.type(store_scalar(result, target))
 
     def access(self, handle: HostHandle, offset: int) -> Any:
-        return self.element_type.type(self._scalar_fn()(self.base.access(handle, offset)))
+        return self._of(self.base.access(handle, offset))
 
     def apply_scalar(self, value: Any) -> Any:
-        return self.element_type.type(self._scalar_fn()(_base_scalar(self.base, value)))
+        return self._of(_base_scalar(self.base, value))
 
     def apply(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         base = _base_values(self.base, values)
-        vectorized = getattr(self.op, "apply_numpy", None)
+        target = self.element_type
+        op = self.op
+        vectorized = getattr(op, "apply_numpy", None)
         if vectorized is not None:
-            return np.asarray(vectorized(base), dtype=self.element_type)
-        fn = self._scalar_fn()
-        out = np.empty(base.shape, dtype=self.element_type)
-        for index in np.ndindex(base.shape):
-            out[index] = fn(base[index])
-        return out
+            result = np.asarray(vectorized(base))
+        elif isinstance(op, np.ufunc):
+            inner, _ = _ufunc_loop(op, as_dtype(self.base.element_type))
+            with np.errstate(all="ignore"):
+                result = np.asarray(op(base.astype(inner, copy=False)))
+        else:
+            fn = getattr(op, "apply_scalar", op)
+            out = np.empty(base.shape, dtype=target)
+            for index in np.ndindex(base.shape):
+                out[index] = fn(base[index])
+            return out
+        return result if result.dtype == target else store_cast(result, target)
 
 
 # The op types that generated kernels can apply: uni.ops registers ElementOp (its

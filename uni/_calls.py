@@ -28,6 +28,7 @@ __all__ = [
     "Signature",
     "TransformCall",
     "accessor_chain",
+    "aligned",
     "layout_class",
     "operand_signature",
     "signature",
@@ -86,13 +87,28 @@ class OperandSignature:
     aligned: bool = True
 
 
+def aligned(t: Any) -> bool:
+    """Whether the first element of view ``t`` sits at an address aligned for its dtype.
+
+    Element strides are whole items and every supported itemsize is a multiple of its
+    dtype's alignment, so the first element decides for all of them. A storage that knows
+    its buffer's address says so once (``base_address``); one that does not (its buffers
+    move between leases) answers with its own ``aligned`` flag, True when it has none.
+    """
+    storage = t.storage
+    address = getattr(storage, "base_address", None)
+    if address is None:
+        return bool(getattr(storage, "aligned", True))
+    dtype = storage.dtype
+    return not (address + t.offset * dtype.itemsize) % dtype.alignment
+
+
 def operand_signature(t: Any) -> OperandSignature:
     """The signature of a tensor view (anything with storage, mapping and accessor)."""
     storage = t.storage
     return OperandSignature(
         t.accessor.element_type, layout_class(t.mapping), accessor_chain(t.accessor),
-        type(storage), storage.domain, int(getattr(storage, "device_id", 0)),
-        bool(getattr(storage, "aligned", True)),
+        type(storage), storage.domain, int(getattr(storage, "device_id", 0)), aligned(t),
     )
 
 

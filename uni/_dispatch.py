@@ -5,7 +5,11 @@ For each backend in the list: a type-level ``probe`` (NO / MAYBE / YES), then
 :class:`~uni._probe.Declined` with words) and has no side effects. The list comes from
 ``backends=``, else ``override_backends`` (context-local), else the output storage's default
 list. The winning backend per operand signature is remembered, so a tiny operation does not
-pay for the whole walk twice. A backend that cannot be loaded here is in the list as an
+pay for the whole walk twice (alignment is part of the signature, so one misaligned
+block's decline does not become the decision for aligned data). A walk that lands on the
+per-element ``cpu_reference`` for more than a few thousand elements warns once per
+signature (``uni.PerformanceWarning``, naming the declines before it and what to change).
+A backend that cannot be loaded here is in the list as an
 :class:`~uni.backends.UnavailableBackend` that declines ``UNAVAILABLE`` with the import
 error; it never breaks the walk.
 """
@@ -14,13 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
+import os
+import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
 
 from uni import backends as _backends
-from uni._errors import KernelDispatchError
+from uni._calls import CopyCall, GemmCall, GemvCall
+from uni._errors import KernelDispatchError, PerformanceWarning
 from uni._probe import Decline, Declined, Probe, reason_of
 from uni.specialize import Specializer
 
@@ -28,6 +37,8 @@ OPS = ("copy", "gemm", "gemv", "transform")
 
 __all__ = [
     "OPS",
+    "SLOW_BACKEND",
+    "SLOW_PATH_ELEMENTS",
     "Attempt",
     "Backend",
     "DispatchRecord",
@@ -219,9 +230,11 @@ def on_forget(hook: Any) -> None:
 
 
 def clear_caches() -> None:
-    """Forget remembered walk decisions and probes (after registering a backend, say)."""
+    """Forget remembered walk decisions, probes and slow-path warnings already given (after
+    registering a backend, say)."""
     _clear_decisions()
     _probes.clear()
+    _warned.clear()
 
 
 def _build_probe(key: tuple[Any, str, Any]) -> Probe:
@@ -242,6 +255,76 @@ def _probe(backend: Any, op: str, signature: Any) -> Probe:
     return _probes((backend, op, signature))
 
 
+# -- the slow-path warning ------------------------------------------------------------------
+#: The per-element oracle's name: landing there for a large operation warns.
+SLOW_BACKEND = "cpu_reference"
+#: "More than a few thousand elements": past this many (gemm: m*n*k multiply-adds), a walk
+#: that lands on the oracle warns. Below it the Python loop costs about a millisecond.
+SLOW_PATH_ELEMENTS = 4096
+_warned: dict[tuple[str, Any], None] = {}
+_UNI_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _work(call: Any) -> int:
+    """How many elements an operation handles (gemm/gemv: multiply-adds)."""
+    if isinstance(call, GemmCall):
+        return math.prod(call.c.shape) * max(1, call.a.shape[-1])
+    if isinstance(call, GemvCall):
+        return math.prod(call.y.shape) * max(1, call.a.shape[-1])
+    out = call.dst if isinstance(call, CopyCall) else getattr(call, "out", None)
+    return math.prod(out.shape) if out is not None else 0
+
+
+def _stacklevel() -> int:
+    """The stacklevel of the first caller outside the uni package (the user's line)."""
+    frame = sys._getframe(1)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(_UNI_DIR):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level - 1
+
+
+def _advice(attempts: list[Attempt] | tuple[Attempt, ...], chain: tuple[Any, ...]) -> str:
+    if not attempts:
+        return (f"{SLOW_BACKEND} came first in the backend list (backends= or "
+                "uni.override_backends): leave it out, or use the default list "
+                "(blas, numpy, cpu_reference), for a vectorised path")
+    names = {getattr(b, "name", "") for b in chain}
+    tips = list(dict.fromkeys(a.detail for a in attempts if a.detail))  # each reason once
+    if "numpy" not in names:
+        tips.append("add 'numpy' (vectorised, any layout and dtype mix) to the backend list")
+    return "; ".join(tips) if tips else "pass operands a vectorised backend accepts"
+
+
+def _slow_path(op: str, call: Any, signature: Any, attempts: list[Attempt] | tuple[Attempt, ...],
+               chain: tuple[Any, ...]) -> None:
+    """Warn, once per operand signature, before the oracle runs a large operation.
+
+    Where warnings are errors, the operation is refused instead (KernelDispatchError, the
+    warning as its cause): nothing has run yet, so nothing is written.
+    """
+    key = (op, signature)
+    if key in _warned:
+        return
+    work = _work(call)
+    if work <= SLOW_PATH_ELEMENTS:
+        return
+    declines = "\n".join(a.describe() for a in attempts) or "  (no backend before it)"
+    message = (
+        f"uni.{op} ran on {SLOW_BACKEND}, which loops element by element in Python (microseconds "
+        f"each), for {work:,} elements ({describe_call(call)}); the backends "
+        f"before it:\n{declines}\nto change: {_advice(attempts, chain)}"
+    )
+    try:
+        warnings.warn(PerformanceWarning(message), stacklevel=_stacklevel())
+    except PerformanceWarning as err:
+        raise KernelDispatchError(
+            f"{op} not run: {SLOW_BACKEND} would have run it, and uni.PerformanceWarning is an "
+            f"error here:\n{message}", op=op, attempts=list(attempts)) from err
+    _remember(_warned, key, None)
+
+
 def walk(op: str, call: Any, signature: Any, chain: tuple[Any, ...]) -> Any:
     """Run ``call`` on the first backend of ``chain`` that accepts it; return that backend."""
     key = (op, signature, tuple(id(b) for b in chain))
@@ -249,6 +332,8 @@ def walk(op: str, call: Any, signature: Any, chain: tuple[Any, ...]) -> Any:
     sinks = _diagnostics.get()
     if remembered is not None:
         backend, earlier = remembered
+        if backend.name == SLOW_BACKEND:
+            _slow_path(op, call, signature, earlier[:-1], chain)
         if backend.try_kernel(op, call) is None:
             if sinks:
                 _record(DispatchRecord(op, earlier, backend.name, cached=True))
@@ -259,6 +344,8 @@ def walk(op: str, call: Any, signature: Any, chain: tuple[Any, ...]) -> Any:
         if answer is Probe.NO:
             attempts.append(Attempt(backend.name, answer, None))
             continue
+        if backend.name == SLOW_BACKEND:
+            _slow_path(op, call, signature, attempts, chain)
         outcome = backend.try_kernel(op, call)
         if outcome is None:
             attempts.append(Attempt(backend.name, answer, None))

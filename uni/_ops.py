@@ -31,7 +31,7 @@ from uni._handle import HOST
 from uni._mapping import layout_stride
 from uni._mdspec import MdSpan
 from uni._tensor import Tensor
-from uni.ops import is_element_op
+from uni.ops import check_ufunc, is_element_op, is_ufunc_op, ufunc_loop
 
 __all__ = [
     "copy",
@@ -61,17 +61,6 @@ def _same_domain(op: str, tensors: dict[str, Tensor]) -> None:
         raise DomainError(
             f"{op} needs all operands in one domain, got {listed}; move data with uni.copy first"
         )
-
-
-def _same_dtype(op: str, tensors: dict[str, Tensor]) -> np.dtype[Any]:
-    dtypes = {name: t.dtype for name, t in tensors.items()}
-    if len(set(dtypes.values())) > 1:
-        listed = ", ".join(f"{n}: {d.name}" for n, d in dtypes.items())
-        raise DTypeError(f"{op} expects one dtype for all operands, got {listed}")
-    dtype = next(iter(dtypes.values()))
-    if op in ("gemm", "gemv") and dtype.kind == "b":
-        raise DTypeError(f"{op} expects a numeric dtype, got bool")
-    return dtype
 
 
 def _writable(op: str, name: str, t: Tensor) -> None:
@@ -115,24 +104,47 @@ def _broadcast_batch(op: str, name: str, t: Tensor, batch: tuple[int, ...], core
 _PLAIN_SCALARS = frozenset({int, float, bool})
 
 
-def _check_scalars(op: str, alpha: Any, beta: Any, dtype: np.dtype[Any]) -> None:
-    """alpha and beta are numbers, and complex only when the operands are."""
+def _check_scalars(op: str, alpha: Any, beta: Any, tensors: dict[str, Tensor]) -> tuple[Any, Any]:
+    """alpha and beta are numbers that fit the dtype gemm/gemv compute in; returned as given,
+    except that a complex scalar with a zero imaginary part and no complex operand becomes
+    its (float) real part, so that it does not move the computation into complex."""
+    scalars = []
     for name, value in (("alpha", alpha), ("beta", beta)):
-        if type(value) in _PLAIN_SCALARS:
-            if type(value) is int and dtype.kind in "fc" and abs(value) > 2**1000:
-                try:
-                    complex(value)
-                except OverflowError:
-                    # It would overflow in a backend, after the output was leased.
-                    raise DTypeError(f"{op}: {name} (an int of {value.bit_length()} bits) is "
-                                     f"too large for {dtype.name} operands") from None
-            continue
-        if not isinstance(value, (int, float, complex, np.number, np.bool_)):
-            raise TypeError(f"{op}: {name} must be a number (int, float, complex or a numpy "
-                            f"scalar), got {type(value).__name__}")
-        if dtype.kind != "c" and complex(value).imag != 0:
-            raise DTypeError(f"{op}: {name}={value!r} is complex but the operands are "
-                             f"{dtype.name}; use complex operands")
+        if type(value) not in _PLAIN_SCALARS:
+            if not isinstance(value, (int, float, complex, np.number, np.bool_)):
+                raise TypeError(f"{op}: {name} must be a number (int, float, complex or a "
+                                f"numpy scalar), got {type(value).__name__}")
+            if isinstance(value, (complex, np.complexfloating)) and not any(
+                    t.dtype.kind == "c" for t in tensors.values()):
+                if complex(value).imag != 0:
+                    listed = ", ".join(f"{n}: {t.dtype.name}" for n, t in tensors.items())
+                    raise DTypeError(f"{op}: {name}={value!r} is complex but the operands are "
+                                     f"real ({listed}); use complex operands")
+                value = float(complex(value).real)
+        scalars.append(value)
+    alpha, beta = scalars
+    # Floats and complex convert into any compute dtype (overflowing to inf, as numpy does);
+    # only an integer beyond int32 can fail to fit. The usual alpha=1, beta=0 skip the rest.
+    wide = [(name, int(v)) for name, v in (("alpha", alpha), ("beta", beta))
+            if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+            and not -(2**31) <= v < 2**31]
+    if not wide:
+        return alpha, beta
+    compute = _promotion.matmul_dtype(*(t.dtype for t in tensors.values()), alpha=alpha,
+                                      beta=beta)
+    for name, v in wide:
+        if compute.kind in "fc" and abs(v) > 2**1000:
+            try:
+                complex(v)
+            except OverflowError:
+                # It would overflow in a backend, after the output was leased.
+                raise DTypeError(f"{op}: {name} (an int of {v.bit_length()} bits) is too "
+                                 f"large for the compute dtype {compute.name}") from None
+        try:
+            _promotion.python_scalar_to(v, compute)
+        except DTypeError as err:
+            raise DTypeError(f"{op}: {name}: {err}") from None
+    return alpha, beta
 
 
 def _check_gemm(a: Any, b: Any, c: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -149,7 +161,9 @@ def _check_gemm(a: Any, b: Any, c: Any) -> tuple[Tensor, Tensor, Tensor]:
             f"b {b.shape}, c {c.shape}"
         )
     _same_domain("gemm", {"a": a, "b": b, "c": c})
-    _same_dtype("gemm", {"a": a, "b": b, "c": c})
+    # Note: dtypes may differ (SPEC §5): the walk's backends compute in the promoted dtype
+    # or decline (blas: "mixed dtypes"); a bool gemm computes in bool, logical like numpy's
+    # matmul of bools, unless a scalar raises it (the default alpha=1 counts in int64).
     _writable("gemm", "c", c)
     batch = c.shape[:-2]
     return _broadcast_batch("gemm", "a", a, batch, 2), _broadcast_batch("gemm", "b", b, batch, 2), c
@@ -165,7 +179,6 @@ def _check_gemv(a: Any, x: Any, y: Any) -> tuple[Tensor, Tensor, Tensor]:
         raise ShapeError(f"gemv: expected a (..., m, n), x (..., n), y (..., m); got a {a.shape}, "
                          f"x {x.shape}, y {y.shape}")
     _same_domain("gemv", {"a": a, "x": x, "y": y})
-    _same_dtype("gemv", {"a": a, "x": x, "y": y})
     _writable("gemv", "y", y)
     batch = y.shape[:-1]
     return _broadcast_batch("gemv", "a", a, batch, 2), _broadcast_batch("gemv", "x", x, batch, 1), y
@@ -173,7 +186,7 @@ def _check_gemv(a: Any, x: Any, y: Any) -> tuple[Tensor, Tensor, Tensor]:
 
 def _check_copy(src: Any, dst: Any) -> tuple[Tensor, Tensor]:
     src, dst = _tensor(src, "copy", "src"), _tensor(dst, "copy", "dst")
-    _same_dtype("copy", {"src": src, "dst": dst})
+    # Any dtype pair: the copy converts by the store rules (saturating into integers).
     _writable("copy", "dst", dst)
     if src.storage.domain is not dst.storage.domain:
         raise DomainError(
@@ -200,7 +213,7 @@ def _stage_folded(access: OperationAccess, index: int) -> MdSpan:
 def _gemm_job(a: Any, b: Any, c: Any, alpha: Any, beta: Any, backends: Any,
               owner: Any = CURRENT_THREAD) -> Job | None:
     a, b, c = _check_gemm(a, b, c)
-    _check_scalars("gemm", alpha, beta, c.dtype)
+    alpha, beta = _check_scalars("gemm", alpha, beta, {"a": a, "b": b, "c": c})
     if c.size == 0:
         return None
 
@@ -215,7 +228,7 @@ def _gemm_job(a: Any, b: Any, c: Any, alpha: Any, beta: Any, backends: Any,
 def _gemv_job(a: Any, x: Any, y: Any, alpha: Any, beta: Any, backends: Any,
               owner: Any = CURRENT_THREAD) -> Job | None:
     a, x, y = _check_gemv(a, x, y)
-    _check_scalars("gemv", alpha, beta, y.dtype)
+    alpha, beta = _check_scalars("gemv", alpha, beta, {"a": a, "x": x, "y": y})
     if y.size == 0:
         return None
 
@@ -243,7 +256,7 @@ def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
     out = _tensor(out, "transform", "out")
     _writable("transform", "out", out)
     for axis, (extent, stride) in enumerate(zip(out.shape, out.strides, strict=True)):
-        if stride == 0 and extent > 1:
+        if stride == 0 and extent > 1 and out.size:  # an empty output writes nothing
             raise LayoutError(
                 f"transform: the output never broadcasts, but its axis {axis} has extent "
                 f"{extent} and stride 0 (shape {out.shape}, strides {out.strides})"
@@ -251,8 +264,16 @@ def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
     if is_element_op(op):
         if len(inputs) != op.arity:
             raise TypeError(f"transform: {op.name} takes {op.arity} inputs, got {len(inputs)}")
+    elif is_ufunc_op(op):
+        check_ufunc(op, len(inputs))
+        if out.storage.domain is not HOST:
+            raise DomainError(
+                f"transform: np.{op.__name__} is a numpy ufunc, which runs on the host only, "
+                f"but the output lives in the {out.storage.domain.value} domain; use a uni.ops "
+                "op, or copy the data to the host first")
     elif not callable(op):
-        raise TypeError(f"transform: expected a uni.ops element op or a callable, got {op!r}")
+        raise TypeError(f"transform: expected a uni.ops element op, a numpy ufunc or a "
+                        f"callable, got {op!r}")
     operands: list[Any] = []
     tensors: list[Tensor] = []
     described: list[Any] = []
@@ -276,16 +297,30 @@ def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
             )
         operands.append(x)
     _same_domain("transform", {"out": out, **{f"input {i}": t for i, t in enumerate(tensors)}})
+    slots: list[Any]  # the dtype each Python scalar operand is converted into
     if is_element_op(op):
         compute = op.result_dtype(*described)
+        slots = [compute] * len(operands)
+    elif is_ufunc_op(op):
+        # Note: a numpy ufunc's dtypes are numpy's own type resolution (int64 + float32 ->
+        # float64), not uni.ops' categories (-> float32): numpy has loops only for the
+        # dtypes its resolution picks (np.sqrt has no int32 loop), and a user passing
+        # np.add expects numpy's answer.
+        try:
+            loop = ufunc_loop(op, *described)
+        except DTypeError as err:
+            raise DTypeError(f"transform: {err}") from None
+        compute, slots = loop[-1], list(loop[:-1])
     else:
         compute = _promotion.result_dtype(*described) if described else out.dtype
+        slots = [compute] * len(operands)
     # A Python int that does not fit an integer computing dtype is refused here, before any
     # lease, rather than by a backend (which would poison the output) or wrapped silently.
-    for x in (*operands, getattr(op, "factor", None) if is_element_op(op) else None):
+    factor = getattr(op, "factor", None) if is_element_op(op) else None
+    for x, slot in (*zip(operands, slots, strict=True), (factor, compute)):
         if _promotion.is_python_scalar(x):
             try:
-                _promotion.python_scalar_to(x, compute)
+                _promotion.python_scalar_to(x, slot)
             except DTypeError as err:
                 raise DTypeError(f"transform: {err}") from None
     return out, operands, tensors, compute
@@ -315,7 +350,8 @@ def _transform_job(out: Any, op: Any, inputs: tuple[Any, ...], backends: Any,
                 spans.append(x)
         return TransformCall(access.span(0, "write"), op, tuple(spans), compute)
 
-    key = ("element-op", op) if is_element_op(op) else ("callable", id(op))
+    key = (("element-op", op) if is_element_op(op) else ("ufunc", op) if is_ufunc_op(op)
+           else ("callable", id(op)))
     return _job("transform", tensors, [out], [True], build,
                 signature(out, *tensors, extra=key), backends, owner)
 
@@ -325,8 +361,10 @@ def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
          backends: Sequence[Any] | None = None) -> None:
     """``c <- alpha * a @ b + beta * c`` (leading batch axes run as a batch).
 
-    Transposes and conjugates are views (``a.T``, ``a.conj()``). ``beta == 0`` never reads
-    ``c``; ``alpha == 0`` or ``k == 0`` never reads ``a``/``b``.
+    Transposes and conjugates are views (``a.T``, ``a.conj()``). Operands may have different
+    dtypes: the product computes in their promotion (alpha and beta count as Python scalars)
+    and stores into ``c`` by the store rules. ``beta == 0`` never reads ``c``; ``alpha == 0``
+    or ``k == 0`` never reads ``a``/``b``.
     """
     plain = backends is None and not diagnostics_active()
     if plain and _prepared.run_gemm(a, b, c, alpha, beta):
@@ -347,8 +385,10 @@ def gemv(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
 
 
 def copy(src: Any, dst: Any, *, backends: Sequence[Any] | None = None) -> None:
-    """Copy ``src`` into ``dst`` (same dtype; ``src`` broadcasts to ``dst``'s shape).
+    """Copy ``src`` into ``dst`` (``src`` broadcasts to ``dst``'s shape).
 
+    The dtypes may differ: values convert into ``dst``'s by the store rules (saturating into
+    integers, NaN -> 0, non-zero -> True, a complex value's real part into a real dtype).
     Overlapping source and destination in one buffer copy correctly.
     """
     job = _copy_job(src, dst, backends)
@@ -359,9 +399,10 @@ def copy(src: Any, dst: Any, *, backends: Sequence[Any] | None = None) -> None:
 def transform(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = None) -> None:
     """``out[...] = op(*inputs)`` elementwise; inputs broadcast to ``out``'s shape.
 
-    ``op`` is a ``uni.ops`` element op or (cpu_reference only) any Python callable. Mixed
-    dtypes promote by category; stores saturate into integers (NaN -> 0) and map non-zero to
-    True into bool. ``out`` may alias an input at the same layout.
+    ``op`` is a ``uni.ops`` element op, a numpy ufunc with one or two inputs (run vectorised
+    on the host, typed by numpy's own resolution), or (cpu_reference only) any Python
+    callable. Mixed dtypes promote by category; stores saturate into integers (NaN -> 0) and
+    map non-zero to True into bool. ``out`` may alias an input at the same layout.
     """
     job = _transform_job(out, op, inputs, backends)
     if job is not None:

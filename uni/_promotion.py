@@ -24,6 +24,7 @@ complex into a real dtype they keep the real part -- never with a warning.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import struct
 from collections.abc import Mapping
@@ -221,6 +222,38 @@ def result_dtype(*operands: OperandLike) -> DType:
     result = _combine(dim, _combine(zero, wrapped))
     assert result is not None  # at least one group is filled
     return result
+
+
+def matmul_dtype(*dtypes: Any, alpha: Any = 1, beta: Any = 0) -> DType:
+    """The dtype gemm/gemv compute in: the promotion of every operand's dtype, with ``alpha``
+    and ``beta`` counted as Python scalars (only their category; a numpy scalar is read as
+    the Python number it holds).
+
+    So an int32 gemm with ``alpha=2`` stays int32, with ``alpha=0.5`` it computes in float32
+    (the default float), a float32 one with a float64 ``c`` computes in float64, and a bool
+    one with bool scalars stays bool (logical, as numpy's matmul of bools) while the default
+    ``alpha=1`` (an int) makes it count in int64.
+    """
+    kinds = tuple(type(s.item() if isinstance(s, np.generic) else s) for s in (alpha, beta))
+    try:
+        return _matmul_dtype(tuple(dtypes), kinds)  # on every gemm's path: cached
+    except TypeError:  # an unhashable dtype spelling
+        return _matmul_dtype(tuple(as_dtype(d) for d in dtypes), kinds)
+
+
+def _sample(kind: type) -> PythonScalar:
+    """A Python scalar of type ``kind`` (promotion only looks at the type)."""
+    for base, value in ((bool, True), (int, 1), (float, 1.0), (complex, 1j)):
+        if issubclass(kind, base):
+            return value
+    raise DTypeError(f"expected a Python bool, int, float or complex scalar, got {kind.__name__}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _matmul_dtype(dtypes: tuple[Any, ...], kinds: tuple[type, ...]) -> DType:
+    described: list[OperandLike] = [(as_dtype(d), False) for d in dtypes]
+    described += [_sample(kind) for kind in kinds]
+    return result_dtype(*described)
 
 
 # ---------------------------------------------------------------------------------------
@@ -425,6 +458,7 @@ __all__ = [
     "category",
     "describe",
     "is_python_scalar",
+    "matmul_dtype",
     "promote_types",
     "python_scalar_dtype",
     "python_scalar_to",

@@ -23,13 +23,16 @@ op             arity  computes                    dtype rule on the promoted inp
 Floating arithmetic is IEEE: division by zero gives +-inf or NaN, overflow gives inf, and no
 operation warns. Integer arithmetic wraps in the computing dtype.
 
-Anything else that is callable can still be given to the reference backend, which applies it
-per element; ``is_element_op`` tells the two apart.
+A numpy ufunc with one or two inputs and one output (``np.maximum``, ``np.sqrt``) is a
+transform op too, run vectorised on the host (``is_ufunc_op``, ``ufunc_loop``: its dtypes are
+numpy's own type resolution). Anything else that is callable can still be given to the
+reference backend, which applies it per element; ``is_element_op`` tells the two apart.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, TypeGuard
@@ -39,7 +42,7 @@ import numpy as np
 
 from uni import _promotion
 from uni._accessor import register_device_op_type
-from uni._dtypes import as_dtype
+from uni._dtypes import SUPPORTED_DTYPES, as_dtype
 from uni._errors import DTypeError
 from uni._promotion import Category, DType, OperandLike, PythonScalar
 
@@ -317,6 +320,83 @@ def is_element_op(x: object) -> TypeGuard[ElementOp]:
 register_device_op_type(ElementOp)
 
 
+# ---------------------------------------------------------------------------------------
+# numpy ufuncs as transform ops (host only)
+
+
+@functools.lru_cache(maxsize=256)
+def _has_native_loop(ufunc: np.ufunc) -> bool:
+    return any("O" not in loop for loop in ufunc.types)
+
+
+def is_ufunc_op(x: object) -> TypeGuard[np.ufunc]:
+    """True for a numpy ufunc (``np.add``, ``np.sqrt``, ...) given as a transform op.
+
+    A ufunc with only object loops (``np.frompyfunc``) calls Python per element: it counts as
+    a plain callable.
+    """
+    return isinstance(x, np.ufunc) and _has_native_loop(x)
+
+
+def check_ufunc(ufunc: np.ufunc, count: int | None = None) -> None:
+    """TypeError unless ``ufunc`` is elementwise with one output and one or two inputs (and
+    takes ``count`` of them, when given)."""
+    name = getattr(ufunc, "__name__", repr(ufunc))
+    if ufunc.signature is not None:
+        raise TypeError(f"np.{name} is a generalized ufunc (signature {ufunc.signature}); "
+                        "transform takes elementwise ops only (use uni.gemm for matmul)")
+    if ufunc.nout != 1 or ufunc.nin not in (1, 2):
+        raise TypeError(f"transform takes numpy ufuncs with one or two inputs and one output; "
+                        f"np.{name} has {ufunc.nin} inputs and {ufunc.nout} outputs")
+    if count is not None and count != ufunc.nin:
+        raise TypeError(f"transform: np.{name} takes {ufunc.nin} inputs, got {count}")
+
+
+def _loop_key(x: Any) -> Any:
+    """What numpy's type resolution sees of one operand: its dtype, or a weak Python type."""
+    if isinstance(x, np.dtype):
+        return x
+    if _promotion.is_python_scalar(x):
+        # numpy 2 (NEP 50) treats Python int/float/complex as weak; a Python bool is bool.
+        return np.dtype(np.bool_) if isinstance(x, bool) else type(x)
+    if isinstance(x, tuple):  # a front end's (dtype, is_0d) description
+        return as_dtype(x[0])
+    return as_dtype(x.dtype)  # an array, an mdspan or a numpy scalar
+
+
+@functools.lru_cache(maxsize=512)
+def _resolve(ufunc: np.ufunc, keys: tuple[Any, ...]) -> tuple[DType, ...]:
+    name = getattr(ufunc, "__name__", repr(ufunc))
+    try:
+        loop = ufunc.resolve_dtypes((*keys, None))
+    except TypeError as err:  # numpy's UFuncTypeError (no loop), or an unknown operand
+        shown = ", ".join(getattr(k, "name", getattr(k, "__name__", str(k))) for k in keys)
+        raise DTypeError(f"np.{name} has no loop for ({shown}): {err}; convert the inputs "
+                         "first (uni.copy into a tensor of another dtype)") from None
+    try:
+        return tuple(as_dtype(d) for d in loop)
+    except DTypeError:
+        shown = ", ".join(d.name for d in loop)
+        raise DTypeError(f"np.{name} resolves to the loop ({shown}), which uses a dtype "
+                         f"outside uni's set ({', '.join(d.name for d in SUPPORTED_DTYPES)}); "
+                         "convert the inputs first (uni.copy into a tensor of another dtype)"
+                         ) from None
+
+
+def ufunc_loop(ufunc: np.ufunc, *operands: Any) -> tuple[DType, ...]:
+    """The dtypes numpy's own type resolution picks for ``ufunc`` on ``operands``: one per
+    input, then the output's.
+
+    Operands are dtypes, ``(dtype, is_0d)`` pairs, arrays, mdspans, numpy scalars (strong,
+    their own dtype) or Python scalars (weak int/float/complex, as numpy 2 has them).
+    Raises DTypeError when numpy has no loop or the loop leaves uni's dtypes.
+    """
+    # Note: a ufunc promotes as numpy does (int64 + float32 -> float64), not by uni.ops'
+    # categories (-> float32): it is numpy's kernel, and numpy's loops exist only for the
+    # dtypes numpy's resolution picks (np.sqrt has no int32 loop).
+    return _resolve(ufunc, tuple(_loop_key(x) for x in operands))
+
+
 def scale(f: PythonScalar) -> ElementOp:
     """The op ``x * f``. ``f`` may be bool, int, float or complex (numpy scalars are read as
     the Python number they hold); it promotes as a Python scalar, so ``scale(0.5)`` keeps a
@@ -340,11 +420,14 @@ __all__ = [
     "conjugate",
     "divide",
     "identity",
+    "check_ufunc",
     "is_element_op",
+    "is_ufunc_op",
     "multiply",
     "negate",
     "reciprocal",
     "scale",
     "square",
     "subtract",
+    "ufunc_loop",
 ]

@@ -12,7 +12,9 @@ from uni._dtypes import as_dtype
 from uni._errors import LayoutError
 from uni._handle import HOST, Domain
 
-HOST_BACKENDS: tuple[str, ...] = ("blas", "cpu_reference")
+# Fastest first: BLAS in place, then numpy's vectorised kernels (any strides, integer, bool
+# and mixed dtypes, temporaries allowed), then the per-element oracle.
+HOST_BACKENDS: tuple[str, ...] = ("blas", "numpy", "cpu_reference")
 
 
 class StorageBase:
@@ -30,6 +32,9 @@ class StorageBase:
     release_is_noop: bool = False
     #: The executor that runs asynchronous work on this storage's data.
     executor: str = "host"
+    #: The address of element 0 of the buffer, where it never moves (operand signatures
+    #: record alignment from it); None where handles differ between leases.
+    base_address: int | None = None
 
     def __init__(self, dtype: Any, size: int, *, readonly: bool = False, label: str = "",
                  queue: AccessQueue | None = None, queue_offset: int = 0) -> None:

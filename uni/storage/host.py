@@ -70,11 +70,12 @@ class HostStorage(StorageBase):
                              readonly=readonly or not buffer.flags.writeable)
             self.buffer = buffer
         self._handles = {}
+        # The buffer never changes: operand signatures read alignment from its address.
+        self.base_address = int(self.buffer.__array_interface__["data"][0])
         # One memory, one queue: this buffer joins the queue of any memory uni already
         # orders that it overlaps, whichever way that memory came in.
-        self.address = int(self.buffer.__array_interface__["data"][0]) if self.size else 0
         self.access_queue, self.queue_offset = _memory.register(
-            self, self.address, self.size * self.dtype.itemsize)
+            self, self.base_address, self.size * self.dtype.itemsize)
 
     @classmethod
     def allocate(cls, size: int, dtype: Any, *, device: str | None = None,

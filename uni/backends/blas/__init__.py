@@ -20,7 +20,7 @@ from uni._accessor import DefaultAccessor
 from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall
 from uni._mdspec import host_view
 from uni._probe import Decline, Declined, Probe
-from uni.backends._common import host_signature, host_spans
+from uni.backends._common import host_signature, host_spans, unvectorised
 from uni.backends._geometry import fold_accessors
 from uni.backends.blas import _kernels as kernels
 from uni.backends.blas._elementwise import execute
@@ -170,6 +170,9 @@ class Blas:
         dst = _output("dst", call.dst)
         if isinstance(dst, Declined):
             return dst
+        why = unvectorised("src", call.src.accessor)
+        if why is not None:
+            return Declined(Decline.UNSUPPORTED_ACCESSOR, why)
         src = np.asarray(call.src)  # applies the source accessor (conj, scale, transform)
         if src.dtype != dst.dtype:
             return Declined(Decline.UNSUPPORTED_INSTANCE,
@@ -188,6 +191,10 @@ class Blas:
         out = _output("out", call.out)
         if isinstance(out, Declined):
             return out
+        for i, x in enumerate(call.inputs):
+            why = unvectorised(f"input {i}", x.accessor) if hasattr(x, "mapping") else None
+            if why is not None:  # a per-element read would be a silent slow path here
+                return Declined(Decline.UNSUPPORTED_ACCESSOR, why)
         inputs = [np.asarray(x) if hasattr(x, "mapping") else x for x in call.inputs]
         # The front end's dtype: a 0-d input broadcast to out's shape no longer looks 0-d.
         execute(call.op, out, inputs, dtype=call.compute_dtype)
