@@ -50,13 +50,19 @@ def is_device_fence(fence: object) -> bool:
 
 
 def split_fences(fences: Sequence[Fence]) -> tuple[list[Fence], list[Fence]]:
-    """``(device, host)`` fences among those not done yet."""
+    """``(device, host)`` fences among those not done yet (an :class:`AllFences` is split
+    into its parts: a stream waits for its events, the host only for the rest)."""
     device: list[Fence] = []
     host: list[Fence] = []
     for fence in fences:
         if fence.done():
             continue
-        (device if is_device_fence(fence) else host).append(fence)
+        if isinstance(fence, AllFences):
+            inner_device, inner_host = split_fences(fence.fences)
+            device += inner_device
+            host += inner_host
+        else:
+            (device if is_device_fence(fence) else host).append(fence)
     return device, host
 
 
