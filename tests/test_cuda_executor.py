@@ -251,7 +251,7 @@ def test_copies_between_host_and_cuda_run_on_the_cuda_side() -> None:
 
 def test_stream_arguments_are_checked_before_anything_runs() -> None:
     a, out = fake_cuda((4,)), fake_cuda((4,))
-    with pytest.raises(TypeError, match="expects a uni.cuda.Stream"):
+    with pytest.raises(TypeError, match=r"expects a uni\.cuda\.Stream"):
         uni.transform_async(out, uni.ops.negate, a, stream=42)
     with pytest.raises(ValueError, match="the stream is on cuda:1 but the data is on cuda:0"):
         uni.transform_async(out, uni.ops.negate, a, stream=RecordingStream(device=1))
