@@ -318,7 +318,7 @@ def handle_for(device: int, stream: Any) -> tuple[int, threading.Lock]:
             with cuda_call("cublasCreate"):
                 handle = int(module.create())
                 module.set_stream(handle, key[1])
-                module.set_pointer_mode(handle, module.PointerMode.HOST)
+                module.set_pointer_mode(handle, int(module.PointerMode.HOST))
             found = _handles[key] = (handle, threading.Lock())
     return found
 
