@@ -35,6 +35,7 @@ from uni._access import Access, AccessSpec, Mode, StorageView, release_from_fina
 from uni._access_queue import wait_fences_async
 from uni._accessor import ConstAccessor
 from uni._acquire import PendingAcquisition, spec_of
+from uni._dlpack import kDLCUDA
 from uni._errors import DomainError, LeaseError, LeaseReleasedError
 from uni._handle import CUDA
 from uni._lease import ReadMdspanLease, ReadTensorLease, WriteMdspanLease, WriteTensorLease
@@ -183,7 +184,7 @@ class _CudaLease:
                                              dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (2, int(self._live().spec.storage.device_id))
+        return (kDLCUDA, int(self._live().spec.storage.device_id))
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
         raise DomainError("a CUDA lease's data is device memory, which numpy cannot read: "
@@ -304,12 +305,12 @@ def _acquire_sync(x: Any, mode: Mode, fn: str, *, timeout: float | None, overwri
     access = Access(spec)
     try:
         access.wait_sync(timeout=timeout, async_hint=fn.replace("_sync", "_async"))
+        access.check_poison(spec.what, allow_poisoned=allow_poisoned)
+        access.open()
     except BaseException:
         if moved is not None:
-            moved.moved = False  # never granted: the tensor keeps its buffer
+            moved.moved = False  # no lease came of it: the tensor keeps its buffer
         raise
-    access.check_poison(spec.what, allow_poisoned=allow_poisoned)
-    access.open()
     return _lease(access, mode == "read", is_tensor, None, moved)
 
 

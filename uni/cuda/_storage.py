@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import queue
 import sys
 import threading
 import weakref
@@ -95,25 +94,28 @@ def _done(fence: Any) -> bool:
     try:
         return bool(fence.done())
     except Exception:
-        # A fence that cannot even be queried stays outstanding: whoever waits for it next
-        # gets the error.
-        return False
+        # A fence that cannot even be queried stands for work on a broken device, which is
+        # over: waiting for it would hold the memory forever.
+        _log.warning("uni.cuda: a fence failed before a free", exc_info=True)
+        return True
 
 
 # -- the pinned-memory reaper ------------------------------------------------------------
 class Reaper:
-    """One daemon thread that runs frees (and lets go of foreign memory) after their fences
-    complete.
+    """One daemon thread that runs frees (and lets go of foreign memory) once their fences
+    are done.
 
-    ``submit`` never blocks and never calls CUDA on the calling thread.
+    ``submit`` never blocks and never calls CUDA on the calling thread. Pending frees are
+    polled (``done()``: never blocking), so a free whose kernel runs long holds back no other
+    free. A fence whose query fails counts as done (the device is broken: its work is over).
     """
 
     def __init__(self, name: str = "uni-cuda-reaper") -> None:
         self._name = name
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], list[Any]] | None] = (
-            queue.SimpleQueue())
+        self._pending: list[tuple[Callable[[], None], list[Any]]] = []
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
         self._submitted = 0
         self._finished = 0
@@ -121,38 +123,48 @@ class Reaper:
     def submit(self, free: Callable[[], None], fences: list[Any]) -> None:
         with self._lock:
             self._submitted += 1
+            self._pending.append((free, list(fences)))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-        self._queue.put((free, list(fences)))
+            self._wakeup.notify()
 
     def _run(self) -> None:
+        delay = 1e-4
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            free, fences = item
-            try:
-                for fence in fences:
-                    if not _done(fence):
-                        try:
-                            fence.wait()
-                        except Exception:
-                            # A failed device: the work the fence stood for is over too.
-                            _log.warning("uni.cuda: a fence failed before a free",
-                                         exc_info=True)
-                free()
-            except Exception:
-                _log.exception("uni.cuda: freeing page-locked memory failed")
-            finally:
-                with self._lock:
-                    self._finished += 1
-                    self._idle.notify_all()
+            with self._lock:
+                while not self._pending:
+                    self._wakeup.wait()
+                    delay = 1e-4
+                pending, self._pending = self._pending, []
+            ready = []
+            still = []
+            for free, fences in pending:
+                left = [f for f in fences if not _done(f)]
+                (still if left else ready).append((free, left))
+            for free, _ in ready:
+                try:
+                    free()
+                except Exception:
+                    _log.exception("uni.cuda: freeing page-locked memory failed")
+            with self._lock:
+                self._pending[:0] = still
+                self._finished += len(ready)
+                self._idle.notify_all()
+                if still and not ready:
+                    self._wakeup.wait(delay)
+                    delay = min(delay * 2, 20e-3)
+                elif ready:
+                    delay = 1e-4
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted free has run (tests, shutdown); False on time-out."""
         with self._lock:
             return self._idle.wait_for(lambda: self._finished >= self._submitted, timeout)
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return self._submitted - self._finished
 
     @property
     def thread(self) -> threading.Thread | None:
