@@ -3,6 +3,12 @@
 Importing it touches no driver and no CUDA package. Detection runs once, on the first
 question, in a time-limited child process (see ``uni.cuda._driver``), before anything else
 touches the driver.
+
+Importing it also hooks the CUDA domain into the layers below, which name none of it: the
+factories' ``device="cuda"``/``"pinned"``, the stream executor for operations on CUDA data
+(``uni._executor.register_executor``), device staging of overlapping operands, the export
+of CUDA tensors (DLPack with the stream protocol, ``__cuda_array_interface__``) and the
+import of CUDA DLPack producers. ``uni`` re-exports the CUDA acquisitions from here.
 """
 
 from __future__ import annotations

@@ -40,6 +40,17 @@ class CudaHandle:
         """The same buffer with index (0, ..., 0) moved by ``delta`` elements."""
         return CudaHandle(self.ptr, self.device, self.offset + delta, self.owner)
 
+    @classmethod
+    def trusted(cls, ptr: int, device: int, offset: int, owner: Any) -> CudaHandle:
+        """A handle from values a storage already checked (skips the validators: a handle
+        is made on every acquisition)."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "ptr", ptr)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "owner", owner)
+        return self
+
     def address(self, itemsize: int, index_offset: int = 0) -> int:
         """The device address of the element ``index_offset`` elements past the origin."""
         return self.ptr + (self.offset + index_offset) * itemsize

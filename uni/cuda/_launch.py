@@ -91,6 +91,8 @@ def check_stream(stream: Any, device: int, what: str) -> Any:
     """``stream`` (a uni.cuda.Stream, or None for uni's stream of ``device``), checked."""
     if stream is None:
         return default_stream(device)
+    if type(stream) is Stream and stream._device == device and not stream._closed:
+        return stream  # the common case, checked cheaply (a lease per kernel launch)
     if not isinstance(stream, Stream) and not _stream_like(stream):
         raise TypeError(f"{what}: stream= expects a uni.cuda.Stream (or None for uni's stream "
                         f"of the device), got {type(stream).__name__}")

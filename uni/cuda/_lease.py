@@ -358,20 +358,17 @@ class PendingCudaAcquisition(PendingAcquisition):
         self._state = "awaiting"
         access = self._access
         await access.wait_grant_async()
-        device, host = split_fences(access.request.fences)
-        if host:
+        stream = self._stream
+        if access.request.fences:
+            device, host = split_fences(access.request.fences)
             try:
-                await wait_fences_async(host)
+                if host:
+                    await wait_fences_async(host)
+                for event in device:
+                    stream.wait(event)
             except BaseException:
                 access.withdraw()
                 raise
-        stream = self._stream
-        try:
-            for event in device:
-                stream.wait(event)
-        except BaseException:
-            access.withdraw()
-            raise
         access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
         await access.open_async()
         self._state = "done"

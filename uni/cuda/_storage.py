@@ -137,8 +137,8 @@ class Reaper:
                     self._wakeup.wait()
                     delay = 1e-4
                 pending, self._pending = self._pending, []
-            ready = []
-            still = []
+            ready: list[tuple[Callable[[], None], list[Any]]] = []
+            still: list[tuple[Callable[[], None], list[Any]]] = []
             for free, fences in pending:
                 left = [f for f in fences if not _done(f)]
                 (still if left else ready).append((free, left))
@@ -427,7 +427,7 @@ class CudaStorage(StorageBase):
         if self._closed:
             how = "was moved into a lease (move=True) and freed" if self.moved else "is closed"
             raise LeaseError(f"{self!r} {how}: its device memory is gone")
-        return CudaHandle(self.buffer.ptr, self.device_id, offset, self)
+        return CudaHandle.trusted(self.buffer.ptr, self.device_id, int(offset), self)
 
     def acquire_read(self, region: Region) -> CudaHandle:
         return self.handle(region.offset)

@@ -39,6 +39,18 @@ def _options() -> Any:
     return cuda.core
 
 
+_EVENT_OPTIONS: dict[bool, Any] = {}
+
+
+def _event_options(timing: bool) -> Any:
+    # Made once: an event is recorded at every stream lease's release.
+    options = _EVENT_OPTIONS.get(timing)
+    if options is None:
+        options = _EVENT_OPTIONS[timing] = _options().EventOptions(
+            timing_enabled=timing, blocking_sync=False, ipc_enabled=False)
+    return options
+
+
 def _would_block(what: str, instead: str) -> WouldBlockError:
     return WouldBlockError(
         f"{what} would block the trio event loop while the device works; use {instead}")
@@ -299,10 +311,8 @@ class Stream:
         """A new event marking the work queued on this stream so far."""
         cu = self._live("cuEventRecord")
         use_device(self._device)
-        core = _options()
         with cuda_call("cuEventRecord"):
-            event = cu.record(options=core.EventOptions(
-                timing_enabled=bool(timing), blocking_sync=False, ipc_enabled=False))
+            event = cu.record(options=_event_options(bool(timing)))
         return Event._wrap(event, self._device)
 
     def wait(self, event: Event | Stream) -> None:
