@@ -125,7 +125,7 @@ def test_cupy_round_trips_through_dlpack_and_cai() -> None:
     assert (_host(t) == np.arange(24).reshape(4, 6)).all()
     view = t.T[1:]
     b = cupy.asarray(view)  # through __cuda_array_interface__ (v3, with uni's stream)
-    assert b.shape == (5, 4) and b.data.ptr == view.storage.buffer.ptr + 4 * 6
+    assert b.shape == (5, 4) and b.data.ptr == view.storage.buffer.ptr + 4  # one float in
     np.testing.assert_array_equal(cupy.asnumpy(b), np.arange(24).reshape(4, 6).T[1:])
     c = cupy.from_dlpack(view)
     np.testing.assert_array_equal(cupy.asnumpy(c), np.arange(24).reshape(4, 6).T[1:])

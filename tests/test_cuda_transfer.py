@@ -213,7 +213,7 @@ def test_every_layout_round_trips_host_device_host(host_kind: str, src_name: str
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("nbytes", [8, 3 << 20, (24 << 20) + 8])  # < 1 chunk, 3 chunks
+@pytest.mark.parametrize("nbytes", [8, 3 << 20, (40 << 20) + 8])  # < 1 chunk; 6 > 4 slots
 def test_pageable_copies_through_the_ring_in_chunks(nbytes: int) -> None:
     values = np.arange(nbytes // 8, dtype=np.float64)
     dev = uni.empty(values.shape, device="cuda")
