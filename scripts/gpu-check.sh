@@ -97,7 +97,11 @@ EOF
     else
         # 3. The facts sheet's smoke test, the cuda tests, the benchmarks.
         run_step smoke 60 "$PY" scripts/gpu_smoke.py
-        run_step tests 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda -rfEs tests
+        # A test that hangs (a stream held by a gate nobody opens) must not eat the step.
+        local per_test=()
+        "$PY" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout=60)
+        run_step tests 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda -rfEs \
+            ${per_test[@]+"${per_test[@]}"} tests
         run_step bench 120 "$PY" benchmarks/bench_cuda.py --quick --json "$WORK/bench_cuda.json"
         [ -f "$WORK/bench_cuda.json" ] && cp "$WORK/bench_cuda.json" "$OUT/bench_cuda.json"
     fi

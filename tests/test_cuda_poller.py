@@ -327,3 +327,61 @@ def test_awaiting_outside_trio_and_asyncio_says_what_to_do() -> None:
     with pytest.raises(uni.EventLoopError, match="a CUDA event can only be awaited inside a "
                        "trio or an asyncio task"):
         drive_by_hand(wait_for(Completes()))
+
+
+# -- the poll thread (callbacks for fences) ----------------------------------------------------
+def test_the_poll_thread_calls_back_once_a_source_completes_never_in_the_caller() -> None:
+    from uni.cuda._poller import ThreadPoller, in_poll_thread
+
+    poller = ThreadPoller(PollSchedule(spin_rounds=2, first_sleep_s=1e-4, max_sleep_s=1e-3),
+                          name="test-poll")
+    source = Completes()
+    called: list[tuple[str, bool]] = []
+    done = threading.Event()
+
+    def callback() -> None:
+        called.append((threading.current_thread().name, in_poll_thread()))
+        done.set()
+
+    poller.add(source, callback)
+    time.sleep(0.02)
+    assert called == [] and poller.pending_count == 1
+    source.done = True
+    assert done.wait(5)
+    assert called == [("test-poll", True)] and poller.pending_count == 0
+    assert not in_poll_thread()
+
+
+def test_the_poll_thread_calls_back_when_asking_fails_and_keeps_serving() -> None:
+    from uni.cuda._poller import ThreadPoller
+
+    poller = ThreadPoller(name="test-poll")
+    broken, fine = Completes(), Completes()
+    broken.error = RuntimeError("cuEventQuery: CUDA_ERROR_LAUNCH_FAILED")
+    seen: list[str] = []
+    both = threading.Event()
+
+    def saw(name: str) -> None:
+        seen.append(name)
+        if len(seen) == 2:
+            both.set()
+
+    poller.add(broken, lambda: saw("broken"))
+    poller.add(fine, lambda: saw("fine"))
+    fine.done = True
+    assert both.wait(5)
+    assert sorted(seen) == ["broken", "fine"]
+
+
+def test_the_poll_thread_sleeps_while_nothing_is_pending() -> None:
+    from uni.cuda._poller import ThreadPoller
+
+    poller = ThreadPoller(name="test-poll")
+    source = Completes()
+    got = threading.Event()
+    poller.add(source, got.set)
+    source.done = True
+    assert got.wait(5)
+    rounds = poller.core.rounds
+    time.sleep(0.05)
+    assert poller.core.rounds == rounds  # idle: no polling at all

@@ -16,8 +16,9 @@ from strategies import dtypes
 
 import uni
 import uni.cuda
+from uni.cuda._fences import record_fence
 from uni.cuda._fill import Memset, fill_plan, model_fill, pattern_of
-from uni.cuda._storage import FenceSet, Reaper, free_after_fences, parse_cuda_device
+from uni.cuda._storage import FenceSource, Reaper, free_after_fences, parse_cuda_device
 
 needs_no_cuda = pytest.mark.skipif("uni.cuda.is_available()", reason="CUDA is usable here")
 
@@ -88,7 +89,8 @@ def test_model_fill_refuses_to_reach_past_the_buffer() -> None:
 
 # -- fences and the reaper ---------------------------------------------------------------
 class Completes:
-    """A fence a test completes on purpose (a GPU cannot complete on cue)."""
+    """A fence a test completes on purpose (a GPU cannot complete on cue): the access
+    queue's Fence protocol."""
 
     def __init__(self, done: bool = False) -> None:
         self._done = threading.Event()
@@ -96,35 +98,71 @@ class Completes:
             self._done.set()
         self.broken = False
 
-    @property
-    def is_done(self) -> bool:
+    def done(self) -> bool:
         if self.broken:
             raise uni.CudaError("cuEventQuery: CUDA_ERROR_LAUNCH_FAILED")
         return self._done.is_set()
 
-    def synchronize(self) -> None:
-        self._done.wait(10)
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(10 if timeout is None else timeout)
 
     def complete(self) -> None:
         self._done.set()
 
 
-def test_a_fence_set_keeps_only_outstanding_fences() -> None:
-    fences = FenceSet()
-    done, pending, broken = Completes(True), Completes(), Completes()
-    broken.broken = True
-    for f in (done, pending, broken):
-        fences.add(f)
-    assert fences.outstanding() == [pending, broken]
+def _host_storage(size: int = 4) -> Any:
+    return uni.zeros(size).storage
+
+
+def test_a_fence_source_asks_the_storage_queue_for_what_is_outstanding() -> None:
+    storage = _host_storage()
+    source = FenceSource()
+    assert source.outstanding() == [] and not source.busy()  # a bare buffer: nothing
+    source.queue = storage.access_queue
+    done, pending = Completes(True), Completes()
+    record_fence(storage, done)
+    record_fence(storage, pending)
+    assert source.outstanding() == [pending]
     pending.complete()
-    assert fences.outstanding() == [broken]
+    assert source.outstanding() == []
 
 
-def test_a_fence_set_prunes_as_it_grows() -> None:
-    fences = FenceSet()
-    for _ in range(40):
-        fences.add(Completes(True))
-    assert len(fences._events) <= 17
+def test_a_recorded_fence_orders_every_later_access() -> None:
+    storage = _host_storage()
+    fence = Completes()
+    record_fence(storage, fence, "a test's device work")
+    t = uni.Tensor.from_storage(storage, uni.layout_right((4,)))
+    with pytest.raises(uni.LeaseTimeoutError, match="the work of an earlier access"):
+        uni.acquire_host_read_access_sync(t, timeout=0.05)
+    fence.complete()
+    with uni.acquire_host_read_access_sync(t, timeout=1) as lease:
+        assert lease.numpy().tolist() == [0, 0, 0, 0]
+
+
+def test_a_fence_recorded_while_the_storage_is_leased_waits_its_turn() -> None:
+    storage = _host_storage()
+    t = uni.Tensor.from_storage(storage, uni.layout_right((4,)))
+    reader = uni.acquire_host_read_access_sync(t)
+    later = Completes()
+    record_fence(storage, later)
+    assert storage.access_queue.outstanding_fences() == []  # queued behind the reader
+    reader.release()
+    assert storage.access_queue.outstanding_fences() == [later]
+    later.complete()
+    assert storage.access_queue.outstanding_fences() == []
+
+
+def test_a_fence_granted_behind_other_fences_stands_for_them_too() -> None:
+    storage = _host_storage()
+    first, second = Completes(), Completes()
+    record_fence(storage, first)
+    record_fence(storage, second)  # granted with `first` to wait for
+    (combined,) = storage.access_queue.outstanding_fences()
+    assert not combined.done()
+    second.complete()
+    assert not combined.done()  # it also stands for `first`
+    first.complete()
+    assert combined.done() and storage.access_queue.outstanding_fences() == []
 
 
 def test_the_reaper_frees_only_after_the_fences_and_never_on_the_callers_thread() -> None:
@@ -140,6 +178,36 @@ def test_the_reaper_frees_only_after_the_fences_and_never_on_the_callers_thread(
     assert reaper.drain(5)
     assert len(freed) == 1 and freed[0] != threading.get_ident()
     assert reaper.thread is not None and freed[0] == reaper.thread.ident
+
+
+def test_a_broken_fence_still_lets_the_free_run(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def done(self) -> bool:
+            raise uni.CudaError("cuEventQuery: CUDA_ERROR_LAUNCH_FAILED")
+
+        def wait(self, timeout: float | None = None) -> bool:
+            raise uni.CudaError("cuEventSynchronize: CUDA_ERROR_LAUNCH_FAILED")
+
+    reaper = Reaper("test-reaper")
+    freed: list[int] = []
+    reaper.submit(lambda: freed.append(1), [Broken()])
+    assert reaper.drain(5)
+    assert freed == [1]
+    assert "a fence failed before a free" in caplog.text
+
+
+def test_a_free_waiting_for_a_long_fence_holds_back_no_other_free() -> None:
+    reaper = Reaper("test-reaper")
+    slow, fast = Completes(), Completes(True)
+    freed: list[str] = []
+    reaper.submit(lambda: freed.append("slow"), [slow])
+    reaper.submit(lambda: freed.append("fast"), [fast])
+    deadline = time.monotonic() + 5
+    while freed != ["fast"] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert freed == ["fast"] and reaper.pending_count() == 1
+    slow.complete()
+    assert reaper.drain(5) and freed == ["fast", "slow"]
 
 
 def test_a_failing_free_does_not_stop_the_reaper(caplog: pytest.LogCaptureFixture) -> None:
@@ -329,6 +397,36 @@ def test_a_wrapped_buffer_keeps_its_owner_alive_and_never_frees_it() -> None:
     assert alive() is None
     with pytest.raises(uni.LeaseError, match="is closed"):
         storage.handle(0)
+
+
+def test_wrapped_memory_is_let_go_only_after_its_fences() -> None:
+    class Owner:
+        pass
+
+    owner = Owner()
+    alive = weakref.ref(owner)
+    storage = _wrapped(owner=owner)
+    fence = Completes()
+    storage.add_fence(fence)
+    assert storage.outstanding_fences() == [fence]
+    del owner
+    storage.close()
+    gc.collect()
+    time.sleep(0.05)
+    assert alive() is not None  # uni's work may still use the memory
+    fence.complete()
+    deadline = time.monotonic() + 5
+    while alive() is not None and time.monotonic() < deadline:
+        time.sleep(0.001)
+        gc.collect()
+    assert alive() is None
+
+
+def test_storages_over_one_buffer_share_its_queue() -> None:
+    first = _wrapped(12, np.float32)
+    second = uni.cuda.CudaStorage(6, np.float64, buffer=first.buffer)
+    assert second.access_queue is first.access_queue
+    assert first.buffer.fences.queue is first.access_queue
 
 
 def test_copying_between_domains_without_cuda_is_refused() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import pytest
@@ -179,3 +180,87 @@ async def test_synchronize_async() -> None:
             nursery.start_soon(_open_later, gate, 0.05)
             await s.synchronize_async()
         assert s.record().is_done
+
+
+# -- an event as the access queue's fence (no GPU: the driver query is a double) ---------------
+class _FakeCuEvent:
+    """What uni.cuda.Event wraps (cuda.core's Event), completed by the test."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: Exception | None = None
+
+    @property
+    def is_done(self) -> bool:
+        if self.error is not None:
+            raise self.error
+        return self.done
+
+    def sync(self) -> None:
+        while not self.is_done:
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_event(monkeypatch: pytest.MonkeyPatch) -> tuple[uni.cuda.Event, _FakeCuEvent]:
+    from uni.cuda import _stream
+
+    monkeypatch.setattr(_stream, "use_device", lambda device: None)
+    cu = _FakeCuEvent()
+    return _stream.Event._wrap(cu, 0), cu
+
+
+def test_an_event_is_a_queue_fence(fake_event: tuple[uni.cuda.Event, _FakeCuEvent]) -> None:
+    from uni._access_queue import Fence
+
+    event, cu = fake_event
+    assert isinstance(event, Fence) and event.is_device_fence
+    assert not event.done() and event.wait(0.02) is False
+    threading.Timer(0.02, lambda: setattr(cu, "done", True)).start()
+    assert event.wait(5) is True and event.done()
+    cu.done = False
+    assert event.done()  # never goes back
+
+
+def test_a_failed_event_counts_as_done_and_its_wait_raises(
+        fake_event: tuple[uni.cuda.Event, _FakeCuEvent]) -> None:
+    event, cu = fake_event
+    cu.error = uni.CudaError("cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS",
+                             name="CUDA_ERROR_ILLEGAL_ADDRESS")
+    assert event.done() is True  # nobody waits forever for a broken device
+    assert event.error is cu.error
+    with pytest.raises(uni.CudaError, match="ILLEGAL_ADDRESS"):
+        event.wait()
+
+
+def test_an_event_calls_back_from_the_poll_thread(
+        fake_event: tuple[uni.cuda.Event, _FakeCuEvent]) -> None:
+    event, cu = fake_event
+    got: list[str] = []
+    done = threading.Event()
+    event.add_done_callback(lambda: (got.append(threading.current_thread().name), done.set()))
+    assert got == []
+    cu.done = True
+    assert done.wait(5) and got == ["uni-cuda-poll"]
+    event.add_done_callback(lambda: got.append("at once"))  # already done: this thread
+    assert got[-1] == "at once"
+
+
+def test_waiting_for_an_event_inside_trio_is_refused(
+        fake_event: tuple[uni.cuda.Event, _FakeCuEvent]) -> None:
+    event, _ = fake_event
+
+    async def main() -> None:
+        with pytest.raises(uni.WouldBlockError, match="await event"):
+            event.wait(1)
+
+    trio.run(main)
+
+
+def test_a_closed_event_counts_as_done(fake_event: tuple[uni.cuda.Event, _FakeCuEvent]) -> None:
+    event, _ = fake_event
+    event.close()
+    assert event.done() and event.wait() is True

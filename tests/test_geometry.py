@@ -179,3 +179,32 @@ def test_fold_accessors_reads_conjugates_and_scales_outside_in() -> None:
     ints = uni.zeros(2, uni.int64)
     declined = fold_accessors(ints.scaled(0.5).accessor)  # changes the element type
     assert declined[0] is Decline.UNSUPPORTED_ACCESSOR and "float64" in declined[1]
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+@pytest.mark.parametrize(("incx", "incy"), [(1, 1), (2, 3)])
+@pytest.mark.parametrize("pad", [0, 2])
+def test_conj_a_x_on_a_column_major_a_is_a_gemm_in_the_model(dtype: Any, incx: int, incy: int,
+                                                              pad: int) -> None:
+    from uni.backends._geometry import GemvViaGemm, plan_gemv_via_gemm
+
+    rng = np.random.default_rng(incx * 5 + incy + pad)
+    m, n = 4, 3
+    a, a_flat, a_off = layout(rng, m, n, dtype, "F", pad)
+    assert isinstance(plan_gemv((m, n), element_strides(a), incx, incy, True), Decline)
+    x_flat = (rng.standard_normal(n * incx) + 1j * rng.standard_normal(n * incx)).astype(dtype)
+    y_flat = np.zeros(m * incy, dtype)
+    g = plan_gemv_via_gemm((m, n), element_strides(a), incx, incy)
+    assert isinstance(g, GemvViaGemm) and g.trans == "C"
+    # The gemm y^T (1 x m) = x^T (1 x n) @ op(A): x and y as one-row column-major matrices.
+    gemm = GemmGeometry(False, "N", g.trans, 1, g.m, g.n, g.ldx, g.lda, g.ldy)
+    model_gemm(gemm, (x_flat, 0), (a_flat, a_off), (y_flat, 0))
+    np.testing.assert_allclose(y_flat[::incy], a.conj() @ x_flat[::incx], rtol=1e-5)
+
+
+def test_the_gemv_gemm_mapping_needs_positive_increments() -> None:
+    from uni.backends._geometry import plan_gemv_via_gemm
+
+    assert plan_gemv_via_gemm((3, 2), (1, 3), -1, 1) is Decline.UNSUPPORTED_LAYOUT
+    assert plan_gemv_via_gemm((3, 2), (1, 3), 1, -2) is Decline.UNSUPPORTED_LAYOUT
+    assert plan_gemv_via_gemm((3, 2), (2, 1), 1, 1) is Decline.UNSUPPORTED_LAYOUT  # row-major

@@ -17,10 +17,6 @@ from uni._accessor import DefaultAccessor as DefaultAccessor
 from uni._accessor import ScaledAccessor as ScaledAccessor
 from uni._accessor import TransformAccessor as TransformAccessor
 from uni._acquire import PendingAcquisition as PendingAcquisition
-from uni._acquire import acquire_cuda_read_access_async as acquire_cuda_read_access_async
-from uni._acquire import acquire_cuda_read_access_sync as acquire_cuda_read_access_sync
-from uni._acquire import acquire_cuda_write_access_async as acquire_cuda_write_access_async
-from uni._acquire import acquire_cuda_write_access_sync as acquire_cuda_write_access_sync
 from uni._acquire import acquire_host_read_access_async as acquire_host_read_access_async
 from uni._acquire import acquire_host_read_access_sync as acquire_host_read_access_sync
 from uni._acquire import acquire_host_write_access_async as acquire_host_write_access_async
@@ -96,6 +92,10 @@ from uni.concepts import is_mdspec_like as is_mdspec_like
 from uni.concepts import is_tensor_view as is_tensor_view
 from uni.concepts import mdspec_of as mdspec_of
 from uni.concepts import strides as strides
+from uni.cuda import acquire_cuda_read_access_async as acquire_cuda_read_access_async
+from uni.cuda import acquire_cuda_read_access_sync as acquire_cuda_read_access_sync
+from uni.cuda import acquire_cuda_write_access_async as acquire_cuda_write_access_async
+from uni.cuda import acquire_cuda_write_access_sync as acquire_cuda_write_access_sync
 
 __all__ = [
     "CUDA",

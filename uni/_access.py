@@ -246,6 +246,19 @@ class Access:
         if not request.granted or request.fences:
             await self.queue.wait_async(request, library=library)
 
+    def wait_grant_sync(self, *, timeout: float | None = None,
+                        async_hint: str = "the _async variant") -> None:
+        """Block this thread until granted, not for the grant's fences (a CUDA stream waits
+        for those on the device). Raises as ``wait_sync`` does, withdrawn on error."""
+        if not self.request.granted:
+            self.queue.wait_grant_sync(self.request, timeout=timeout, async_hint=async_hint)
+
+    async def wait_grant_async(self, *, library: Any = None) -> None:
+        """Park this trio or asyncio task until granted, not for the fences (see
+        ``wait_grant_sync``)."""
+        if not self.request.granted:
+            await self.queue.wait_grant_async(self.request, library=library)
+
     def when_granted(self, callback: Any) -> None:
         self.queue.when_granted(self.request, callback)
 

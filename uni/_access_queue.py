@@ -633,6 +633,24 @@ class AccessQueue:
                 self.release(req)
                 raise
 
+    async def wait_grant_async(self, req: AccessRequest, *, library: Library | None = None
+                               ) -> None:
+        """Like :meth:`wait_async` but for the grant only, not its fences (a CUDA stream
+        waits for those on the device)."""
+        if not req.granted:
+            if library is None:
+                library = self._library(req)
+            if library == "trio":
+                await self._wait_grant_async(req)
+            else:
+                await self._wait_grant_asyncio(req)
+
+    def wait_grant_sync(self, req: AccessRequest, *, timeout: float | None = None,
+                        async_hint: str = "the _async variant") -> None:
+        """Like :meth:`wait_sync` but for the grant only, not its fences."""
+        if not req.granted:
+            self._wait_grant_sync(req, normalize_timeout(timeout), async_hint)
+
     def _library(self, req: AccessRequest) -> Library:
         try:
             return current_library(f"a wait for {_who(req)} on {self.label}")

@@ -1,4 +1,6 @@
-"""The acquire_* free functions: host and CUDA, sync and async, tensors and mdspecs.
+"""The acquire_host_* free functions (sync and async, tensors and mdspecs) and what the
+CUDA ones (``uni.cuda._lease``, a layer above) share with them: ``spec_of`` and
+``PendingAcquisition``.
 
 Each call turns its argument into an :class:`~uni._access.AccessSpec`, checks the domain and
 (for writes) writability before anything is registered, and then drives one
@@ -18,7 +20,7 @@ from uni._access import Access, AccessSpec, Mode, StorageView, release_from_fina
 from uni._access_queue import normalize_timeout
 from uni._errors import DomainError, LeaseError
 from uni._eventloop import running_library, unsupported_loop
-from uni._handle import CUDA, HOST, Domain, HostHandle
+from uni._handle import HOST, Domain, HostHandle
 from uni._lease import _Lease, lease_for
 from uni._mapping import check_fits
 from uni._mdspec import DataDescriptor
@@ -26,10 +28,6 @@ from uni.storage.host import HostStorage
 
 __all__ = [
     "PendingAcquisition",
-    "acquire_cuda_read_access_async",
-    "acquire_cuda_read_access_sync",
-    "acquire_cuda_write_access_async",
-    "acquire_cuda_write_access_sync",
     "acquire_host_read_access_async",
     "acquire_host_read_access_sync",
     "acquire_host_write_access_async",
@@ -256,36 +254,6 @@ def acquire_host_write_access_async(x: Any, *, overwrite: bool = False,
     """Register a write request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
     return _acquire_async(x, "write", HOST, "acquire_host_write_access_async",
                           overwrite=overwrite, allow_poisoned=allow_poisoned)
-
-
-def _cuda_unavailable(fn: str, x: Any, mode: Mode) -> Any:
-    spec, _ = spec_of(x, mode, CUDA, fn)  # raises DomainError for host data
-    raise DomainError(f"{fn}: CUDA storage {spec.storage!r} cannot be acquired: CUDA leases "
-                      "are not available in this build")
-
-
-def acquire_cuda_read_access_sync(x: Any, *, timeout: float | None = None,
-                                  allow_poisoned: bool = False) -> Any:
-    """Read access to ``x``'s CUDA data (DomainError for host data)."""
-    return _cuda_unavailable("acquire_cuda_read_access_sync", x, "read")
-
-
-def acquire_cuda_write_access_sync(x: Any, *, timeout: float | None = None,
-                                   overwrite: bool = False, allow_poisoned: bool = False) -> Any:
-    """Write access to ``x``'s CUDA data (DomainError for host data)."""
-    return _cuda_unavailable("acquire_cuda_write_access_sync", x, "write")
-
-
-def acquire_cuda_read_access_async(x: Any, stream: Any = None, *,
-                                   allow_poisoned: bool = False) -> Any:
-    """Stream-ordered read access to ``x``'s CUDA data (DomainError for host data)."""
-    return _cuda_unavailable("acquire_cuda_read_access_async", x, "read")
-
-
-def acquire_cuda_write_access_async(x: Any, stream: Any = None, *, overwrite: bool = False,
-                                    allow_poisoned: bool = False) -> Any:
-    """Stream-ordered write access to ``x``'s CUDA data (DomainError for host data)."""
-    return _cuda_unavailable("acquire_cuda_write_access_async", x, "write")
 
 
 def try_read_values(view: Any) -> tuple[np.ndarray[Any, Any], BaseException | None] | None:

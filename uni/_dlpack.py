@@ -501,6 +501,53 @@ def import_dlpack(obj: Any, *, legacy_readonly: bool = False) -> ImportedBuffer:
     )
 
 
+class CapsuleOwner:
+    """Owns one consumed DLManagedTensor[Versioned] of any device: the producer's deleter
+    runs once when this object is collected (keep it as long as the memory is used)."""
+
+    __slots__ = ("__weakref__", "_finalizer", "info")
+
+    def __init__(self, info: CapsuleInfo, deleter: int | None, managed: int) -> None:
+        self.info = info
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        if deleter:
+            self._finalizer = weakref.finalize(self, _call_deleter, deleter, managed)
+            self._finalizer.atexit = False
+
+
+def take_capsule(capsule: object) -> CapsuleOwner:
+    """Consume a DLPack capsule of any device (checked: version, dtype, shape, strides).
+
+    Returns the owner that calls the producer's deleter when collected; ``owner.info``
+    describes the tensor. The memory is not touched (it may be device memory). On error the
+    capsule is left unconsumed.
+    """
+    versioned, address = _managed_of(capsule)
+    info = peek_capsule(capsule)
+    if versioned and info.version is not None and info.version[0] > DLPACK_MAJOR_VERSION:
+        raise DLPackError(
+            f"expected a DLPack capsule of major version {DLPACK_MAJOR_VERSION}, got version "
+            f"{info.version[0]}.{info.version[1]}"
+        )
+    numpy_dtype_of(*info.dtype)
+    if any(n < 0 for n in info.shape):
+        raise LayoutError(f"expected non-negative extents, got shape {info.shape}")
+    if info.strides is not None and len(info.strides) != len(info.shape):
+        raise LayoutError(f"expected {len(info.shape)} strides, got {len(info.strides)}")
+    size = int(np.prod(info.shape, dtype=np.int64)) if info.shape else 1
+    if size > 0 and not info.data:
+        raise LayoutError("expected a data pointer for a non-empty tensor, got NULL")
+    if versioned:
+        deleter = DLManagedTensorVersioned.from_address(address).deleter
+    else:
+        deleter = DLManagedTensor.from_address(address).deleter
+    deleter_address = ctypes.cast(deleter, ctypes.c_void_p).value
+    used = USED_VERSIONED_CAPSULE_NAME if versioned else USED_CAPSULE_NAME
+    if _api.PyCapsule_SetName(capsule, _NAME_PTR[used]) != 0:  # pragma: no cover - cannot fail
+        raise DLPackError("cannot mark the DLPack capsule as consumed")
+    return CapsuleOwner(info, deleter_address, address)
+
+
 # --------------------------------------------------------------------------------------
 # Flat buffers
 # --------------------------------------------------------------------------------------
@@ -572,7 +619,7 @@ class _ExportRecord:
     managed: DLManagedTensorVersioned | DLManagedTensor
     shape: ctypes.Array[ctypes.c_int64]
     strides: ctypes.Array[ctypes.c_int64]
-    array: np.ndarray[Any, np.dtype[Any]]
+    array: object
     owner: object
     on_release: Callable[[], None] | None
 
@@ -677,8 +724,37 @@ def export_dlpack(
             f"expected non-negative strides for DLPack export, got element strides {strides} "
             f"for shape {array.shape}; some consumers (torch) abort on negative strides"
         )
-    ndim = array.ndim
-    shape_arr = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
+    return export_raw(array.__array_interface__["data"][0], array.shape, strides, dtype,
+                      device=device, readonly=readonly, versioned=versioned, keep=array,
+                      owner=owner, on_release=on_release, copied=copied)
+
+
+def export_raw(
+    data: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: np.dtype[Any],
+    *,
+    device: tuple[int, int],
+    readonly: bool,
+    versioned: bool,
+    keep: object = None,
+    owner: object = None,
+    on_release: Callable[[], None] | None = None,
+    copied: bool = False,
+) -> object:
+    """A fresh DLPack capsule over ``data`` (an address in ``device``'s memory: a device
+    pointer for CUDA) with element ``strides``. Nothing is checked about the memory: the
+    caller vouches for it (``export_dlpack`` does, for numpy arrays). ``keep`` and ``owner``
+    stay referenced until release; ``on_release`` then runs exactly once."""
+    dtype = as_dtype(dtype)
+    if not versioned and readonly:
+        raise DLPackError(
+            "expected a writable view for a legacy DLPack capsule, got a read-only one; "
+            "legacy capsules cannot signal read-only (ask with max_version=(1, 0))"
+        )
+    ndim = len(shape)
+    shape_arr = (ctypes.c_int64 * max(ndim, 1))(*shape)
     strides_arr = (ctypes.c_int64 * max(ndim, 1))(*strides)
     managed: DLManagedTensorVersioned | DLManagedTensor
     if versioned:
@@ -690,7 +766,7 @@ def export_dlpack(
     else:
         managed = DLManagedTensor()
     t = managed.dl_tensor
-    t.data = array.__array_interface__["data"][0]
+    t.data = data
     t.device = DLDevice(device[0], device[1])
     t.ndim = ndim
     code, bits, lanes = dl_dtype_of(dtype)
@@ -703,7 +779,7 @@ def export_dlpack(
     managed.deleter = _DELETER_FN
     address = ctypes.addressof(managed)
     managed.manager_ctx = address
-    record = _ExportRecord(managed, shape_arr, strides_arr, array, owner, on_release)
+    record = _ExportRecord(managed, shape_arr, strides_arr, keep, owner, on_release)
     name = VERSIONED_CAPSULE_NAME if versioned else CAPSULE_NAME
     _exports[address] = record
     try:
@@ -737,6 +813,7 @@ __all__ = [
     "USED_VERSIONED_CAPSULE_NAME",
     "VERSIONED_CAPSULE_NAME",
     "CapsuleInfo",
+    "CapsuleOwner",
     "CapsuleType",
     "ImportedBuffer",
     "device_name",
@@ -744,9 +821,11 @@ __all__ = [
     "dl_dtype_of",
     "element_strides",
     "export_dlpack",
+    "export_raw",
     "flat_buffer_of",
     "import_dlpack",
     "live_exports",
     "numpy_dtype_of",
     "peek_capsule",
+    "take_capsule",
 ]

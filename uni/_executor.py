@@ -11,7 +11,10 @@
 * Executors run jobs: :func:`run_inline` in the calling thread (sync operations), the host
   worker pool (:func:`submit`, async host operations). A :class:`Completion` is what an
   executor gives back; :class:`OpFuture` wraps it for users (``await`` in trio or asyncio,
-  ``.result()`` in a thread). A stream executor for CUDA slots in beside the pool.
+  ``.result()`` in a thread). Other domains register their executor by name
+  (:func:`register_executor`; ``uni.cuda`` registers its stream executor as ``"cuda"``): a
+  job runs on the executor its ``where`` storage names in ``executor``, and an input
+  overlapping an output is staged by the stager its domain registered (:func:`register_stager`).
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ from uni._mdspec import MdSpan
 
 __all__ = [
     "Completion",
+    "Executor",
     "Job",
     "OpFuture",
     "OperationAccess",
     "done_future",
+    "register_executor",
+    "register_stager",
     "run_inline",
     "stage",
     "submit",
@@ -291,6 +297,14 @@ class _Holder:
         return f"{self.op} {self.mode} of shape {self.shape} from thread {self.thread!r}"
 
 
+_stagers: dict[Any, Callable[[MdSpan], MdSpan]] = {}
+
+
+def register_stager(domain: Any, fn: Callable[[MdSpan], MdSpan]) -> None:
+    """Stage inputs of ``domain`` (an overlapping input's private copy) with ``fn``."""
+    _stagers[domain] = fn
+
+
 def stage(span: MdSpan) -> MdSpan:
     """A copy of ``span``'s stored elements in fresh memory (same shape, contiguous).
 
@@ -299,7 +313,10 @@ def stage(span: MdSpan) -> MdSpan:
     can express ``conj(a)`` only in one storage order relative to the output).
     """
     handle = span.data_handle
-    if getattr(handle, "domain", HOST) is not HOST:
+    domain = getattr(handle, "domain", HOST)
+    if domain is not HOST and domain in _stagers:
+        return _stagers[domain](span)
+    if domain is not HOST:
         raise KernelDispatchError(
             f"an input overlapping the output in the {handle.domain.value} domain needs a "
             "staging copy there, which this build cannot make; copy it into a separate tensor "
@@ -317,17 +334,22 @@ def stage(span: MdSpan) -> MdSpan:
 
 # -- jobs ---------------------------------------------------------------------------------------
 class Job:
-    """One registered operation: wait for grants, run the walk, give everything back."""
+    """One registered operation: wait for grants, run the walk, give everything back.
 
-    __slots__ = ("access", "backend", "build", "chain", "op", "signature")
+    ``where`` is the storage whose domain runs it (its ``executor`` names the executor): the
+    output's, except for a copy between host and CUDA memory, which runs on the CUDA side.
+    """
+
+    __slots__ = ("access", "backend", "build", "chain", "op", "signature", "where")
 
     def __init__(self, op: str, access: OperationAccess, build: Callable[[OperationAccess], Any],
-                 signature: Any, chain: tuple[Any, ...]) -> None:
+                 signature: Any, chain: tuple[Any, ...], where: Any = None) -> None:
         self.op = op
         self.access = access
         self.build = build
         self.signature = signature
         self.chain = chain
+        self.where = where if where is not None else access.writes[0].tensor.storage
         self.backend: Any = None  # the backend that ran it, once it has
 
     def __call__(self) -> str:
@@ -363,8 +385,53 @@ class Job:
         return f"{self.op} ({', '.join(parts)})"
 
 
+class Executor(Protocol):
+    """An executor of a domain other than the host's (registered by name)."""
+
+    def run(self, job: Job) -> Any:
+        """Run a sync operation; return the backend that ran it."""
+        ...
+
+    def submit(self, job: Job, stream: Any) -> OpFuture:
+        """Dispatch an async operation (registered already); ``stream`` as the user gave it."""
+        ...
+
+
+_executors: dict[str, Executor] = {}
+
+
+def register_executor(name: str, executor: Executor) -> None:
+    """Run jobs whose ``where`` storage names ``name`` as its ``executor`` on ``executor``."""
+    _executors[name] = executor
+
+
+def _other_executor(job: Job) -> Executor | None:
+    where = job.where
+    name = getattr(where, "executor", "host")
+    domain = getattr(where, "domain", HOST)
+    if name == "host" and domain is not HOST:
+        # A storage of another domain that names no executor (a custom CUDA storage built on
+        # StorageBase) runs on its domain's: its work must be fenced like uni's own.
+        name = domain.value
+    if name == "host":
+        return None
+    executor = _executors.get(name)
+    if executor is None:
+        job.access.finish(None, poison=False)  # registered already: give it back
+        raise KernelDispatchError(
+            f"{job.op}: the data's storage ({type(job.where).__name__}) runs on executor "
+            f"{name!r}, which nothing registered here (import the package that provides it)")
+    return executor
+
+
 def run_inline(job: Job) -> Any:
-    """The sync executor: run ``job`` in the calling thread; return the backend that ran it."""
+    """The sync executor: run ``job`` in the calling thread; return the backend that ran it.
+
+    A job of another domain runs on that domain's executor (a CUDA job: issued on the
+    device's stream from this thread)."""
+    other = _other_executor(job)
+    if other is not None:
+        return other.run(job)
     job()
     return job.backend
 
@@ -480,8 +547,13 @@ def done_future(op: str) -> OpFuture:
 _submitting = threading.local()  # .active: this thread is inside dispatch's submit
 
 
-def submit(job: Job) -> OpFuture:
-    """The host async executor: run ``job`` on uni's workers once its accesses are ready."""
+def submit(job: Job, stream: Any = None) -> OpFuture:
+    """The host async executor: run ``job`` on uni's workers once its accesses are ready.
+
+    A job of another domain goes to that domain's executor with ``stream``."""
+    other = _other_executor(job)
+    if other is not None:
+        return other.submit(job, stream)
     context = contextvars.copy_context()
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 

@@ -32,7 +32,25 @@ from uni._dlpack import device_name, export_dlpack, kDLCPU, kDLCUDA
 from uni._errors import DLPackError
 from uni._handle import HOST
 
-__all__ = ["access_array", "check_request", "dlpack_device_of", "export_access"]
+__all__ = ["access_array", "check_request", "dlpack_device_of", "domain_exporter",
+           "export_access", "register_domain_exporter"]
+
+# Exporters of other domains' data (uni.cuda registers CUDA's: DLPack with the stream
+# protocol, __cuda_array_interface__); the host export below is the host domain's.
+_domain_exporters: dict[Any, Any] = {}
+
+
+def register_domain_exporter(domain: Any, exporter: Any) -> None:
+    """Export tensors of ``domain`` with ``exporter`` (``tensor_dlpack(view, **kw)``,
+    ``cuda_array_interface(view)``)."""
+    _domain_exporters[domain] = exporter
+
+
+def domain_exporter(storage: Any) -> Any:
+    """The exporter registered for ``storage``'s domain (None for host data)."""
+    if storage.domain is HOST:
+        return None
+    return _domain_exporters.get(storage.domain)
 
 
 def dlpack_device_of(storage: Any) -> tuple[int, int]:

@@ -10,18 +10,39 @@ ABI is :mod:`uni._dlpack`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from uni._accessor import ConstAccessor, DefaultAccessor
-from uni._dlpack import flat_buffer_of, import_dlpack
+from uni._dlpack import CapsuleType, flat_buffer_of, import_dlpack, peek_capsule
 from uni._factories import from_numpy
 from uni._mapping import best_mapping, layout_stride
 from uni._tensor import Tensor
 from uni.storage.host import HostStorage
 
-__all__ = ["from_dlpack"]
+__all__ = ["from_dlpack", "register_importer"]
+
+# Importers of other devices' memory by DLPack device type (uni.cuda registers kDLCUDA).
+_importers: dict[int, Callable[..., Tensor]] = {}
+
+
+def register_importer(device_type: int, importer: Callable[..., Tensor]) -> None:
+    """Import producers of ``device_type`` with ``importer(obj, copy=...)``."""
+    _importers[device_type] = importer
+
+
+def _importer_for(obj: Any) -> Callable[..., Tensor] | None:
+    if not _importers:
+        return None
+    if isinstance(obj, CapsuleType):
+        device_type = peek_capsule(obj).device[0]
+    elif hasattr(obj, "__dlpack_device__") and not isinstance(obj, np.ndarray):
+        device_type = int(obj.__dlpack_device__()[0])
+    else:
+        return None
+    return _importers.get(device_type)
 
 
 def from_dlpack(obj: Any, /, *, copy: bool | None = None, writable: bool = False) -> Tensor:
@@ -34,13 +55,17 @@ def from_dlpack(obj: Any, /, *, copy: bool | None = None, writable: bool = False
     legacy capsules of immutable arrays). A read-only producer gives a read-only tensor: it
     can be read, and write acquisition raises ``uni.LeaseError``. The
     producer's memory stays alive for as long as any view of the tensor needs it, and its
-    deleter runs exactly once after that. Memory outside the host domain (CUDA, ROCm, ...)
+    deleter runs exactly once after that. CUDA memory becomes a CUDA tensor (uni.cuda:
+    zero-copy, uni's stream waits on the producer); memory of other devices (ROCm, ...)
     raises ``uni.DomainError`` naming the device.
     """
     if copy is not None and not isinstance(copy, bool):
         raise ValueError(f"expected copy=None, True or False, got copy={copy!r}")
     if not isinstance(writable, bool):
         raise ValueError(f"expected writable=True or False, got writable={writable!r}")
+    importer = _importer_for(obj)
+    if importer is not None:  # device memory (CUDA): its domain imports it
+        return importer(obj, copy=copy)
     if isinstance(obj, np.ndarray) and obj.dtype.isnative:
         # Straight to from_numpy: it finds the storage other views of the same allocation
         # already use, so leases on both are ordered by one queue.

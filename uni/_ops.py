@@ -188,21 +188,31 @@ def _check_copy(src: Any, dst: Any) -> tuple[Tensor, Tensor]:
     src, dst = _tensor(src, "copy", "src"), _tensor(dst, "copy", "dst")
     # Any dtype pair: the copy converts by the store rules (saturating into integers).
     _writable("copy", "dst", dst)
-    if src.storage.domain is not dst.storage.domain:
+    domains = {src.storage.domain, dst.storage.domain}
+    if len(domains) > 1 and HOST not in domains:
         raise DomainError(
             f"copy from the {src.storage.domain.value} domain to the "
-            f"{dst.storage.domain.value} domain needs CUDA, which is not available here"
+            f"{dst.storage.domain.value} domain has no path: copy through host memory"
         )
     return _broadcast_batch("copy", "src", src, dst.shape, 0), dst
+
+
+def _copy_runs_on(src: Tensor, dst: Tensor) -> Any:
+    """The storage whose domain runs a copy: the destination's, except host <-> another
+    domain (CUDA), which runs on that other side (the only one that addresses both)."""
+    if dst.storage.domain is HOST and src.storage.domain is not HOST:
+        return src.storage
+    return dst.storage
 
 
 # -- jobs ----------------------------------------------------------------------------------------
 def _job(op: str, reads: list[Tensor], writes: list[Tensor], overwrite: list[bool],
          build: Callable[[OperationAccess], Any], sig: Any, backends: Sequence[Any] | None,
-         owner: Any) -> Job:
-    chain = backend_list(op, writes[0].storage, backends)
+         owner: Any, where: Any = None) -> Job:
+    where = writes[0].storage if where is None else where
+    chain = backend_list(op, where, backends)
     access = OperationAccess(op, reads, writes, overwrite, owner=owner)
-    return Job(op, access, build, sig, chain)
+    return Job(op, access, build, sig, chain, where)
 
 
 def _stage_folded(access: OperationAccess, index: int) -> MdSpan:
@@ -248,7 +258,8 @@ def _copy_job(src: Any, dst: Any, backends: Any, owner: Any = CURRENT_THREAD) ->
     def build(access: OperationAccess) -> CopyCall:
         return CopyCall(_stage_folded(access, 0), access.span(0, "write"))
 
-    return _job("copy", [src], [dst], [True], build, signature(src, dst), backends, owner)
+    return _job("copy", [src], [dst], [True], build, signature(src, dst), backends, owner,
+                _copy_runs_on(src, dst))
 
 
 def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
@@ -411,17 +422,16 @@ def transform(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = 
 
 # -- async front ends ---------------------------------------------------------------------------
 def _async(op: str, job: Job | None, stream: Any) -> OpFuture:
-    if stream is not None and job is not None:
-        domain = job.access.writes[0].tensor.storage.domain
-        if domain is HOST:
-            raise DomainError(
-                f"uni.{op}_async(stream=...) orders work on a CUDA stream, but this operation's "
-                "data is host data, which uni's host workers order by leases alone; leave "
-                "stream=None for host tensors"
-            )
+    if stream is not None and job is not None and job.where.domain is HOST:
+        job.access.finish(None, poison=False)  # registered already: give it back
+        raise DomainError(
+            f"uni.{op}_async(stream=...) orders work on a CUDA stream, but this operation's "
+            "data is host data, which uni's host workers order by leases alone; leave "
+            "stream=None for host tensors"
+        )
     if job is None:
         return done_future(op)
-    return submit(job)
+    return submit(job, stream)
 
 
 def gemm_async(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,

@@ -14,7 +14,7 @@ from uni._access import StorageView
 from uni._accessor import ConjugateAccessor, ConstAccessor, ScaledAccessor
 from uni._acquire import acquire_host_read_access_sync, try_read_values
 from uni._errors import DomainError, DTypeError, LayoutError, ShapeError
-from uni._export import check_request, dlpack_device_of
+from uni._export import check_request, dlpack_device_of, domain_exporter
 from uni._extents import Extents
 from uni._handle import HOST
 from uni._mapping import best_mapping, c_strides, check_fits
@@ -267,6 +267,10 @@ class Tensor(StorageView):
         """Export through DLPack: read-only, zero-copy, under a read lease that the capsule
         holds until the consumer releases it (or a private copy where sharing is impossible).
         See docs/interop.md; write access is exported from a write lease."""
+        exporter = domain_exporter(self._storage)
+        if exporter is not None:  # CUDA data: the stream protocol (uni.cuda)
+            return exporter.tensor_dlpack(self, stream=stream, max_version=max_version,
+                                          dl_device=dl_device, copy=copy)
         # Arguments first: a refused request must not wait for (or take) a lease.
         check_request(self._storage, stream, max_version, dl_device, copy)
         lease = acquire_host_read_access_sync(self)
@@ -278,6 +282,16 @@ class Tensor(StorageView):
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return dlpack_device_of(self._storage)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA data only (version 3, with the stream a consumer must wait on)."""
+        exporter = domain_exporter(self._storage)
+        if exporter is None:
+            raise AttributeError(f"a {self.device} tensor has no __cuda_array_interface__ "
+                                 "(only CUDA tensors do); use __dlpack__ or numpy")
+        result: dict[str, Any] = exporter.cuda_array_interface(self)
+        return result
 
     def __repr__(self) -> str:
         head = f"shape={self.shape}, dtype={self.dtype.name}, device={self.device}"

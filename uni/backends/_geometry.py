@@ -16,6 +16,9 @@ The rules:
 * BLAS conjugates only together with a transpose ('C'), so a conjugated operand must take
   the transposed reading; a conjugate that would need 'N' is inexpressible
   (``UNSUPPORTED_ACCESSOR``).
+* ``conj(A) @ x`` with a column-major ``A`` has no gemv reading ('C' transposes too), but it
+  is the gemm ``y^T = x^T op(A)`` with op 'C' (:func:`plan_gemv_via_gemm`: CUDA.md section
+  10's ``A^H x`` on a row-major A): x and y become one-row matrices.
 * :func:`fold_accessors` reads an operand's accessor chain into ``(conjugated, factor)`` --
   ``value == factor * conj?(stored)`` -- or says which accessor BLAS cannot fold.
 """
@@ -40,10 +43,12 @@ __all__ = [
     "INT32_MAX",
     "GemmGeometry",
     "GemvGeometry",
+    "GemvViaGemm",
     "fold_accessors",
     "orientations",
     "plan_gemm",
     "plan_gemv",
+    "plan_gemv_via_gemm",
 ]
 
 #: The largest extent, leading dimension or increment the 32-bit entry points take.
@@ -212,16 +217,57 @@ def plan_gemv(a_shape: tuple[int, int], a_strides: tuple[int, int], x_stride: in
     return GemvGeometry(trans, rows, cols, lda, incx, incy, x_off, y_off)
 
 
-def fold_accessors(accessor: Any) -> tuple[bool, Any] | tuple[Decline, str]:
+@attrs.frozen
+class GemvViaGemm:
+    """``y = conj(A) @ x`` (``A`` column-major, m x n, ``lda``) as a column-major gemm.
+
+    ``gemm('N', trans, 1, m, n, x, ldx, A, lda, y, ldy)``: ``x`` is read as a 1 x n matrix
+    with leading dimension ``ldx`` (its increment), ``y`` written as a 1 x m matrix with
+    ``ldy``; BLAS's own m, n, k are ``1``, ``m``, ``n``.
+    """
+
+    trans: Trans
+    m: int
+    n: int
+    lda: int
+    ldx: int
+    ldy: int
+
+    @property
+    def fits_int32(self) -> bool:
+        return max(self.m, self.n, self.lda, self.ldx, self.ldy) <= INT32_MAX
+
+
+def plan_gemv_via_gemm(a_shape: tuple[int, int], a_strides: tuple[int, int], x_stride: int,
+                       y_stride: int) -> GemvViaGemm | Decline:
+    """The gemm for ``y = conj(a) @ x`` when ``a`` is column-major (gemv cannot do it).
+
+    Needs positive increments (a matrix's leading dimension cannot be negative).
+    """
+    m, n = a_shape
+    ldx = _increment(n, x_stride)
+    ldy = _increment(m, y_stride)
+    if ldx <= 0 or ldy <= 0:
+        return Decline.UNSUPPORTED_LAYOUT
+    a_col, _ = orientations(a_shape, a_strides)
+    if not a_col:
+        return Decline.UNSUPPORTED_LAYOUT
+    return GemvViaGemm("C", m, n, a_col, ldx, ldy)
+
+
+def fold_accessors(accessor: Any, plain: tuple[type, ...] = (DefaultAccessor,)
+                   ) -> tuple[bool, Any] | tuple[Decline, str]:
     """``(conjugated, factor)`` with ``value == factor * conj?(stored)``, or why not.
 
     The chain is read from the outside in: a conjugate flips the flag, and a scale met under
     an odd number of conjugates enters the factor conjugated (``conj(f x) == conj(f) conj(x)``).
     A declined chain comes back as ``(Decline, what)`` naming the accessor in the way.
+    ``plain`` are the accessor types that read stored values (the host's DefaultAccessor;
+    cuBLAS passes CUDA's CudaPointerAccessor).
     """
     conj = False
     factor: Any = 1
-    while not isinstance(accessor, DefaultAccessor):
+    while not isinstance(accessor, plain):
         if isinstance(accessor, ConstAccessor):
             pass
         elif isinstance(accessor, ConjugateAccessor):

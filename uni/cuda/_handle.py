@@ -32,6 +32,25 @@ class CudaHandle:
     offset: int = attrs.field(default=0, validator=_check_int)
     owner: Any = attrs.field(default=None, eq=False)
 
+    @property
+    def domain(self) -> Domain:
+        return CUDA
+
+    def shifted(self, delta: int) -> CudaHandle:
+        """The same buffer with index (0, ..., 0) moved by ``delta`` elements."""
+        return CudaHandle(self.ptr, self.device, self.offset + delta, self.owner)
+
+    @classmethod
+    def trusted(cls, ptr: int, device: int, offset: int, owner: Any) -> CudaHandle:
+        """A handle from values a storage already checked (skips the validators: a handle
+        is made on every acquisition)."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "ptr", ptr)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "owner", owner)
+        return self
+
     def address(self, itemsize: int, index_offset: int = 0) -> int:
         """The device address of the element ``index_offset`` elements past the origin."""
         return self.ptr + (self.offset + index_offset) * itemsize

@@ -313,6 +313,7 @@ class KernelCache:
 
 _default: KernelCache | None = None
 _default_lock = threading.Lock()
+_by_arch: dict[str, KernelCache] = {}
 
 
 def default_cache() -> KernelCache:
@@ -321,7 +322,19 @@ def default_cache() -> KernelCache:
     with _default_lock:
         if _default is None:
             _default = KernelCache()
+            _by_arch[DEFAULT_ARCH] = _default
         return _default
+
+
+def cache_for(arch: str) -> KernelCache:
+    """The process's kernel cache for ``arch`` (the device's ``sm_XY``; one per arch)."""
+    if arch == DEFAULT_ARCH:
+        return default_cache()
+    with _default_lock:
+        cache = _by_arch.get(arch)
+        if cache is None:
+            cache = _by_arch[arch] = KernelCache(arch=arch)
+        return cache
 
 
 def kernel_for(spec: Spec) -> CompiledKernel:
@@ -337,8 +350,9 @@ async def kernel_for_async(spec: Spec) -> CompiledKernel:
 def kernel_cache_info() -> list[KernelInfo]:
     """The specializations this process has built: op, dtypes, rank, index width, arch,
     whether compiled or read from disk, the seconds it took, and the cache file."""
-    cache = _default
-    return [] if cache is None else cache.info()
+    with _default_lock:
+        caches = list(_by_arch.values())
+    return [info for cache in caches for info in cache.info()]
 
 
 __all__ = [
@@ -346,6 +360,7 @@ __all__ = [
     "CompiledKernel",
     "KernelCache",
     "KernelInfo",
+    "cache_for",
     "cubin_arch",
     "default_cache",
     "is_available",

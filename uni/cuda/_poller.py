@@ -21,11 +21,18 @@ The polling logic (:class:`PollerCore`) knows nothing about event loops: it hold
 waiters and runs one round. :class:`TrioPoller` parks trio tasks and drives the rounds from a
 system task of the run; :class:`AsyncioPoller` does the same over the same core for asyncio,
 with a task per loop and a future per waiter. :func:`wait_for` picks the one of the running
-library.
+library. :class:`ThreadPoller` drives the same core from one daemon thread per process and
+calls plain functions: it is how an event, as a fence of the access queue, runs the callbacks
+given to ``add_done_callback`` (a grant waiting for device work, an async operation's
+completion) without a thread per wait.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+import traceback
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -212,6 +219,86 @@ class TrioPoller:
                 self._wakeup = trio.Event()
                 with trio.move_on_after(delay):
                     await self._wakeup.wait()
+
+
+class ThreadPoller:
+    """Calls ``fn()`` once ``source.is_done`` (or once asking it raised), from one daemon
+    thread that polls every pending source with the same back-off as the trio poller.
+
+    ``add`` never blocks and never calls ``fn`` in the calling thread; callbacks run in the
+    poll thread, must be quick and must not raise (an exception is reported and swallowed).
+    The thread starts on the first ``add`` and sleeps, polling nothing, while nothing is
+    pending.
+    """
+
+    def __init__(self, schedule: PollSchedule | None = None, name: str = "uni-cuda-poll") -> None:
+        self.core = PollerCore(schedule)
+        self._name = name
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def add(self, source: EventSource, fn: Callable[[], None]) -> None:
+        with self._lock:
+            self.core.add(source, fn)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._wakeup.notify()
+
+    @property
+    def pending_count(self) -> int:
+        with self._lock:
+            return self.core.pending_count
+
+    def _run(self) -> None:
+        _mark_poll_thread()
+        core = self.core
+        while True:
+            with self._lock:
+                while not core.pending_count:
+                    self._wakeup.wait()
+                finished = core.poll()
+                delay = core.next_delay() if core.pending_count else 0.0
+            for waiter, _result in finished:
+                try:
+                    waiter.target()
+                except BaseException:  # pragma: no cover - a callback's bug, reported
+                    traceback.print_exc(file=sys.stderr)
+            if not finished and delay == 0.0:
+                time.sleep(0)  # spin: yield the GIL, ask again soon
+            elif delay:
+                with self._lock:
+                    self._wakeup.wait(delay)
+
+
+_poll_threads = threading.local()
+
+
+def _mark_poll_thread() -> None:
+    _poll_threads.active = True
+
+
+def in_poll_thread() -> bool:
+    """True in a ThreadPoller's thread (where nothing slow may run: it delays every wake-up)."""
+    return bool(getattr(_poll_threads, "active", False))
+
+
+_THREAD_POLLER: ThreadPoller | None = None
+_thread_poller_lock = threading.Lock()
+
+
+def thread_poller() -> ThreadPoller:
+    """The process's poll thread (made on first use)."""
+    global _THREAD_POLLER
+    with _thread_poller_lock:
+        if _THREAD_POLLER is None:
+            _THREAD_POLLER = ThreadPoller()
+        return _THREAD_POLLER
 
 
 _RUN_POLLER: trio.lowlevel.RunVar[TrioPoller] = trio.lowlevel.RunVar("uni_cuda_event_poller")

@@ -16,31 +16,37 @@ Lifetimes are the delicate part (CUDA.md §5, traps 6 and 7):
   long as any numpy view of it: the views hold the memory, and the free is scheduled when
   the last one goes.
 
-Fences: every release of an access to a CUDA buffer records where it ended (an event).
-Until the access queue feeds them (``add_fence``), the fences are the storage's creation
-fence (the allocation and initial fill) and whatever :meth:`CudaStorage.add_fence` was given.
+Fences have one source of truth, the storage's access queue: every release of an access that
+left work running (a stream lease, a CUDA operation, a copy) records its event there, and
+:meth:`CudaStorage.outstanding_fences` is the queue's ``outstanding_fences()``. A buffer's
+free waits for exactly those. A fresh storage's allocation and fill are registered the same
+way (its *creation fence*), so its first access waits for them; so is any device work a
+caller reports with ``add_fence``. Wrapped foreign memory (CuPy, PyTorch, a DLPack import)
+is handed back to its owner only after the fences too.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import queue
 import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from uni._access import release_from_finalizer
+from uni._access_queue import AccessQueue, Fence
 from uni._accessor import CUDA, DefaultAccessor
 from uni._dtypes import as_dtype
 from uni._errors import DomainError, LayoutError, LeaseError
 from uni.cuda._driver import check_device, cuda_call, require, use_device
+from uni.cuda._fences import record_fence
 from uni.cuda._fill import fill_plan, pattern_of, run_fill
 from uni.cuda._handle import CudaHandle, CudaPointerAccessor
-from uni.cuda._stream import Event, Stream, default_stream
+from uni.cuda._stream import Stream, default_stream
 from uni.storage._base import StorageBase
 from uni.storage._protocol import Region
 from uni.storage.host import HostStorage
@@ -51,59 +57,65 @@ _log = logging.getLogger("uni.cuda")
 CUDA_BACKENDS: tuple[str, ...] = ("cublas", "cuda_reference")
 
 
-class Fence(Protocol):
-    """What a fence is to a storage: something that completes (a uni.cuda.Event)."""
+class FenceSource:
+    """Where a buffer finds its outstanding fences: the access queue of the storage over it.
 
-    @property
-    def is_done(self) -> bool: ...
+    Set once a storage adopts the buffer (``queue``); until then (a bare buffer) there is
+    nothing to wait for. The free path holds this object, never the storage.
+    """
 
-    def synchronize(self) -> None: ...
+    __slots__ = ("queue",)
+
+    def __init__(self, queue: AccessQueue | None = None) -> None:
+        self.queue = queue
+
+    def outstanding(self) -> list[Fence]:
+        """The fences not yet complete (the queue prunes done ones as it is asked)."""
+        queue = self.queue
+        return [] if queue is None else queue.outstanding_fences()
+
+    def busy(self) -> bool:
+        """True while some thread is inside the queue's critical section: a finalizer that
+        fired there (possibly on that very thread) must not ask the queue itself."""
+        queue = self.queue
+        return queue is not None and queue.busy()
 
 
-class FenceSet:
-    """The fences still outstanding on one buffer (thread-safe; done ones are dropped)."""
-
-    __slots__ = ("_events", "_lock")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: list[Any] = []
-
-    def add(self, fence: Any) -> None:
-        with self._lock:
-            if len(self._events) >= 16:
-                self._events = [e for e in self._events if not _done(e)]
-            self._events.append(fence)
-
-    def outstanding(self) -> list[Any]:
-        """The fences not yet complete (each asked ``is_done`` once)."""
-        with self._lock:
-            self._events = [e for e in self._events if not _done(e)]
-            return list(self._events)
+def _from_finalizer(fences: FenceSource, fn: Callable[[], None]) -> None:
+    """Run a free from a finalizer: inline, or from a helper thread when the queue it asks
+    is locked (the garbage collector may have interrupted this thread inside it)."""
+    if fences.busy():
+        release_from_finalizer(fn)
+    else:
+        fn()
 
 
 def _done(fence: Any) -> bool:
     try:
-        return bool(fence.is_done)
+        return bool(fence.done())
     except Exception:
-        # A fence that cannot even be queried (a context error) stays outstanding: whoever
-        # waits for it next gets the error.
-        return False
+        # A fence that cannot even be queried stands for work on a broken device, which is
+        # over: waiting for it would hold the memory forever.
+        _log.warning("uni.cuda: a fence failed before a free", exc_info=True)
+        return True
 
 
 # -- the pinned-memory reaper ------------------------------------------------------------
 class Reaper:
-    """One daemon thread that runs frees after their fences complete.
+    """One daemon thread that runs frees (and lets go of foreign memory) once their fences
+    are done.
 
-    ``submit`` never blocks and never calls CUDA on the calling thread.
+    ``submit`` never blocks and never calls CUDA on the calling thread. Pending frees are
+    polled (``done()``: never blocking), so a free whose kernel runs long holds back no other
+    free. A fence whose query fails counts as done (the device is broken: its work is over).
     """
 
     def __init__(self, name: str = "uni-cuda-reaper") -> None:
         self._name = name
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], list[Any]] | None] = (
-            queue.SimpleQueue())
+        self._pending: list[tuple[Callable[[], None], list[Any]]] = []
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
         self._submitted = 0
         self._finished = 0
@@ -111,33 +123,48 @@ class Reaper:
     def submit(self, free: Callable[[], None], fences: list[Any]) -> None:
         with self._lock:
             self._submitted += 1
+            self._pending.append((free, list(fences)))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-        self._queue.put((free, list(fences)))
+            self._wakeup.notify()
 
     def _run(self) -> None:
+        delay = 1e-4
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            free, fences = item
-            try:
-                for fence in fences:
-                    if not _done(fence):
-                        fence.synchronize()
-                free()
-            except Exception:
-                _log.exception("uni.cuda: freeing page-locked memory failed")
-            finally:
-                with self._lock:
-                    self._finished += 1
-                    self._idle.notify_all()
+            with self._lock:
+                while not self._pending:
+                    self._wakeup.wait()
+                    delay = 1e-4
+                pending, self._pending = self._pending, []
+            ready: list[tuple[Callable[[], None], list[Any]]] = []
+            still: list[tuple[Callable[[], None], list[Any]]] = []
+            for free, fences in pending:
+                left = [f for f in fences if not _done(f)]
+                (still if left else ready).append((free, left))
+            for free, _ in ready:
+                try:
+                    free()
+                except Exception:
+                    _log.exception("uni.cuda: freeing page-locked memory failed")
+            with self._lock:
+                self._pending[:0] = still
+                self._finished += len(ready)
+                self._idle.notify_all()
+                if still and not ready:
+                    self._wakeup.wait(delay)
+                    delay = min(delay * 2, 20e-3)
+                elif ready:
+                    delay = 1e-4
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted free has run (tests, shutdown); False on time-out."""
         with self._lock:
             return self._idle.wait_for(lambda: self._finished >= self._submitted, timeout)
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return self._submitted - self._finished
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -163,10 +190,18 @@ def free_after_fences(close: Callable[[Any], None], fences: list[Any], stream: A
     close(stream)
 
 
-def _free_device(cu_buffer: Any, device: int, fences: FenceSet, stream: Stream | None = None
+def _free_device(cu_buffer: Any, device: int, fences: FenceSource, stream: Stream | None = None
                  ) -> None:
     if sys.is_finalizing():
         return  # the driver may already be gone; the process exit frees everything
+    if stream is None:  # from the finalizer (or a close without a stream)
+        _from_finalizer(fences, lambda: _free_device_now(cu_buffer, device, fences, None))
+    else:
+        _free_device_now(cu_buffer, device, fences, stream)
+
+
+def _free_device_now(cu_buffer: Any, device: int, fences: FenceSource, stream: Stream | None
+                     ) -> None:
     try:
         use_device(device)
         free_stream = stream if stream is not None else default_stream(device)
@@ -182,24 +217,39 @@ def _free_device(cu_buffer: Any, device: int, fences: FenceSet, stream: Stream |
         _log.exception("uni.cuda: freeing device memory failed")
 
 
+def _let_go(box: list[Any], fences: FenceSource) -> None:
+    """Drop a wrapped buffer's owner once uni's work on the memory is over (a DLPack
+    producer's deleter then frees it; never while one of uni's kernels may still use it)."""
+    if sys.is_finalizing():
+        return
+
+    def let_go() -> None:
+        pending = [f for f in fences.outstanding() if not _done(f)]
+        if pending:
+            _REAPER.submit(box.clear, pending)
+        else:
+            box.clear()
+
+    _from_finalizer(fences, let_go)
+
+
 class CudaBuffer:
     """``nbytes`` bytes of device memory on ``device``: owned (from the device's memory
     pool, freed stream-ordered after its fences) or wrapped (foreign memory kept alive
-    through ``owner``, never freed by uni).
+    through ``owner``, never freed by uni; the owner is let go after the fences).
 
     Made by :meth:`allocate` or :meth:`wrap`.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_finalizer", "_owner", "device", "fences", "nbytes",
+    __slots__ = ("__weakref__", "_closed", "_finalizer", "device", "fences", "nbytes",
                  "owned", "ptr")
 
     ptr: int
     nbytes: int
     device: int
     owned: bool
-    fences: FenceSet
+    fences: FenceSource
     _closed: bool
-    _owner: Any
     _finalizer: weakref.finalize[Any, Any] | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -214,8 +264,8 @@ class CudaBuffer:
         nbytes = _check_nbytes(nbytes)
         index = require(device, what="uni.cuda.CudaBuffer")
         self = object.__new__(cls)
-        self.device, self.nbytes, self.owned, self._owner = index, nbytes, True, None
-        self.fences = FenceSet()
+        self.device, self.nbytes, self.owned = index, nbytes, True
+        self.fences = FenceSource()
         self._finalizer = None
         self._closed = False
         if nbytes == 0:
@@ -226,8 +276,8 @@ class CudaBuffer:
         with cuda_call("cuMemAllocFromPoolAsync"):
             cu_buffer = dev.allocate(nbytes, stream=on._live("cuMemAllocFromPoolAsync"))
         self.ptr = int(cu_buffer.handle)
-        # The holder passed to the finalizer is the cuda.core buffer and the fence set, never
-        # this object: the finalizer must not keep it alive.
+        # The holder passed to the finalizer is the cuda.core buffer and the fence source,
+        # never this object: the finalizer must not keep it alive.
         self._finalizer = weakref.finalize(self, _free_device, cu_buffer, index, self.fences)
         # At exit the process's memory goes with it; a free then could meet a driver that is
         # being torn down.
@@ -237,7 +287,7 @@ class CudaBuffer:
     @classmethod
     def wrap(cls, ptr: int, nbytes: int, *, device: int = 0, owner: Any = None) -> CudaBuffer:
         """Foreign device memory (CuPy's, PyTorch's): uni never frees it; ``owner`` is kept
-        alive as long as this buffer."""
+        alive as long as this buffer, and let go only after uni's fences on it."""
         if isinstance(ptr, bool) or not isinstance(ptr, int) or ptr < 0:
             raise TypeError(f"expected a device pointer as an int >= 0, got {ptr!r}")
         nbytes = _check_nbytes(nbytes)
@@ -246,10 +296,12 @@ class CudaBuffer:
         index = check_device(device)
         self = object.__new__(cls)
         self.ptr, self.nbytes, self.device, self.owned = ptr, nbytes, index, False
-        self._owner = owner
-        self.fences = FenceSet()
-        self._finalizer = None
+        self.fences = FenceSource()
         self._closed = False
+        # The finalizer holds the owner (in a box it empties): alive exactly as long as
+        # this buffer, then let go after the fences.
+        self._finalizer = weakref.finalize(self, _let_go, [owner], self.fences)
+        self._finalizer.atexit = False
         return self
 
     @property
@@ -260,18 +312,23 @@ class CudaBuffer:
         """Free the memory after every outstanding fence (idempotent; no host wait).
 
         ``stream`` is where the free is queued (default: uni's default stream). A wrapped
-        buffer only lets go of its owner.
+        buffer only lets go of its owner (after the fences).
         """
         if self._closed:
             return
         self._closed = True
         finalizer = self._finalizer
-        if finalizer is not None:
-            detached = finalizer.detach()
-            if detached is not None:
-                _obj, _func, (cu_buffer, device, fences), _kwargs = detached
-                _free_device(cu_buffer, device, fences, stream)
-        self._owner = None
+        if finalizer is None:
+            return
+        detached = finalizer.detach()
+        if detached is None:
+            return
+        _obj, func, args, _kwargs = detached
+        if func is _free_device:
+            cu_buffer, device, fences = args
+            _free_device(cu_buffer, device, fences, stream)
+        else:
+            func(*args)
 
     def __repr__(self) -> str:
         kind = "owned" if self.owned else "wrapped"
@@ -301,17 +358,23 @@ class CudaStorage(StorageBase):
     """``size`` elements of ``dtype`` in device memory on ``device`` (CUDA domain).
 
     Handles are :class:`uni.cuda.CudaHandle` (a device pointer): acquisition never moves data.
-    ``CudaStorage(size, dtype, device=0)`` allocates; :meth:`wrap` adopts foreign memory.
+    ``CudaStorage(size, dtype, device=0)`` allocates (stream-ordered on ``stream``, default
+    uni's stream of the device; ``fill`` writes one value on the device) and registers the
+    allocation as its creation fence; :meth:`wrap` adopts foreign memory. Storages over one
+    buffer share its access queue.
     """
 
     domain = CUDA
     immediate = False
+    release_is_noop = True
+    executor = "cuda"
 
     def __init__(self, size: int, dtype: Any = np.float64, *, device: int = 0,
                  stream: Stream | None = None, buffer: CudaBuffer | None = None,
-                 readonly: bool = False) -> None:
+                 readonly: bool = False, fill: tuple[Any] | None = None) -> None:
         count = _check_size(size)
         dt = as_dtype(dtype)
+        allocated = buffer is None
         if buffer is None:
             index = require(device, what="uni.cuda.CudaStorage")
             buffer = CudaBuffer.allocate(count * dt.itemsize, device=index, stream=stream)
@@ -323,17 +386,28 @@ class CudaStorage(StorageBase):
                 raise LayoutError(
                     f"a buffer of {buffer.nbytes} bytes cannot hold {count} elements of "
                     f"{dt.name} ({count * dt.itemsize} bytes)")
-        super().__init__(dt, count, readonly=readonly,
+        # One queue per memory: a second storage over the buffer orders through the first's.
+        super().__init__(dt, count, readonly=readonly, queue=buffer.fences.queue,
                          label=f"CudaStorage(cuda:{index}, {dt.name}[{count}])")
+        if buffer.fences.queue is None:
+            buffer.fences.queue = self.access_queue
         self.buffer = buffer
         self.device_id = index
         self._closed = False
+        self.moved = False
+        if allocated and count:
+            on = stream if stream is not None else default_stream(index)
+            if fill is not None:
+                self._fill(fill[0], on)
+            # Allocation (and fill) are queued on `on`: the first access waits for them.
+            record_fence(self, on.record(), "the allocation of this storage")
 
     @classmethod
     def wrap(cls, ptr: int, size: int, dtype: Any = np.float64, *, device: int = 0,
              owner: Any = None, readonly: bool = False) -> CudaStorage:
         """A storage over foreign device memory (CuPy, PyTorch, ...), kept alive by
-        ``owner``; uni never frees it. Order foreign work with events yourself."""
+        ``owner``; uni never frees it. Order foreign work with events yourself (or report
+        it with :meth:`add_fence`)."""
         dt = as_dtype(dtype)
         count = _check_size(size)
         buffer = CudaBuffer.wrap(ptr, count * dt.itemsize, device=device, owner=owner)
@@ -351,8 +425,9 @@ class CudaStorage(StorageBase):
 
     def handle(self, offset: int = 0) -> CudaHandle:
         if self._closed:
-            raise LeaseError(f"{self!r} is closed: its device memory was freed")
-        return CudaHandle(self.buffer.ptr, self.device_id, offset, self)
+            how = "was moved into a lease (move=True) and freed" if self.moved else "is closed"
+            raise LeaseError(f"{self!r} {how}: its device memory is gone")
+        return CudaHandle.trusted(self.buffer.ptr, self.device_id, int(offset), self)
 
     def acquire_read(self, region: Region) -> CudaHandle:
         return self.handle(region.offset)
@@ -366,14 +441,16 @@ class CudaStorage(StorageBase):
     def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
         pass
 
-    # -- fences (fed by the access queue) --------------------------------------------------
-    def add_fence(self, fence: Event) -> None:
-        """Record where an access to this buffer ended; the free waits for it."""
-        self.buffer.fences.add(fence)
+    # -- fences (one source of truth: the access queue) ----------------------------------
+    def add_fence(self, fence: Fence) -> None:
+        """Report device work on this memory that uni did not order (an event recorded
+        after it): every access registered later waits for it, and the free does too."""
+        record_fence(self, fence)
 
-    def outstanding_fences(self) -> list[Event]:
-        """The recorded fences not yet complete (the creation fence included)."""
-        return self.buffer.fences.outstanding()
+    def outstanding_fences(self) -> list[Fence]:
+        """The fences of released accesses still running (the creation fence included):
+        what the free waits for."""
+        return self.access_queue.outstanding_fences()
 
     def _fill(self, value: Any, stream: Stream | None = None) -> None:
         """Write ``value`` into every element, on the device (driver memsets)."""
@@ -398,7 +475,7 @@ class CudaStorage(StorageBase):
 
 
 # -- pinned host memory ------------------------------------------------------------------
-def _free_pinned(cu_buffer: Any, device: int, fences: FenceSet) -> None:
+def _free_pinned(cu_buffer: Any, device: int, fences: FenceSource) -> None:
     if sys.is_finalizing():
         return
 
@@ -407,12 +484,12 @@ def _free_pinned(cu_buffer: Any, device: int, fences: FenceSet) -> None:
         with cuda_call("cuMemFreeHost"):
             cu_buffer.close()
 
-    _REAPER.submit(free, fences.outstanding())
+    _from_finalizer(fences, lambda: _REAPER.submit(free, fences.outstanding()))
 
 
 def _pinned_array(nbytes: int, dtype: np.dtype[Any], device: int
-                  ) -> tuple[np.ndarray[Any, Any], FenceSet]:
-    fences = FenceSet()
+                  ) -> tuple[np.ndarray[Any, Any], FenceSource]:
+    fences = FenceSource()
     if nbytes == 0:
         return np.empty(0, dtype=dtype), fences
     use_device(device)
@@ -429,7 +506,8 @@ def _pinned_array(nbytes: int, dtype: np.dtype[Any], device: int
 
 class PinnedStorage(HostStorage):
     """Page-locked host memory (host domain): the fast, truly asynchronous side of a
-    host-device copy. Host leases see it as a numpy buffer, as ``HostStorage``.
+    host-device copy. Host leases see it as a numpy buffer, as ``HostStorage``, and wait
+    (through its access queue) for the CUDA copies that still write or read it.
 
     ``device`` names the CUDA context the memory is registered with (it is reachable from
     every device with unified addressing).
@@ -444,15 +522,17 @@ class PinnedStorage(HostStorage):
                                      "CUDA driver)")
         buffer, fences = _pinned_array(count * dt.itemsize, dt, index)
         super().__init__(count, dt, buffer=buffer)
+        fences.queue = self.access_queue
         self.device_id = index
         self.fences = fences
 
-    def add_fence(self, fence: Event) -> None:
-        """Record a CUDA access to this memory; the free waits for it (host leases will too)."""
-        self.fences.add(fence)
+    def add_fence(self, fence: Fence) -> None:
+        """Report CUDA work on this memory that uni did not order: later host leases and
+        the free wait for it."""
+        record_fence(self, fence)
 
-    def outstanding_fences(self) -> list[Event]:
-        return self.fences.outstanding()
+    def outstanding_fences(self) -> list[Fence]:
+        return self.access_queue.outstanding_fences()
 
 
 # -- factories (registered with uni.empty/zeros/full) -------------------------------------
@@ -472,13 +552,7 @@ def cuda_factory(device: str, size: int, dtype: np.dtype[Any], fill: tuple[Any] 
     """Storage and accessor for ``uni.empty/zeros/full(..., device="cuda[:N]")``."""
     index = parse_cuda_device(device)
     require(index, what=f"device {device!r}")
-    storage = CudaStorage(size, dtype, device=index)
-    stream = default_stream(index)
-    if fill is not None:
-        storage._fill(fill[0], stream)
-    if size:
-        # Allocation and fill are queued on uni's stream: the first access waits for them.
-        storage.add_fence(stream.record())
+    storage = CudaStorage(size, dtype, device=index, fill=fill)
     return storage, storage.default_accessor()
 
 
@@ -491,5 +565,5 @@ def pinned_factory(device: str, size: int, dtype: np.dtype[Any], fill: tuple[Any
     return storage, DefaultAccessor(storage.dtype)
 
 
-__all__ = ["CUDA_BACKENDS", "CudaBuffer", "CudaStorage", "FenceSet", "PinnedStorage", "Reaper",
-           "cuda_factory", "parse_cuda_device", "pinned_factory"]
+__all__ = ["CUDA_BACKENDS", "CudaBuffer", "CudaStorage", "FenceSource", "PinnedStorage",
+           "Reaper", "cuda_factory", "parse_cuda_device", "pinned_factory"]

@@ -8,12 +8,20 @@ file changes.
 
 Streams made here are non-blocking: they never synchronize implicitly with the legacy NULL
 stream (where PyTorch and CuPy work by default), so all ordering goes through events.
+
+An :class:`Event` is also a *fence* of uni's access queue (``uni._access_queue.Fence``):
+``done()`` never raises and never blocks, ``wait(timeout)`` blocks the calling thread (never
+a trio thread), and ``add_done_callback(fn)`` calls ``fn`` from the process's poll thread once
+the event completes. A stream lease or a CUDA operation releases its access with the event
+it recorded; the next conflicting access waits on it: a stream on the device
+(``stream.wait``), a thread or a trio task on the host.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator
+import time
+from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import Any
 
@@ -21,7 +29,7 @@ import trio
 
 from uni._errors import CudaError, WouldBlockError
 from uni.cuda._driver import check_device, cuda_call, require, use_device
-from uni.cuda._poller import wait_for
+from uni.cuda._poller import thread_poller, wait_for
 
 
 def _options() -> Any:
@@ -29,6 +37,18 @@ def _options() -> Any:
     import cuda.core  # optional dependency, imported after detection
 
     return cuda.core
+
+
+_EVENT_OPTIONS: dict[bool, Any] = {}
+
+
+def _event_options(timing: bool) -> Any:
+    # Made once: an event is recorded at every stream lease's release.
+    options = _EVENT_OPTIONS.get(timing)
+    if options is None:
+        options = _EVENT_OPTIONS[timing] = _options().EventOptions(
+            timing_enabled=timing, blocking_sync=False, ipc_enabled=False)
+    return options
 
 
 def _would_block(what: str, instead: str) -> WouldBlockError:
@@ -42,13 +62,21 @@ class Event:
     calling thread (refused on the trio thread while the event is pending).
 
     Events come from :meth:`Stream.record`; they cannot be constructed directly.
+
+    As a fence of uni's access queue: :meth:`done`, :meth:`wait`, :meth:`add_done_callback`.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_cu", "_device")
+    __slots__ = ("__weakref__", "_closed", "_cu", "_device", "_error", "_finished", "label")
 
     _cu: Any
     _device: int
     _closed: bool
+    _finished: bool
+    _error: CudaError | None
+    label: str
+
+    #: A stream can wait for it on the device (``cuStreamWaitEvent``): see uni.cuda._fences.
+    is_device_fence = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("uni.cuda.Event objects come from uni.cuda.Stream.record(); "
@@ -60,6 +88,9 @@ class Event:
         self._cu = cu_event
         self._device = device
         self._closed = False
+        self._finished = False
+        self._error = None
+        self.label = f"a CUDA event on cuda:{device}"
         return self
 
     @property
@@ -83,6 +114,73 @@ class Event:
         use_device(self._device)
         with cuda_call("cuEventQuery"):
             return bool(cu.is_done)
+
+    # -- the access queue's Fence protocol -------------------------------------------------
+    def done(self) -> bool:
+        """True once the event completed (never goes back). Never raises, never blocks.
+
+        A query that fails (a sticky device error) counts as done, so that nothing waits for
+        it forever; :attr:`error` keeps the failure and :meth:`wait` raises it. A closed
+        event counts as done (its owner decided it is over).
+        """
+        if self._finished:
+            return True
+        if self._closed:
+            self._finished = True
+            return True
+        try:
+            finished = self.is_done
+        except CudaError as err:
+            self._error = err
+            finished = True
+        except Exception as exc:  # pragma: no cover - a driver gone mid-run
+            self._error = CudaError(f"cuEventQuery: {exc}", call="cuEventQuery")
+            finished = True
+        if finished:
+            self._finished = True
+        return finished
+
+    @property
+    def error(self) -> CudaError | None:
+        """The CudaError asking this event raised, if any (the device work then failed)."""
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block this thread until done; False when ``timeout`` seconds passed first.
+
+        Raises WouldBlockError on the trio thread while the event is pending, and the
+        CudaError of a failed query.
+        """
+        if not self.done():
+            if trio.lowlevel.in_trio_run():
+                raise _would_block("waiting for a CUDA event", "`await event`")
+            if timeout is None:
+                try:
+                    self.synchronize()
+                except CudaError as err:
+                    self._error = err
+                self._finished = True
+            else:
+                deadline = time.monotonic() + max(timeout, 0.0)
+                delay = 20e-6
+                while not self.done():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    time.sleep(min(delay, left))
+                    delay = min(delay * 2, 1e-3)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the event is done: at once in this thread if it already is,
+        else from the process's poll thread (quick functions only; exceptions are
+        reported and swallowed)."""
+        if self.done():
+            fn()
+            return
+        thread_poller().add(_DoneSource(self), fn)
 
     def synchronize(self) -> None:
         """Block this thread until the event completes (WouldBlockError on the trio thread)."""
@@ -122,6 +220,19 @@ class Event:
         return f"uni.cuda.Event(device={self._device}, {state})"
 
 
+class _DoneSource:
+    """An event seen by the poll thread: ``is_done`` through :meth:`Event.done` (never raises)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+
+    @property
+    def is_done(self) -> bool:
+        return self.event.done()
+
+
 class Stream:
     """A non-blocking CUDA stream on ``device`` (an index).
 
@@ -131,7 +242,7 @@ class Stream:
     manager. ``__cuda_stream__`` lets cuda.core, CuPy and others take it as a stream.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_cu", "_device", "_is_default")
+    __slots__ = ("__weakref__", "_borrowed", "_closed", "_cu", "_device", "_is_default")
 
     def __init__(self, device: int = 0) -> None:
         index = require(check_device(device), what="uni.cuda.Stream")
@@ -143,6 +254,32 @@ class Stream:
         self._device = index
         self._closed = False
         self._is_default = False
+        self._borrowed = False
+
+    @classmethod
+    def borrow(cls, handle: int, device: int = 0) -> Stream:
+        """A uni view of a stream someone else owns (a DLPack consumer's, CuPy's, PyTorch's):
+        ``handle`` is its ``CUstream`` as an int (1: the legacy default stream, 2: the
+        per-thread one). uni never destroys it (``close()`` only forgets it)."""
+        if isinstance(handle, bool) or not isinstance(handle, int) or handle <= 0:
+            raise TypeError(f"expected a CUstream handle as an int > 0, got {handle!r}")
+        index = require(check_device(device), what="uni.cuda.Stream.borrow")
+        use_device(index)
+        core = _options()
+        with cuda_call("Stream.from_handle"):
+            if handle == 1:
+                cu = core.LEGACY_DEFAULT_STREAM
+            elif handle == 2:
+                cu = core.PER_THREAD_DEFAULT_STREAM
+            else:
+                cu = core.Stream.from_handle(handle)
+        self = object.__new__(cls)
+        self._cu = cu
+        self._device = index
+        self._closed = False
+        self._is_default = False
+        self._borrowed = True
+        return self
 
     @property
     def device(self) -> int:
@@ -174,10 +311,8 @@ class Stream:
         """A new event marking the work queued on this stream so far."""
         cu = self._live("cuEventRecord")
         use_device(self._device)
-        core = _options()
         with cuda_call("cuEventRecord"):
-            event = cu.record(options=core.EventOptions(
-                timing_enabled=bool(timing), blocking_sync=False, ipc_enabled=False))
+            event = cu.record(options=_event_options(bool(timing)))
         return Event._wrap(event, self._device)
 
     def wait(self, event: Event | Stream) -> None:
@@ -228,6 +363,8 @@ class Stream:
         if self._closed or self._is_default:
             return
         self._closed = True
+        if self._borrowed:
+            return  # not ours to destroy
         use_device(self._device)
         with cuda_call("cuStreamDestroy"):
             self._cu.close()
