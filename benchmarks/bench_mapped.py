@@ -100,8 +100,14 @@ def bench_stream(directory: str, mib: int, blocks: int, repeats: int) -> list[di
         return bool(np.array_equal(on_disk_y, values[-1]) and np.array_equal(on_disk_z, values[-1]))
 
     size = f"{values.nbytes >> 20} MiB in {blocks} blocks"
-    read = _alternate(read_uni, read_numpy, repeats, read_ok, "read")
-    write = _alternate(write_uni, write_numpy, repeats, written_ok, "write")
+    try:
+        read = _alternate(read_uni, read_numpy, repeats, read_ok, "read")
+        write = _alternate(write_uni, write_numpy, repeats, written_ok, "write")
+    finally:
+        for t in (x, y):
+            close = getattr(t.storage, "close", None)  # storages that hold files close them
+            if close is not None:
+                close()
     return [
         result(f"mapped read {size}, read leases", read[0], "numpy.memmap slices", read[1],
                nbytes=values.nbytes, notes="page-cached file"),

@@ -10,6 +10,7 @@ import pytest
 import uni
 from uni import _demo
 from uni._pipeline import CORRUPT_ENV
+from uni.cli import main
 
 SMALL = ["demo", "--size", "2MiB", "--blocks", "4"]
 
@@ -28,7 +29,7 @@ def test_parse_size_units_and_errors() -> None:
 
 
 def test_small_demo_runs_checks_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
-    assert uni.cli.main(SMALL) == 0
+    assert main(SMALL) == 0
     out = capsys.readouterr().out
     for expected in ("bytes moved", "wall time", "throughput", "overlap ratio", "serial",
                      "overlapped", "uni.gemm_async(staging[slot], w, acc[slot])",
@@ -53,7 +54,7 @@ def test_measurement_moves_the_bytes_it_reports(tmp_path: pathlib.Path) -> None:
 def test_a_corrupted_block_makes_the_demo_exit_1(monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(CORRUPT_ENV, "0")  # block 0 is always in the checked sample
-    assert uni.cli.main(SMALL) == 1
+    assert main(SMALL) == 1
     out = capsys.readouterr().out
     assert "WRONG: the overlapped run's output differs from numpy in block(s) 0" in out
 
@@ -61,14 +62,14 @@ def test_a_corrupted_block_makes_the_demo_exit_1(monkeypatch: pytest.MonkeyPatch
 def test_corrupt_hook_outside_the_blocks_is_refused(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(CORRUPT_ENV, "9")
-    assert uni.cli.main(SMALL) == 2
+    assert main(SMALL) == 2
     assert "must name a block in 0..3, got 9" in capsys.readouterr().err
 
 
 def test_timeline_png_is_written(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     path = tmp_path / "timeline.png"
-    assert uni.cli.main([*SMALL, "--timeline", str(path)]) == 0
+    assert main([*SMALL, "--timeline", str(path)]) == 0
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
     assert f"timeline written to {path}" in capsys.readouterr().out
@@ -79,7 +80,7 @@ def test_timeline_without_matplotlib_says_what_to_install(
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail on purpose
     path = tmp_path / "timeline.png"
-    assert uni.cli.main([*SMALL, "--timeline", str(path)]) == 2
+    assert main([*SMALL, "--timeline", str(path)]) == 2
     err = capsys.readouterr().err
     assert "--timeline needs matplotlib" in err and "pip install 'uni[bench]'" in err
     assert not path.exists()
@@ -87,7 +88,7 @@ def test_timeline_without_matplotlib_says_what_to_install(
 
 @pytest.mark.skipif(uni.cuda.is_available(), reason="CUDA is usable here")
 def test_device_cuda_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
-    assert uni.cli.main(["demo", "--device", "cuda"]) == 2
+    assert main(["demo", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     reason = uni.cuda.unavailable_reason()
     assert reason is not None and reason in err and "--device host" in err
@@ -101,7 +102,7 @@ def test_auto_device_runs_on_the_host_without_cuda_stages() -> None:
 
 
 def test_too_small_a_size_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert uni.cli.main(["demo", "--size", "1k", "--blocks", "4"]) == 2
+    assert main(["demo", "--size", "1k", "--blocks", "4"]) == 2
     assert "too small for 4 blocks" in capsys.readouterr().err
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -13,13 +14,23 @@ import trio
 import uni
 from uni import _pipeline as p
 
+_opened: list[p.HostStages] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_files() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
 
 def _stages(tmp_path: pathlib.Path, shape: p.StreamShape, seed: int = 0,
             name: str = "y.bin", **kwargs: Any) -> tuple[p.HostStages, p.Problem]:
     problem = p.Problem.make(shape, seed)
     log = p.SpanLog()
     x, y, _ = p.open_files(str(tmp_path), problem, log, output_name=name)
-    return p.HostStages(shape, problem, x, y, log, **kwargs), problem
+    _opened.append(p.HostStages(shape, problem, x, y, log, **kwargs))
+    return _opened[-1], problem
 
 
 def _by(spans: tuple[p.Span, ...]) -> dict[tuple[int, str], list[p.Span]]:

@@ -155,22 +155,29 @@ def measure(shape: StreamShape, seed: int, directory: str, *, device: str = "hos
     log = SpanLog()
     factory = STAGE_FACTORIES[device]
 
+    opened: list[Stages] = []
+
     def stages_for(output: str, on_input: Callable[[int], None] = lambda i: None) -> Stages:
         x, y, _ = open_files(directory, problem, log, output_name=output, on_block=on_input)
-        return factory(shape, problem, x, y, log, corrupt_block=corrupt_block)
+        opened.append(factory(shape, problem, x, y, log, corrupt_block=corrupt_block))
+        return opened[-1]
 
-    warm = stages_for("warm-up.bin", phase("writing the input file", shape.blocks))
     runs: dict[str, RunResult] = {}
 
     async def main() -> None:
         # Untimed: the first calls start BLAS's threads and fill the walk's caches.
+        warm = stages_for("warm-up.bin", phase("writing the input file", shape.blocks))
         await run_pipeline(warm, min(2, shape.blocks), overlapped=True)
         for name, overlapped in (("serial", False), ("overlapped", True)):
             stages = stages_for(f"y-{name}.bin")
             runs[name] = await run_pipeline(stages, shape.blocks, overlapped=overlapped,
                                             on_block=phase(f"{name} run", shape.blocks))
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    finally:
+        for stages in opened:
+            stages.close()
     sample = sample_blocks(shape.blocks, seed)
     checks = {name: check_output(problem, os.path.join(directory, f"y-{name}.bin"), sample)
               for name in runs}

@@ -268,6 +268,10 @@ class Stages(Protocol):
         """The walks each step made since ``reset_records``, by step name."""
         ...
 
+    def close(self) -> None:
+        """Close what the stages opened (idempotent)."""
+        ...
+
 
 class HostStages:
     """Staging and accumulators in host memory; every stage runs on uni's worker threads."""
@@ -324,6 +328,13 @@ class HostStages:
 
     def reset_records(self) -> None:
         self._sinks = []
+
+    def close(self) -> None:
+        """Close the files (a storage without ``close`` needs none); idempotent."""
+        for storage in (self.x.storage, self.y.storage):
+            close = getattr(storage, "close", None)
+            if close is not None:
+                close()
 
     def walks(self) -> dict[str, list[DispatchRecord]]:
         out: dict[str, list[DispatchRecord]] = {name: [] for name, _ in STEPS}
