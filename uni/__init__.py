@@ -47,8 +47,10 @@ from uni._errors import LeaseConflictError as LeaseConflictError
 from uni._errors import LeaseError as LeaseError
 from uni._errors import LeaseReleasedError as LeaseReleasedError
 from uni._errors import LeaseTimeoutError as LeaseTimeoutError
+from uni._errors import PerformanceWarning as PerformanceWarning
 from uni._errors import PoisonedError as PoisonedError
 from uni._errors import ShapeError as ShapeError
+from uni._errors import StorageError as StorageError
 from uni._errors import UniError as UniError
 from uni._errors import WouldBlockError as WouldBlockError
 from uni._extents import Extents as Extents
@@ -116,12 +118,14 @@ __all__ = [
     "MdSpec",
     "OpFuture",
     "PendingAcquisition",
+    "PerformanceWarning",
     "PoisonedError",
     "Probe",
     "ReadMdspanLease",
     "ReadTensorLease",
     "ScaledAccessor",
     "ShapeError",
+    "StorageError",
     "Tensor",
     "TransformAccessor",
     "UniError",

@@ -49,6 +49,11 @@ class PoisonedError(LeaseError):
     """The data was left half-written by a failed writer; ``__cause__`` is that failure."""
 
 
+class StorageError(UniError, ValueError):
+    """A storage cannot be opened or used as asked: a bad mode, a file in use or left
+    mid-commit where it cannot be rolled back, a journal that cannot be written."""
+
+
 class KernelDispatchError(UniError, LookupError):
     """Every backend in the walk declined the operation."""
 
@@ -62,6 +67,10 @@ class CudaError(UniError, RuntimeError):
     """A CUDA driver, runtime, NVRTC or cuBLAS call failed."""
 
 
+class PerformanceWarning(UserWarning):
+    """A slow path was taken; the message says why and what to change."""
+
+
 __all__ = [
     "CudaError",
     "DTypeError",
@@ -72,8 +81,10 @@ __all__ = [
     "LeaseError",
     "LeaseReleasedError",
     "LeaseTimeoutError",
+    "PerformanceWarning",
     "PoisonedError",
     "ShapeError",
+    "StorageError",
     "UniError",
     "WouldBlockError",
 ]

@@ -1,0 +1,386 @@
+"""Tests for the per-file state behind MappedFileStorage: the crash matrix, journals left by
+dead processes, byte-range locks between real processes, failed commits, fork."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import uni
+from uni.storage import MappedFileStorage, _journal
+
+HERE = pathlib.Path(__file__).resolve().parent
+COMMIT_STEPS = ["journal-partial", "journal-written", "journal-synced", "data-partial",
+                "data-written", "data-synced", "journal-cleared"]
+#: Steps after which the commit is complete (the new contents must survive the crash).
+DONE = {"journal-cleared", "none"}
+
+
+def jdir_of(path: pathlib.Path) -> pathlib.Path:
+    return path.parent / f".{path.name}.uni-journal"
+
+
+def run_script(source: str, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args],
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def gone(storage_holders: list[Any]) -> None:
+    """Drop the last references to storages so their file state (and journal) goes."""
+    storage_holders.clear()
+    gc.collect()
+
+
+# -- the crash matrix ---------------------------------------------------------------------
+CRASH_SHAPE = (8, 1024)   # rows of 8 KiB: a file of blocks with data and blocks of holes
+CRASH_OFFSET = 24         # a header: rows do not start on block boundaries
+
+
+def _initial_file(path: pathlib.Path) -> np.ndarray[Any, Any]:
+    n = CRASH_SHAPE[0] * CRASH_SHAPE[1]
+    storage = MappedFileStorage(path, np.float64, n, offset=CRASH_OFFSET, mode="w+")
+    t = uni.Tensor.from_storage(storage, uni.layout_right(CRASH_SHAPE))
+    model = np.zeros(CRASH_SHAPE)
+    for rows in (slice(0, 3), slice(6, 7)):  # rows 3-5 and 7 stay holes (never written)
+        values = np.random.default_rng(rows.start).standard_normal(t[rows].shape)
+        with uni.acquire_host_write_access_sync(t[rows], overwrite=True) as lease:
+            np.asarray(lease.mdspan())[...] = values
+        model[rows] = values
+    storage.close()
+    del storage, t, lease
+    gc.collect()
+    return model
+
+
+def _trials(rng: np.random.Generator) -> list[dict[str, Any]]:
+    trials: list[dict[str, Any]] = []
+    for _ in range(2):
+        for crash in [*COMMIT_STEPS, "none"]:
+            for how in ("kill", "99"):
+                r0 = int(rng.integers(0, 8))
+                r1 = int(rng.integers(r0 + 1, 9))
+                trials.append({"crash": f"{crash}:{how}", "seed": int(rng.integers(1 << 30)),
+                               "view": [[r0, r1], int(rng.choice([1, 1, 2, -1]))],
+                               "overwrite": bool(rng.integers(2))})
+    for crash in ("data-partial", "data-synced"):  # a second crash, in the middle of rollback
+        for recovery in ("rollback-partial:kill", "rollback-synced:99"):
+            trials.append({"crash": f"{crash}:kill", "recovery_crash": recovery,
+                           "seed": int(rng.integers(1 << 30)), "view": [[2, 7], 1],
+                           "overwrite": True})
+    return trials
+
+
+def test_crash_at_every_step_of_a_commit_leaves_old_or_new(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / "matrix.f64"
+    model = _initial_file(path)
+    trials = _trials(np.random.default_rng(2024))
+    config = tmp_path / "trials.json"
+    config.write_text(json.dumps({"path": str(path), "offset": CRASH_OFFSET,
+                                  "shape": list(CRASH_SHAPE), "trials": trials}))
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "mapped_crash_driver.py"), str(config)],
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(results) == len(trials), proc.stderr
+    kinds = set()
+    for number, (trial, got) in enumerate(zip(trials, results, strict=True)):
+        step, how = trial["crash"].split(":")
+        what = f"trial {number}: {trial}"
+        if step == "none":
+            assert got["status"] == 0, what
+        elif how == "kill":
+            assert os.WIFSIGNALED(got["status"]) and os.WTERMSIG(got["status"]) == 9, what
+        else:
+            assert os.WIFEXITED(got["status"]) and os.WEXITSTATUS(got["status"]) == 99, what
+        if "recovery_crash" in trial:
+            assert got["recovery_status"] != 0 and got["journal_dir_before"], what
+        (r0, r1), col_step = trial["view"]
+        view = model[r0:r1, ::col_step]
+        if step in DONE:
+            view[...] = np.random.default_rng(trial["seed"]).standard_normal(view.shape)
+            kinds.add("new")
+        else:
+            kinds.add("old")
+        want = hashlib.sha256(model.tobytes()).hexdigest()
+        assert got["after"] == want, f"{what}: neither exactly old nor exactly new"
+        assert got["memmap"] == want, f"{what}: an open np.memmap does not see the file"
+        assert got["left"] == [], f"{what}: left behind {got['left']}"
+    assert kinds == {"old", "new"}
+    on_disk = np.fromfile(path, dtype=np.float64, offset=CRASH_OFFSET).reshape(CRASH_SHAPE)
+    np.testing.assert_array_equal(on_disk, model)
+    assert path.read_bytes()[:CRASH_OFFSET] == bytes(CRASH_OFFSET)
+
+
+# -- journals of dead processes --------------------------------------------------------------
+_TORN_WRITER = """
+    import sys
+    import numpy as np
+    import uni
+    from uni.storage import MappedFileStorage
+
+    t = uni.Tensor.from_storage(MappedFileStorage(sys.argv[1], np.float64, 64),
+                                uni.layout_right((8, 8)))
+    with uni.acquire_host_write_access_sync(t[int(sys.argv[2]) : int(sys.argv[3])]) as lease:
+        np.asarray(lease.mdspan())[...] = float(sys.argv[4])
+    print("survived")
+"""
+
+
+def _rows_file(path: pathlib.Path) -> np.ndarray[Any, Any]:
+    values = np.arange(64, dtype=np.float64).reshape(8, 8)
+    values.tofile(path)
+    return values
+
+
+def test_a_commit_rolls_back_a_dead_process_journal_in_its_way_first(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "rows.f64"
+    expected = _rows_file(path)
+    # Opened before the other process crashes: no open comes after the crash to recover it.
+    t = uni.Tensor.from_storage(MappedFileStorage(path, np.float64, 64), uni.layout_right((8, 8)))
+    proc = run_script(_TORN_WRITER, str(path), "0", "4", "-1",
+                      env={"UNI_TEST_CRASH_AT": "data-partial:kill"})
+    assert proc.returncode == -9, proc.stderr
+    torn = np.fromfile(path).reshape(8, 8)
+    assert (torn[0:2] == -1).all() and (torn[2:4] == expected[2:4]).all()  # half-written
+    with uni.acquire_host_write_access_sync(t[1:3]) as lease:
+        # Our lease saw the torn bytes (nobody recovered yet); what we commit is ours alone.
+        np.asarray(lease.mdspan())[...] = 5.0
+    expected[1:3] = 5.0
+    np.testing.assert_array_equal(np.fromfile(path).reshape(8, 8), expected)
+    assert [p.name.split("-")[0] for p in jdir_of(path).iterdir()] == [str(os.getpid())]
+    # A later open by anybody finds nothing to roll back over our commit.
+    other = run_script("""
+        import sys, numpy as np
+        from uni.storage import MappedFileStorage
+        MappedFileStorage(sys.argv[1], np.float64, 64)
+    """, str(path))
+    assert other.returncode == 0, other.stderr
+    np.testing.assert_array_equal(np.fromfile(path).reshape(8, 8), expected)
+
+
+def test_a_read_only_open_rolls_back_when_it_may_write_the_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "rows.f64"
+    expected = _rows_file(path)
+    proc = run_script(_TORN_WRITER, str(path), "2", "8", "7",
+                      env={"UNI_TEST_CRASH_AT": "data-written:kill"})
+    assert proc.returncode == -9, proc.stderr
+    assert not np.array_equal(np.fromfile(path).reshape(8, 8), expected)
+    storage = MappedFileStorage(path, np.float64, 64, mode="r")
+    np.testing.assert_array_equal(np.fromfile(path).reshape(8, 8), expected)
+    assert storage.readonly and not jdir_of(path).exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write a read-only file anyway")
+def test_a_read_only_file_left_mid_commit_is_refused(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "rows.f64"
+    _rows_file(path)
+    proc = run_script(_TORN_WRITER, str(path), "2", "8", "7",
+                      env={"UNI_TEST_CRASH_AT": "data-written:kill"})
+    assert proc.returncode == -9, proc.stderr
+    os.chmod(path, 0o444)
+    with pytest.raises(uni.StorageError, match="left mid-commit"):
+        MappedFileStorage(path, np.float64, 64, mode="r")
+
+
+# -- two processes, one file -------------------------------------------------------------------
+_PAUSED_WRITER = """
+    import sys
+    import numpy as np
+    import uni
+    from uni.storage import MappedFileStorage
+
+    t = uni.Tensor.from_storage(MappedFileStorage(sys.argv[1], np.float64, 64),
+                                uni.layout_right((8, 8)))
+    with uni.acquire_host_write_access_sync(t[0:4]) as lease:
+        np.asarray(lease.mdspan())[...] = 1.0
+"""
+
+_SECOND_WRITER = """
+    import pathlib
+    import sys
+    import numpy as np
+    import uni
+    from uni.storage import MappedFileStorage
+
+    marks = pathlib.Path(sys.argv[2])
+    t = uni.Tensor.from_storage(MappedFileStorage(sys.argv[1], np.float64, 64),
+                                uni.layout_right((8, 8)))
+    (marks / "opened").touch()
+    with uni.acquire_host_write_access_sync(t[6]) as lease:   # disjoint bytes: no wait
+        np.asarray(lease.mdspan())[...] = 3.0
+    (marks / "disjoint-done").touch()
+    with uni.acquire_host_write_access_sync(t[2:6]) as lease:  # overlaps the paused commit
+        np.asarray(lease.mdspan())[...] = 2.0
+    (marks / "overlap-done").touch()
+"""
+
+
+def _wait_for(predicate: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_two_processes_committing_overlapping_bytes_do_not_interleave(
+    tmp_path: pathlib.Path,
+) -> None:
+    path = tmp_path / "rows.f64"
+    expected = _rows_file(path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    code = [textwrap.dedent(_PAUSED_WRITER), str(path)]
+    first = subprocess.Popen([sys.executable, "-c", *code], env={
+        **os.environ, "UNI_TEST_PAUSE_AT": f"data-partial:{marks}"}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    second = None
+    try:
+        _wait_for(lambda: any(p.name.startswith("paused-") for p in marks.iterdir()),
+                  "the first writer to stop in the middle of its commit")
+        torn = np.fromfile(path).reshape(8, 8)
+        assert (torn[0:2] == 1.0).all() and (torn[2:4] == expected[2:4]).all()
+        second = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_SECOND_WRITER),
+                                   str(path), str(marks)], text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _wait_for(lambda: (marks / "disjoint-done").exists(), "the disjoint commit")
+        # Opening did not roll back the live commit, and the overlapping one waits for it.
+        time.sleep(0.5)
+        assert not (marks / "overlap-done").exists()
+        assert (np.fromfile(path).reshape(8, 8)[0:2] == 1.0).all()
+        (marks / "go").touch()
+        assert first.wait(60) == 0, first.communicate()[1]
+        assert second.wait(60) == 0, second.communicate()[1]
+    finally:
+        (marks / "go").touch()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc is not None:
+                proc.communicate()
+    expected[0:4] = 1.0
+    expected[2:6] = 2.0   # committed after the first writer's, in full
+    expected[6] = 3.0
+    np.testing.assert_array_equal(np.fromfile(path).reshape(8, 8), expected)
+    assert not jdir_of(path).exists()  # both exited cleanly: no journal left
+
+
+def test_a_forked_child_commits_under_its_own_journal_and_locks(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "forked.i64"
+    proc = run_script("""
+        import json, os, sys
+        import numpy as np
+        import uni
+        from uni.storage import MappedFileStorage
+
+        path = sys.argv[1]
+        jdir = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".uni-journal")
+        t = uni.Tensor.from_storage(MappedFileStorage(path, np.int64, 16, mode="w+"),
+                                    uni.layout_right((16,)))
+        def put(i, v):
+            with uni.acquire_host_write_access_sync(t[i]) as lease:
+                np.asarray(lease.mdspan())[...] = v
+        put(0, 1)
+        parent = sorted(os.listdir(jdir))
+        pid = os.fork()
+        if pid == 0:
+            put(1, 2)
+            os._exit(0)   # no clean-up: the child's journal stays behind, its owner dead
+        os.waitpid(pid, 0)
+        both = sorted(os.listdir(jdir))
+        put(2, 3)         # finds the dead child's journal and clears it away first
+        print(json.dumps({"parent": parent, "both": both, "after": sorted(os.listdir(jdir))}))
+    """, str(path), env={"OPENBLAS_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert len(seen["parent"]) == 1 and len(seen["both"]) == 2
+    assert seen["after"] == seen["parent"]
+    np.testing.assert_array_equal(np.fromfile(path, np.int64)[:4], [1, 2, 3, 0])
+    assert not jdir_of(path).exists()
+
+
+# -- commits that fail in this process ----------------------------------------------------------
+class _FailingDataWrites:
+    """Make writes to the data file fail with ENOSPC after half their bytes (on purpose)."""
+
+    def __init__(self, storage: MappedFileStorage, times: int) -> None:
+        self.storage, self.left, self.first = storage, times, True
+        self.real = _journal.write_all
+
+    def __call__(self, fd: int, data: Any, offset: int) -> None:
+        state = self.storage._state
+        if self.left and state is not None and fd == state.files.data_fd:
+            self.left -= 1
+            if self.first:  # the commit's write stops halfway; a retry writes nothing
+                view = memoryview(data).cast("B")
+                self.real(fd, view[: len(view) // 2], offset)
+                self.first = False
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        self.real(fd, data, offset)
+
+
+def test_a_commit_that_fails_halfway_puts_the_old_bytes_back(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "rows.f64"
+    expected = _rows_file(path)
+    storage = MappedFileStorage(path, np.float64, 64)
+    t = uni.Tensor.from_storage(storage, uni.layout_right((8, 8)))
+    before = path.read_bytes()
+    monkeypatch.setattr(_journal, "write_all", _FailingDataWrites(storage, times=1))
+    with pytest.raises(OSError, match="injected"):
+        with uni.acquire_host_write_access_sync(t[2:6]) as lease:
+            np.asarray(lease.mdspan())[...] = -1.0
+    assert path.read_bytes() == before
+    (journal,) = jdir_of(path).iterdir()
+    assert _journal.decode(journal.read_bytes()) is None  # cleared: nothing to roll back
+    with pytest.raises(uni.PoisonedError, match="injected"):
+        uni.acquire_host_read_access_sync(t[3])
+    with uni.acquire_host_write_access_sync(t[2:6], overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = 4.0
+    expected[2:6] = 4.0
+    np.testing.assert_array_equal(np.fromfile(path).reshape(8, 8), expected)
+
+
+def test_a_commit_whose_undo_fails_keeps_its_journal_for_the_next_open(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "rows.f64"
+    expected = _rows_file(path)
+    storage = MappedFileStorage(path, np.float64, 64)
+    t = uni.Tensor.from_storage(storage, uni.layout_right((8, 8)))
+    monkeypatch.setattr(_journal, "write_all", _FailingDataWrites(storage, times=2))
+    with pytest.raises(uni.StorageError, match="journal is kept"):
+        with uni.acquire_host_write_access_sync(t[1:7]) as lease:
+            np.asarray(lease.mdspan())[...] = -1.0
+    monkeypatch.undo()
+    assert not np.array_equal(np.fromfile(path).reshape(8, 8), expected)  # torn, for now
+    (journal,) = jdir_of(path).iterdir()
+    assert _journal.decode(journal.read_bytes()) is not None
+    storage.close()
+    holders: list[Any] = [t, lease]
+    del t, lease, storage
+    gone(holders)
+    assert journal.exists()  # the process let go of the file, the journal stayed
+    MappedFileStorage(path, np.float64, 64)  # the next open rolls it back
+    np.testing.assert_array_equal(np.fromfile(path).reshape(8, 8), expected)
+    assert not jdir_of(path).exists()
