@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from uni import _timeline, cuda
+from uni import _machine, _timeline, cuda
 from uni._errors import ShapeError
 from uni._pipeline import (
     CORRUPT_ENV,
@@ -122,6 +122,10 @@ class Measurement:
     serial: RunResult
     overlapped: RunResult
     checks: dict[str, list[BlockCheck]]
+    #: The 1-minute load average before the runs (None where the OS has none), and the cores
+    #: this process may use: how much else competed for the machine.
+    load_average: float | None = None
+    cores: int = 1
 
     @property
     def bytes_moved(self) -> int:
@@ -151,6 +155,8 @@ def measure(shape: StreamShape, seed: int, directory: str, *, device: str = "hos
     def phase(description: str, total: int) -> Callable[[int], None]:
         return progress(description, total) if progress is not None else (lambda i: None)
 
+    # Before this process adds its own: how busy the machine already is.
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     problem = Problem.make(shape, seed)
     log = SpanLog()
     factory = STAGE_FACTORIES[device]
@@ -181,7 +187,8 @@ def measure(shape: StreamShape, seed: int, directory: str, *, device: str = "hos
     sample = sample_blocks(shape.blocks, seed)
     checks = {name: check_output(problem, os.path.join(directory, f"y-{name}.bin"), sample)
               for name in runs}
-    return Measurement(shape, device, runs["serial"], runs["overlapped"], checks)
+    return Measurement(shape, device, runs["serial"], runs["overlapped"], checks, load,
+                       _machine.cores()["usable"])
 
 
 # -- presentation ------------------------------------------------------------------------------
@@ -228,6 +235,10 @@ def report(console: Console, m: Measurement) -> None:
     bound = m.serial.wall_s / max(stage_time(m.serial, slowest), 1e-9)
     console.print(f"the slowest stage ({slowest}) bounds the overlap at about {bound:.2f}x of "
                   "the serial run; stages overlap only as far as the cores and the disk allow")
+    if m.load_average is not None and m.load_average > 0.5 * m.cores:
+        console.print(f"note: the load average was {m.load_average:.1f} on {m.cores} cores: "
+                      "other processes competed for them; rerun on a quiet machine for "
+                      "representative figures")
 
     stages = Table(title="which backend ran each stage (uni.dispatch_diagnostics)",
                    title_justify="left")
@@ -272,7 +283,7 @@ def run(options: DemoOptions) -> int:
     """Run the demo; the exit status (0 ok, 1 wrong or failed, 2 cannot run here)."""
     console = Console(highlight=False)
     if not console.is_terminal:
-        console.width = max(console.width, 150)  # a log or a pipe: no terminal to fit
+        console.width = max(console.width, 100)  # a log or a pipe: no terminal to fit
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         device = resolve_device(options.device)
@@ -295,12 +306,13 @@ def run(options: DemoOptions) -> int:
                          markup=False)
             return 2
         cuda_note = "" if device == "cuda" else f" (CUDA: {cuda.unavailable_reason() or 'usable'})"
+        console.print(f"uni demo: y = square(x @ w + bias) on {device}{cuda_note}", markup=False)
         console.print(
-            f"uni demo on {device}{cuda_note}: y = square(x @ w + bias), x {shape.rows} x "
-            f"{shape.k} {shape.dtype.name} ({_mib(shape.input_bytes)}) in a mapped file, in "
-            f"{shape.blocks} blocks of {shape.block_rows} rows; w {shape.k} x {shape.m}; "
-            f"files in {directory} (removed after)", markup=False,
+            f"x: {shape.rows} x {shape.k} {shape.dtype.name} ({_mib(shape.input_bytes)}) in a "
+            f"mapped file, {shape.blocks} blocks of {shape.block_rows} rows; w: {shape.k} x "
+            f"{shape.m}", markup=False,
         )
+        console.print(f"files: {directory} (removed after)", markup=False)
         try:
             with _progress(console) as phase:
                 m = measure(shape, options.seed, directory, device=device,

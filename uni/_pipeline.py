@@ -54,6 +54,8 @@ from uni.storage.mapped import MappedFileStorage
 #: (for the test that proves ``uni demo`` notices a wrong answer).
 CORRUPT_ENV = "UNI_TEST_DEMO_CORRUPT_BLOCK"
 
+#: Staging and accumulator slots: block i uses slot i % SLOTS.
+SLOTS = 2
 #: The stages of one block, in order; ``compute`` is the gemm and both transforms.
 STAGES = ("read", "compute", "write")
 #: The operations of one block, in order, and the stage each belongs to.
@@ -288,10 +290,11 @@ class HostStages:
         self.corrupt_block = corrupt_block
         self.w = from_numpy(problem.w)
         self.bias = from_numpy(problem.bias)
-        self.staging = Tensor.from_storage(_LoggedHostStorage(2 * b * shape.k, shape.dtype, log),
-                                           layout_right((2, b, shape.k)))
-        self.acc = Tensor.from_storage(_LoggedHostStorage(2 * b * shape.m, shape.dtype, log),
-                                       layout_right((2, b, shape.m)))
+        # Two slots each (double buffering): block i uses slot i % SLOTS.
+        self.staging = Tensor.from_storage(_LoggedHostStorage(SLOTS * b * shape.k, shape.dtype, log),
+                                           layout_right((SLOTS, b, shape.k)))
+        self.acc = Tensor.from_storage(_LoggedHostStorage(SLOTS * b * shape.m, shape.dtype, log),
+                                       layout_right((SLOTS, b, shape.m)))
         self._sinks: list[tuple[str, list[DispatchRecord]]] = []
 
     def _issue(self, step: str, i: int, out: Tensor, call: Callable[[], OpFuture]) -> OpFuture:
@@ -304,10 +307,9 @@ class HostStages:
         return future
 
     def steps(self, i: int) -> list[tuple[str, Step]]:
-        s = i % 2
         rows = self.shape.block(i)
-        x, y, staging, acc, w, bias = self.x[rows], self.y[rows], self.staging[s], self.acc[s], \
-            self.w, self.bias
+        x, y, w, bias = self.x[rows], self.y[rows], self.w, self.bias
+        staging, acc = self.staging[i % SLOTS], self.acc[i % SLOTS]
         issue = self._issue
         steps: list[tuple[str, Step]] = [
             ("read", lambda: issue("read", i, staging, lambda: copy_async(x, staging))),
