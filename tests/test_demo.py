@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import pathlib
 import sys
 
+import attrs
 import pytest
+from rich.console import Console
 
 import uni
 from uni import _demo
-from uni._pipeline import CORRUPT_ENV
+from uni._pipeline import CORRUPT_ENV, StreamShape
 from uni.cli import main
 
 SMALL = ["demo", "--size", "2MiB", "--blocks", "4"]
@@ -40,8 +43,6 @@ def test_small_demo_runs_checks_and_reports(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_measurement_moves_the_bytes_it_reports(tmp_path: pathlib.Path) -> None:
-    from uni._pipeline import StreamShape
-
     shape = StreamShape(rows=64, k=16, m=8, blocks=4)
     m = _demo.measure(shape, 0, str(tmp_path))
     assert m.ok and m.bytes_moved == 64 * 16 * 8 + 64 * 8 * 8
@@ -109,3 +110,12 @@ def test_too_small_a_size_is_refused(capsys: pytest.CaptureFixture[str]) -> None
 def test_the_default_size_is_a_few_hundred_mib() -> None:
     options = _demo.DemoOptions()
     assert 128 << 20 <= options.size <= 512 << 20 and options.blocks >= 8
+
+
+def test_report_notes_a_busy_machine(tmp_path: pathlib.Path) -> None:
+    m = _demo.measure(StreamShape(rows=32, k=8, m=8, blocks=2), 0, str(tmp_path))
+    assert m.cores >= 1
+    for load, noted in ((10.0, True), (0.0, False)):
+        out = io.StringIO()
+        _demo.report(Console(file=out, width=120), attrs.evolve(m, load_average=load))
+        assert ("note: the load average was 10.0" in out.getvalue()) is noted
