@@ -60,11 +60,13 @@ def test_a_corrupted_block_makes_the_demo_exit_1(monkeypatch: pytest.MonkeyPatch
     assert "WRONG: the overlapped run's output differs from numpy in block(s) 0" in out
 
 
+@pytest.mark.parametrize("value", ["9", "-1", "first"])
 def test_corrupt_hook_outside_the_blocks_is_refused(monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv(CORRUPT_ENV, "9")
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    value: str) -> None:
+    monkeypatch.setenv(CORRUPT_ENV, value)
     assert main(SMALL) == 2
-    assert "must name a block in 0..3, got 9" in capsys.readouterr().err
+    assert f"must name a block in 0..3, got {value}" in capsys.readouterr().err
 
 
 def test_timeline_png_is_written(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

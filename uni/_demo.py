@@ -107,7 +107,7 @@ def _corrupt_block(blocks: int) -> int | None:
     value = os.environ.get(CORRUPT_ENV)
     if not value:
         return None
-    block = int(value)
+    block = int(value) if value.strip().isdigit() else -1
     if not 0 <= block < blocks:
         raise DemoRefused(f"{CORRUPT_ENV} must name a block in 0..{blocks - 1}, got {value}")
     return block
