@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 import uni
-from uni import _demo
+from uni import _demo, _machine
 from uni._pipeline import CORRUPT_ENV, StreamShape
 from uni.cli import main
 
@@ -121,3 +121,13 @@ def test_report_notes_a_busy_machine(tmp_path: pathlib.Path) -> None:
         out = io.StringIO()
         _demo.report(Console(file=out, width=120), attrs.evolve(m, load_average=load))
         assert ("note: the load average was 10.0" in out.getvalue()) is noted
+
+
+def test_blas_threads_apply_to_the_runs_and_are_restored(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = [lib["threads"] for lib in _machine.blas()]
+    assert main([*SMALL, "--blas-threads", "1"]) == 0
+    assert "1 thread per call" in capsys.readouterr().out
+    assert [lib["threads"] for lib in _machine.blas()] == before
+    assert main([*SMALL, "--blas-threads", "0"]) == 2
+    assert "--blas-threads must be at least 1, got 0" in capsys.readouterr().err

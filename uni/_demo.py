@@ -19,9 +19,10 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import attrs
+import threadpoolctl
 import trio
 from rich.console import Console
 from rich.markup import escape
@@ -78,6 +79,8 @@ class DemoOptions:
     device: str = "auto"
     seed: int = 0
     timeline: str | None = None
+    #: BLAS threads per call in both runs (None: as the library loaded, usually one per core).
+    blas_threads: int | None = None
 
 
 class DemoRefused(Exception):
@@ -275,6 +278,18 @@ def _progress(console: Console) -> Iterator[Callable[[str, int], Callable[[int],
         yield phase
 
 
+@contextmanager
+def _blas_threads(threads: int | None) -> Iterator[list[str]]:
+    """Limit BLAS to ``threads`` per call (both runs alike); yields the libraries as set."""
+    limits = (threadpoolctl.threadpool_limits(threads, user_api="blas") if threads is not None
+              else nullcontext())
+    with limits:
+        found = _machine.blas()
+        used = [b for b in found if b["used_by"] == "scipy"] or found  # uni's blas backend's
+        yield [f"{b['library']} {b['version']}, {b['threads']} "
+               f"thread{'' if b['threads'] == 1 else 's'} per call" for b in used]
+
+
 def _free_bytes(directory: str) -> int:
     return shutil.disk_usage(directory).free
 
@@ -294,6 +309,8 @@ def run(options: DemoOptions) -> int:
         except ShapeError as err:
             raise DemoRefused(str(err)) from None
         corrupt = _corrupt_block(shape.blocks)
+        if options.blas_threads is not None and options.blas_threads < 1:
+            raise DemoRefused(f"--blas-threads must be at least 1, got {options.blas_threads}")
     except DemoRefused as err:
         errors.print(f"uni demo: {err}", markup=False)
         return 2
@@ -314,7 +331,9 @@ def run(options: DemoOptions) -> int:
         )
         console.print(f"files: {directory} (removed after)", markup=False)
         try:
-            with _progress(console) as phase:
+            with _blas_threads(options.blas_threads) as libraries, _progress(console) as phase:
+                console.print("BLAS (the blas backend's): " + (", ".join(libraries) or "none found"),
+                              markup=False)
                 m = measure(shape, options.seed, directory, device=device,
                             corrupt_block=corrupt, progress=phase)
         except PipelineError as err:

@@ -27,6 +27,9 @@ def _demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     demo.add_argument("--device", default="auto", choices=("auto", "host", "cuda"),
                       help="where the stages run; auto is cuda when usable (default auto)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the generated input")
+    demo.add_argument("--blas-threads", type=int, metavar="N",
+                      help="BLAS threads per call in both runs (default: as loaded, one per "
+                           "core); 1 leaves the other cores to the overlapping stages")
     demo.add_argument("--timeline", metavar="FILE.png",
                       help="draw each block's read/compute/write spans (needs matplotlib)")
 
@@ -64,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return _demo.run(_demo.DemoOptions(size=args.size, blocks=args.blocks,
                                            device=args.device, seed=args.seed,
-                                           timeline=args.timeline))
+                                           timeline=args.timeline,
+                                           blas_threads=args.blas_threads))
     if args.command == "bench":
         only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
         return _bench.run(quick=args.quick, json_path=args.json, plot_path=args.plot,
