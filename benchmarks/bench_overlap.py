@@ -6,7 +6,8 @@ A float64 matrix (256 MiB in 32 blocks; ``--quick``: 32 MiB in 16) streams from 
 file through ``uni.copy_async`` (read), ``uni.gemm_async`` and two ``uni.transform_async``
 (compute) and ``uni.copy_async`` into a second mapped file (write); see ``uni/_pipeline.py``.
 The reference is the very same calls, each awaited before the next is issued: what the
-pipeline costs without overlap. Ratio = serial time / overlapped time, i.e. the overlap
+pipeline costs without overlap. Both run with ``uni demo``'s default BLAS threads per call
+(the usable cores but one). Ratio = serial time / overlapped time, i.e. the overlap
 ratio ``uni demo`` prints. Both runs' outputs are checked against numpy on sampled blocks.
 """
 
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _timing import print_table, result
 
 import uni
-from uni._demo import measure, stage_time
+from uni._demo import blas_threads, default_blas_threads, measure, stage_time
 from uni._pipeline import StreamShape
 
 
@@ -34,7 +35,9 @@ def run(quick: bool = False, *, repeats: int | None = None) -> list[dict[str, An
     mib, blocks = (32, 16) if quick else (256, 32)
     shape = StreamShape.for_size(mib << 20, blocks)
     serial, overlapped, bounds = [], [], []
-    with tempfile.TemporaryDirectory(prefix="uni-bench-overlap-") as directory:
+    threads = default_blas_threads()  # as uni demo runs it
+    with tempfile.TemporaryDirectory(prefix="uni-bench-overlap-") as directory, \
+            blas_threads(threads):
         for _ in range(repeats):
             m = measure(shape, 0, directory)  # one input file for every repeat
             if not m.ok:
@@ -47,7 +50,8 @@ def run(quick: bool = False, *, repeats: int | None = None) -> list[dict[str, An
                    statistics.median(overlapped), "the same pipeline, serial",
                    statistics.median(serial),
                    nbytes=shape.input_bytes + shape.output_bytes,
-                   notes=f"serial / slowest stage {statistics.median(bounds):.2f}x")]
+                   notes=f"serial / slowest stage {statistics.median(bounds):.2f}x; "
+                         f"{threads} BLAS thread(s) per call")]
 
 
 def main() -> None:

@@ -131,3 +131,14 @@ def test_blas_threads_apply_to_the_runs_and_are_restored(
     assert [lib["threads"] for lib in _machine.blas()] == before
     assert main([*SMALL, "--blas-threads", "0"]) == 2
     assert "--blas-threads must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_the_default_leaves_one_core_to_the_overlapping_stages(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cores = _machine.cores()["usable"]
+    assert main(SMALL) == 0
+    threads = max(1, cores - 1)
+    assert f"{threads} thread{'' if threads == 1 else 's'} per call in both runs" in (
+        capsys.readouterr().out)
+    assert main([*SMALL, "--blas-threads", "2"]) == 0
+    assert "2 threads per call in both runs" in capsys.readouterr().out

@@ -28,8 +28,8 @@ def _demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                       help="where the stages run; auto is cuda when usable (default auto)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the generated input")
     demo.add_argument("--blas-threads", type=int, metavar="N",
-                      help="BLAS threads per call in both runs (default: as loaded, one per "
-                           "core); 1 leaves the other cores to the overlapping stages")
+                      help="BLAS threads per call, in both runs alike (default: the usable "
+                           "cores but one, at least 1: that core runs the overlapping stages)")
     demo.add_argument("--timeline", metavar="FILE.png",
                       help="draw each block's read/compute/write spans (needs matplotlib)")
 
