@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 import uni
-from uni.storage import MappedFileStorage
+from uni.storage import MappedFileStorage, _file_state
 
 
 def _view(t: uni.Tensor, key: list[Any]) -> uni.Tensor:
@@ -61,6 +61,7 @@ def main() -> None:
 
     for trial in config["trials"]:
         def write(trial: dict[str, Any] = trial) -> None:
+            _file_state.CHECK_LIMIT = trial["check_limit"]
             _, t = open_tensor()
             view = _view(t, trial["view"])
             values = np.random.default_rng(trial["seed"]).standard_normal(view.shape)

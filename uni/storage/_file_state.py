@@ -8,17 +8,25 @@ interleave or lose each other's bytes.
 A commit of bytes ``start .. start+n-1`` (``FileState.commit``), under the process's commit
 lock and an exclusive ``fcntl`` lock on those bytes (other processes wait there):
 
-1. the old bytes of the range (holes only listed) go to this process's journal file,
-   which is then ``fdatasync``-ed;
-2. the new bytes are written in place and the data file is ``fdatasync``-ed;
-3. the journal is cleared (its magic zeroed) and ``fdatasync``-ed; the lock is released.
+1. the old bytes of the range (holes only listed) go to this process's journal file, with
+   a check of the new bytes when the range is small (under ``CHECK_LIMIT``); the journal
+   is ``fdatasync``-ed;
+2. the new bytes are written in place and the data file is ``fdatasync``-ed: the commit is
+   durable;
+3. the journal is cleared (its magic zeroed); only a large commit syncs that.
 
-A crash before step 2 begins leaves the data file untouched; a crash during step 2 or
-before step 3 is durable leaves a valid journal, which the next open rolls back (old
-contents, exactly); after step 3 the new contents are durable. Journals live in a hidden
-directory beside the data file, ``.<name>.uni-journal/``, one file per process
-(``<pid>-<random>.journal``), each held under an ``fcntl`` lock while its process lives:
-a journal whose lock can be taken belongs to a dead process.
+A crash before step 2 begins leaves the data file untouched. A crash after step 1 leaves a
+valid journal: the next open finds the range holding exactly the new bytes (their check
+matches: the journal is dropped) or anything else (torn, or a large commit: the old bytes
+are written back). Either way the range ends old or new, never a mix. A small commit's
+clear need not be durable for that, which saves a third sync where syncs dominate (for a
+large one, checking every byte would cost more than the sync); another process that later
+commits over these bytes makes it durable first (it syncs every live journal it finds), so
+a journal resurrected by a power loss can never roll back *its* commit.
+
+Journals live in a hidden directory beside the data file, ``.<name>.uni-journal/``, one
+file per process (``<pid>-<random>.journal``), each held under an ``fcntl`` lock while its
+process lives: a journal whose lock can be taken belongs to a dead process.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ from uni.storage._journal import JournalRecord, test_hook
 JOURNAL_DIR_SUFFIX: Final = ".uni-journal"
 JOURNAL_SUFFIX: Final = ".journal"
 _MAX_RECOVERY_ROUNDS: Final = 50
+#: Commits of fewer bytes check their new contents and clear their journal without a sync;
+#: larger ones sync the clear instead (a sync costs less than checking megabytes).
+CHECK_LIMIT = 256 << 10
 
 
 def journal_dir_for(path: str) -> str:
@@ -81,12 +92,18 @@ class _Files:
         #: A commit failed and could not be undone in place: the journal must survive so
         #: that the next open rolls it back.
         self.keep_journal = False
+        #: The journal was cleared without a sync since it last held a record.
+        self.clear_unsynced = False
         self.spare_fds: list[int] = []
 
     def close(self) -> None:
         if self.journal_fd is not None:
             if not self.keep_journal and self.journal_path is not None:
                 try:
+                    if self.clear_unsynced:
+                        # An unlink lost to a power loss would bring back the file with the
+                        # last record on disk: that record must be a cleared one by then.
+                        os.fdatasync(self.journal_fd)
                     os.unlink(self.journal_path)
                 except OSError:
                     pass
@@ -156,6 +173,7 @@ class FileState:
         finally:
             _filelock.unlock(fd, 0, 0)
             _filelock.unlock(fd, _filelock.RECOVERY_BYTE, 1)
+        self._remove_empty_jdir()
 
     def recover(self) -> None:
         """Roll back every journal left by a dead process (every open does this, and a
@@ -177,6 +195,9 @@ class FileState:
             self._drop_dead_journals(roll_back=True)
         finally:
             _filelock.unlock(fd, _filelock.RECOVERY_BYTE, 1)
+        self._remove_empty_jdir()
+
+    def _remove_empty_jdir(self) -> None:
         if self.files.journal_fd is None:
             try:
                 os.rmdir(self.jdir)  # only when empty: live processes' journals stay
@@ -194,6 +215,7 @@ class FileState:
 
     def _drop_dead_journals(self, *, roll_back: bool) -> None:
         fd = self.files.data_fd
+        dropped = False
         for path in self._foreign_journals():
             try:
                 jfd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -210,18 +232,31 @@ class FileState:
                     # journal in their way and gave way, or hold the lock only briefly.
                     _filelock.lock(fd, record.start, record.length)
                     try:
-                        _journal.roll_back(fd, record)
+                        if not self._holds_new_contents(record):
+                            _journal.roll_back(fd, record)  # torn, or never written
                         os.unlink(path)
                         _journal.fsync_directory(self.jdir)
                     finally:
                         _filelock.unlock(fd, record.start, record.length)
                 else:
-                    # Not valid: the crash came before the data file was touched.
+                    # Not valid (the crash came before the data file was touched), or the
+                    # file is being created anew (w+): nothing to write back.
                     os.unlink(path)
+                    dropped = True
             finally:
                 os.close(jfd)
+        if dropped and not roll_back:
+            _journal.fsync_directory(self.jdir)  # gone for good before the file is truncated
+
+    def _holds_new_contents(self, record: JournalRecord) -> bool:
+        """True when the journal's range holds exactly what its commit wrote (it finished)."""
+        if record.new_check is None:
+            return False
+        current = _journal.read_parts(self.files.data_fd, [(record.start, record.length)])
+        return _journal.checksum(current) == record.new_check
 
     def _refuse_if_hot(self) -> None:
+        """Without write access nothing can be rolled back: refuse a file left torn."""
         for path in self._foreign_journals():
             try:
                 jfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -232,7 +267,7 @@ class FileState:
                 record = None if alive else _journal.decode(_read_whole(jfd))
             finally:
                 os.close(jfd)
-            if record is not None:
+            if record is not None and not self._holds_new_contents(record):
                 raise StorageError(
                     f"{self.path} was left mid-commit (bytes {record.start}.."
                     f"{record.start + record.length - 1}) by a process that did not finish; "
@@ -246,8 +281,8 @@ class FileState:
         length = len(data)
         if length == 0:
             return
-        fd = self.files.data_fd
         with self.commit_lock:
+            fd = self.files.data_fd
             if self.pending is not None:
                 self._undo_pending()
             jfd = self._own_journal()
@@ -272,16 +307,28 @@ class FileState:
         length = len(data)
         holes = _journal.hole_extents(fd, start, start + length)
         parts = _journal.complement(start, start + length, holes)
+        checked = length < CHECK_LIMIT
         record = JournalRecord(start, length, os.fstat(fd).st_size, holes,
-                               _journal.read_parts(fd, parts))
+                               _journal.read_parts(fd, parts),
+                               _journal.checksum(data) if checked else None)
         header = record.encode_header()
-        if _journal.wants("journal-partial"):
-            _journal.write_all(jfd, header[: len(header) // 2], 0)
-            test_hook("journal-partial")
-        _journal.write_all(jfd, header, 0)
-        _journal.write_all(jfd, record.payload, len(header))
-        test_hook("journal-written")
-        os.fdatasync(jfd)
+        try:
+            if _journal.wants("journal-partial"):
+                _journal.write_all(jfd, header[: len(header) // 2], 0)
+                test_hook("journal-partial")
+            _journal.write_all(jfd, header, 0)
+            _journal.write_all(jfd, record.payload, len(header))
+            test_hook("journal-written")
+            os.fdatasync(jfd)
+        except BaseException:
+            # The data file is untouched. A valid header left behind would look, to other
+            # processes committing over these bytes, like a dead process's journal.
+            try:
+                self._clear_journal(jfd)
+            except OSError:
+                pass
+            raise
+        self.files.clear_unsynced = False
         test_hook("journal-synced")
         self.pending = record
         try:
@@ -296,6 +343,10 @@ class FileState:
             self._undo_pending()
             raise
         self._clear_journal(jfd)
+        if checked:
+            self.files.clear_unsynced = True
+        else:
+            os.fdatasync(jfd)  # nothing would tell a resurrected journal from a torn write
         self.pending = None
         test_hook("journal-cleared")
 
@@ -320,8 +371,10 @@ class FileState:
 
     @staticmethod
     def _clear_journal(jfd: int) -> None:
+        # Not synced: a clear lost to a power loss leaves a journal whose range holds its new
+        # bytes (dropped at the next open), unless another process committed over them since,
+        # and that process synced this journal first (_dead_journal_in_the_way).
         _journal.write_all(jfd, bytes(len(_journal.MAGIC)), 0)
-        os.fdatasync(jfd)
 
     def _own_journal(self) -> int:
         files = self.files
@@ -375,6 +428,9 @@ class FileState:
                     return True
                 if _filelock.lock(jfd, 0, 0, wait=False):
                     return True
+                # A live process's journal: make its last clear durable, so that a power
+                # loss cannot bring back a record of these bytes to roll back over ours.
+                os.fdatasync(jfd)
             finally:
                 os.close(jfd)
         return False
@@ -390,6 +446,7 @@ class FileState:
             files.journal_fd = None
             files.journal_path = None
         files.keep_journal = False
+        files.clear_unsynced = False
         flags = (os.O_RDWR if files.writable else os.O_RDONLY) | os.O_CLOEXEC
         try:
             fd = os.open(f"/proc/self/fd/{files.data_fd}", flags)

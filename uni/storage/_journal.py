@@ -1,11 +1,14 @@
 """The rollback journal of a mapped-file commit: what it holds, how it is written and undone.
 
 Before a commit overwrites bytes ``start .. start+length-1`` of a data file in place, the
-old contents of those bytes go to a journal file and are made durable. A journal that is
-*valid* (magic, checksums and bounds all check out) therefore means: the data file may hold
-a torn mix in that range, and writing the journal's bytes back restores the old contents
-exactly. An invalid journal (cleared, empty, or cut short by a crash while it was being
-written) means the data file was not touched yet.
+old contents of those bytes go to a journal file and are made durable, with a check of the
+new contents (for small ranges). A journal that is *valid* (magic, checksums and bounds all
+check out) means the commit may not have finished: if the range holds exactly the new
+contents (their check matches) the commit did finish, and the journal is simply dropped;
+otherwise the range may be a torn mix, and writing the journal's bytes back restores the old
+contents exactly. An
+invalid journal (cleared, empty, or cut short by a crash while it was being written) means
+the data file was not touched yet.
 
 Bytes that lie in a *hole* of the data file (never written since the file was created or
 extended: the file system stores nothing there and reads them as zeros) are not copied:
@@ -13,9 +16,10 @@ the journal lists them as zero ranges, and rolling back writes zeros there.
 
 Layout (little endian)::
 
-    header   64 bytes: magic "UNIJRNL1", start, length, file size, hole count, payload
-             length (int64 each), header CRC-32 (over the header before it and the hole
-             table), payload CRC-32, payload Adler-32, 4 zero bytes
+    header   72 bytes: magic "UNIJRNL1"; start, length, file size, hole count, payload
+             length (int64 each); CRC-32 and Adler-32 of the new contents (zeros when not
+             checked), then of the payload; flags (1: the new contents are checked);
+             CRC-32 of the 68 bytes before it and of the hole table
     holes    hole count x (offset, length): absolute data-file offsets, sorted, disjoint
     payload  the old bytes of the range minus its holes, in file order
 """
@@ -33,7 +37,9 @@ from collections.abc import Sequence
 import attrs
 
 MAGIC = b"UNIJRNL1"
-_HEADER = struct.Struct("<8s5q4I")
+_HEADER = struct.Struct("<8s5q6I")
+_CHECKED = 68  # the header bytes the header checksum (the last 4) covers, with the hole table
+_HAS_NEW_CHECK = 1
 HEADER_SIZE = _HEADER.size
 _HOLE = struct.Struct("<qq")
 #: More hole entries than this in one journal is corruption, not a real file.
@@ -41,17 +47,27 @@ _MAX_HOLES = 1 << 20
 _ZEROS = bytes(1 << 20)
 
 Extent = tuple[int, int]  # (absolute byte offset, length)
+Check = tuple[int, int]   # (CRC-32, Adler-32) of some bytes
+
+
+def checksum(data: bytes | bytearray | memoryview) -> Check:
+    """Two independent 32-bit checks of ``data`` (64 bits against a torn match)."""
+    return zlib.crc32(data), zlib.adler32(data)
 
 
 @attrs.frozen
 class JournalRecord:
-    """The old contents of ``length`` data-file bytes from ``start``."""
+    """The old contents of ``length`` data-file bytes from ``start`` (holes listed, the rest in
+    ``payload``), and the check of the new contents the commit writes there."""
 
     start: int
     length: int
     file_size: int
     holes: tuple[Extent, ...]
     payload: bytes | bytearray = attrs.field(repr=lambda p: f"<{len(p)} bytes>")
+    #: None: the commit clears its journal durably instead (large ranges, where a sync costs
+    #: less than checking every byte).
+    new_check: Check | None = None
 
     def data_parts(self) -> list[Extent]:
         """The extents of the range that are not holes, in file order (what ``payload`` holds)."""
@@ -63,12 +79,11 @@ class JournalRecord:
     def encode_header(self) -> bytes:
         """The header and hole table; the payload follows them in the journal file."""
         holes = b"".join(_HOLE.pack(o, n) for o, n in self.holes)
+        new, flags = (self.new_check, _HAS_NEW_CHECK) if self.new_check else ((0, 0), 0)
         fields = (MAGIC, self.start, self.length, self.file_size, len(self.holes),
-                  len(self.payload))
-        head = _HEADER.pack(*fields, 0, 0, 0, 0)[:48]
-        header_crc = zlib.crc32(holes, zlib.crc32(head))
-        return _HEADER.pack(*fields, header_crc, zlib.crc32(self.payload),
-                            zlib.adler32(self.payload), 0) + holes
+                  len(self.payload), *new, *checksum(self.payload), flags)
+        head = _HEADER.pack(*fields, 0)[:_CHECKED]
+        return _HEADER.pack(*fields, zlib.crc32(holes, zlib.crc32(head))) + holes
 
 
 def complement(lo: int, hi: int, holes: Sequence[Extent]) -> list[Extent]:
@@ -84,50 +99,46 @@ def complement(lo: int, hi: int, holes: Sequence[Extent]) -> list[Extent]:
     return parts
 
 
-def _header_fields(raw: bytes) -> tuple[int, int, int, int, int, int, int, int] | None:
-    """The header of ``raw`` when its magic and header checksum are right, else None."""
+def _parse(raw: bytes) -> tuple[JournalRecord, int, Check] | None:
+    """The record ``raw`` starts with (payload left empty), where its payload starts and the
+    payload's check; None unless the magic, the header checksum and the bounds are right."""
     if len(raw) < HEADER_SIZE:
         return None
-    magic, start, length, size, n_holes, n_payload, header_crc, crc, adler, pad = \
-        _HEADER.unpack_from(raw)
-    if magic != MAGIC or pad != 0 or not 0 <= n_holes <= _MAX_HOLES:
+    (magic, start, length, size, n_holes, n_payload, new_crc, new_adler, crc, adler,
+     flags, header_crc) = _HEADER.unpack_from(raw)
+    if magic != MAGIC or flags & ~_HAS_NEW_CHECK or not 0 <= n_holes <= _MAX_HOLES:
         return None
     holes_end = HEADER_SIZE + n_holes * _HOLE.size
     if len(raw) < holes_end:
         return None
-    check = zlib.crc32(raw[HEADER_SIZE:holes_end], zlib.crc32(raw[:48]))
-    if check != header_crc or start < 0 or length <= 0 or n_payload < 0:
+    if zlib.crc32(raw[HEADER_SIZE:holes_end], zlib.crc32(raw[:_CHECKED])) != header_crc:
         return None
-    return start, length, size, n_holes, n_payload, crc, adler, holes_end
+    if start < 0 or length <= 0 or n_payload < 0:
+        return None
+    holes = _holes(raw, start, length, n_holes)
+    if holes is None or n_payload != length - sum(n for _, n in holes):
+        return None
+    new = (new_crc, new_adler) if flags & _HAS_NEW_CHECK else None
+    return JournalRecord(start, length, size, holes, b"", new), holes_end, (crc, adler)
 
 
 def decode_header(raw: bytes) -> JournalRecord | None:
-    """The record ``raw`` starts with, without its payload (empty) and without checking it:
-    enough to know which bytes a journal covers. None when the header is not valid."""
-    fields = _header_fields(raw)
-    if fields is None:
-        return None
-    start, length, size, n_holes, _, _, _, _ = fields
-    holes = _holes(raw, start, length, n_holes)
-    if holes is None:
-        return None
-    return JournalRecord(start, length, size, holes, b"")
+    """The record ``raw`` starts with, without its payload (left empty, unchecked): enough to
+    know which bytes a journal covers. None when the header is not valid."""
+    parsed = _parse(raw)
+    return None if parsed is None else parsed[0]
 
 
 def decode(raw: bytes) -> JournalRecord | None:
     """The record in a whole journal file, or None when it is not a valid journal."""
-    fields = _header_fields(raw)
-    if fields is None:
+    parsed = _parse(raw)
+    if parsed is None:
         return None
-    start, length, size, n_holes, n_payload, crc, adler, holes_end = fields
-    holes = _holes(raw, start, length, n_holes)
-    if holes is None:
+    head, start, check = parsed
+    payload = raw[start : start + head.length - sum(n for _, n in head.holes)]
+    if len(payload) != head.length - sum(n for _, n in head.holes) or checksum(payload) != check:
         return None
-    payload = raw[holes_end : holes_end + n_payload]
-    if (len(payload) != n_payload or n_payload != length - sum(n for _, n in holes)
-            or zlib.crc32(payload) != crc or zlib.adler32(payload) != adler):
-        return None
-    return JournalRecord(start, length, size, holes, payload)
+    return attrs.evolve(head, payload=payload)
 
 
 def _holes(raw: bytes, start: int, length: int, n_holes: int) -> tuple[Extent, ...] | None:
@@ -148,7 +159,7 @@ def read_header(fd: int) -> bytes:
     head = os.pread(fd, HEADER_SIZE, 0)
     if len(head) < HEADER_SIZE:
         return head
-    n_holes = _HEADER.unpack_from(head)[4]
+    n_holes = _HEADER.unpack_from(head)[4]  # unchecked: decode_header checks it
     if not 0 <= n_holes <= _MAX_HOLES:
         return head
     return head + os.pread(fd, n_holes * _HOLE.size, HEADER_SIZE)
