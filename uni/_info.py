@@ -34,19 +34,26 @@ def backend_status(name: str) -> str:
     return "loads"
 
 
-def _host_storage() -> Any:
-    return HostStorage(0)
+def _host_storage() -> tuple[str, ...]:
+    return tuple(HostStorage(0).default_backends())
 
 
-def _mapped_storage() -> Any:
+def _mapped_storage() -> tuple[str, ...]:
     # A real (empty) mapped file: the default list is what an instance answers.
     with tempfile.TemporaryDirectory(prefix="uni-info-") as directory:
-        return MappedFileStorage(os.path.join(directory, "empty.bin"), np.float64, 0, mode="w+")
+        storage = MappedFileStorage(os.path.join(directory, "empty.bin"), np.float64, 0,
+                                    mode="w+")
+        try:
+            return tuple(storage.default_backends())
+        finally:
+            close = getattr(storage, "close", None)
+            if close is not None:
+                close()
 
 
-def storage_types() -> list[tuple[str, Callable[[], Any] | None, str]]:
-    """(name, a factory of a small instance or None, a note) for each storage type uni has."""
-    found: list[tuple[str, Callable[[], Any] | None, str]] = [
+def storage_types() -> list[tuple[str, Callable[[], tuple[str, ...]] | None, str]]:
+    """(name, what a small instance's default walk is or None, a note) per storage type."""
+    found: list[tuple[str, Callable[[], tuple[str, ...]] | None, str]] = [
         ("HostStorage", _host_storage, ""),
         ("MappedFileStorage", _mapped_storage, ""),
     ]
@@ -73,7 +80,7 @@ def run() -> int:
         if factory is None:
             print(f"  {name:<22} ({note})")
             continue
-        walk = factory().default_backends()
+        walk = factory()
         marks = [f"{b}" + ("" if status.get(b, backend_status(b)) == "loads" else " (cannot load)")
                  for b in walk]
         print(f"  {name:<22} {' -> '.join(marks)}")
