@@ -6,7 +6,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
