@@ -15,9 +15,9 @@ the kernel and the release. Cases (float64):
   ``numpy.add(a, b, out=out)`` (the ufunc uni's blas backend runs): target about 1.
 
 The contenders alternate repeat after repeat (in both orders), so drift in a shared
-machine's speed hits both alike. Printed per case: the median time of each over the repeats
-(>= 5), the throughput as bytes written per second (GB/s, 1e9), and the ratio numpy time /
-uni time (above 1: uni is faster). Every result is checked.
+machine's speed hits both alike. Reported per case: the median time of each over the
+repeats (>= 5), the bytes written (for GB/s, 1e9), and the ratio numpy time / uni time
+(above 1: uni is faster). Every result is checked.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _timing import once as _time
+from _timing import print_table, result
 
 import uni
 
@@ -43,7 +44,7 @@ Array = np.ndarray[Any, Any]
 
 def run_case(name: str, nbytes: int, ours: Callable[[], object], reference: Callable[[], object],
              reset: Callable[[], object], check: Callable[[], bool], repeats: int,
-             target: str) -> float:
+             target: str, reference_name: str) -> dict[str, Any]:
     # One untimed call each: the first touches fault the pages in and fill the walk's cache.
     reference()
     ours()
@@ -55,19 +56,11 @@ def run_case(name: str, nbytes: int, ours: Callable[[], object], reference: Call
             times[label].append(_time(fn))
             if not check():
                 raise AssertionError(f"{name}: {label} produced a wrong result")
-    t_np, t_uni = statistics.median(times["numpy"]), statistics.median(times["uni"])
-    gb = nbytes / 1e9
-    ratio = t_np / t_uni
-    print(
-        f"{name:44s} numpy {t_np * 1e3:8.2f} ms {gb / t_np:6.2f} GB/s | "
-        f"uni {t_uni * 1e3:8.2f} ms {gb / t_uni:6.2f} GB/s | ratio {ratio:5.2f}x "
-        f"(target {target})",
-        flush=True,
-    )
-    return ratio
+    return result(name, statistics.median(times["uni"]), reference_name,
+                  statistics.median(times["numpy"]), nbytes=nbytes, notes=f"target {target}")
 
 
-def bench_transposing_copy(n: int, repeats: int) -> float:
+def bench_transposing_copy(n: int, repeats: int) -> dict[str, Any]:
     src = np.random.default_rng(0).standard_normal((n, n))
     dst = np.empty((n, n), order="F")
     s, d = uni.from_numpy(src), uni.from_numpy(dst)
@@ -78,10 +71,11 @@ def bench_transposing_copy(n: int, repeats: int) -> float:
         f"copy {n}x{n} f64 C -> F", dst.nbytes,
         lambda: uni.copy(s, d), lambda: np.copyto(dst, src),
         lambda: dst.fill(0.0), lambda: bool(np.array_equal(dst, src)), repeats, ">= 2.5x",
+        "numpy.copyto",
     )
 
 
-def bench_contiguous_copy(nbytes: int, repeats: int) -> float:
+def bench_contiguous_copy(nbytes: int, repeats: int) -> dict[str, Any]:
     src = np.random.default_rng(1).standard_normal(nbytes // 8)
     dst = np.empty_like(src)
     s, d = uni.from_numpy(src), uni.from_numpy(dst)
@@ -94,11 +88,11 @@ def bench_contiguous_copy(nbytes: int, repeats: int) -> float:
     return run_case(
         f"copy {nbytes >> 20} MiB f64, same layout", dst.nbytes,
         lambda: uni.copy(s, d), lambda: np.copyto(dst, src),
-        lambda: dst[::512].fill(0.0), check, repeats, "~1x",
+        lambda: dst[::512].fill(0.0), check, repeats, "~1x", "numpy.copyto",
     )
 
 
-def bench_add(n: int, repeats: int) -> float:
+def bench_add(n: int, repeats: int) -> dict[str, Any]:
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
     out = np.empty((n, n))
@@ -112,28 +106,30 @@ def bench_add(n: int, repeats: int) -> float:
         lambda: uni.transform(tout, uni.ops.add, ta, tb),
         lambda: np.add(a, b, out=out),
         lambda: out[::64].fill(0.0), lambda: bool(np.array_equal(out, want)), repeats, "~1x",
+        "numpy.add(a, b, out=out)",
     )
 
 
+def run(quick: bool = False, *, repeats: int | None = None) -> list[dict[str, Any]]:
+    """The three cases (quick: 1024x1024 matrices and a 32 MiB copy, not the targets' sizes)."""
+    repeats = max(5, repeats or 9)
+    n, contiguous = (1024, 32 << 20) if quick else (4096, 256 << 20)
+    return [bench_transposing_copy(n, repeats), bench_contiguous_copy(contiguous, repeats),
+            bench_add(n, repeats)]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9, help="timed repeats (>= 5)")
     parser.add_argument("--quick", action="store_true",
                         help="1024x1024 matrices and a 32 MiB copy (a smoke run, not the targets)")
     args = parser.parse_args()
-    repeats = max(5, args.repeats)
-    n, contiguous = (1024, 32 << 20) if args.quick else (4096, 256 << 20)
-
-    print(f"numpy {np.__version__}, {os.cpu_count()} CPUs, {repeats} repeats, medians")
+    print(f"numpy {np.__version__}, {os.cpu_count()} CPUs, medians")
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"note: 1-minute load average {load:.2f}; other processes skew the numbers")
-    transposing = bench_transposing_copy(n, repeats)
-    same = bench_contiguous_copy(contiguous, repeats)
-    add = bench_add(n, repeats)
-    if not args.quick:
-        print(f"C -> F copy target >= 2.5x: {'met' if transposing >= 2.5 else 'NOT met'}; "
-              f"same-layout copy {same:.2f}x, add {add:.2f}x of numpy")
+    print_table(run(args.quick, repeats=args.repeats),
+                "ratio = numpy time / uni time (above 1: uni is faster)")
 
 
 if __name__ == "__main__":

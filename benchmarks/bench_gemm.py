@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/bench_gemm.py [--quick]
 
-Prints medians of >= 5 timed repeats (default 9) and ratios measured in the same run:
+Measures medians of >= 5 timed repeats (default 9) against references in the same run:
 
 - gemm n=2048 (f64, f32), alpha=2, beta=3, layouts CCC/RRR/CRC/RCR (C = column-major,
   R = row-major, in the order c, a, b), against
@@ -12,8 +12,9 @@ Prints medians of >= 5 timed repeats (default 9) and ratios measured in the same
 - gemv f64 n=8192 against numpy ``a @ x`` (target >= 0.95x), for a row- and column-major a.
 - 8x8 gemm per-call cost against numpy ``matmul(a, b, out=c)``.
 
-A ratio is reference time / our time (the median over repeats of back-to-back pairs): above
-1 means ours is faster.
+A ratio is reference time / our time (of the medians; the median of back-to-back pairs is
+in the notes): above 1 means ours is faster. ``--quick``: n=256, layouts CCC and RRR, f64,
+against same-library references (raw ?gemm, raw dgemv) so no pauses between BLAS builds.
 
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are read by OpenBLAS when it loads, so they cannot be
 changed from inside this script; the values it ran under are printed. Some environments set
@@ -38,7 +39,7 @@ from scipy.linalg import blas as scipy_blas
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _timing import paired_ratio
+from _timing import paired_ratio, print_table, result
 
 from uni.backends.blas import _kernels as bk
 
@@ -116,7 +117,7 @@ def same_flags_operands(layout: str, a: Array, b: Array, c: Array
 
 
 def gemm_case(layout: str, a: Array, b: Array, c: Array, af: Array, bf: Array, cf: Array,
-              raw_gemm: Any, repeats: int) -> dict[str, list[float]]:
+              raw_gemm: Any, repeats: int, with_numpy: bool = True) -> dict[str, list[float]]:
     """Times of ours on (a, b, c), raw ?gemm 'N','N' on Fortran (af, bf, cf), raw ?gemm with
     the same flags as ours (for transposed layouts), and numpy."""
     c0 = c.copy(order="K")
@@ -146,8 +147,9 @@ def gemm_case(layout: str, a: Array, b: Array, c: Array, af: Array, bf: Array, c
     def numpy() -> None:
         2 * (a @ b) + 3 * c
 
-    cases = {"ours": Case(ours, "scipy"), "raw": Case(raw, "scipy"),
-             "numpy": Case(numpy, "numpy")}
+    cases = {"ours": Case(ours, "scipy"), "raw": Case(raw, "scipy")}
+    if with_numpy:
+        cases["numpy"] = Case(numpy, "numpy")
     if t1 or t2:
         cases["same"] = Case(same, "scipy")
     times = timings(cases, repeats, reset)
@@ -163,44 +165,40 @@ def gemm_case(layout: str, a: Array, b: Array, c: Array, af: Array, bf: Array, c
     return times
 
 
-def bench_gemm(n: int, repeats: int) -> list[tuple[str, float, float]]:
+def bench_gemm(n: int, repeats: int, layouts: tuple[str, ...] = ("CCC", "RRR", "CRC", "RCR"),
+               dtypes: tuple[Any, ...] = (np.float64, np.float32),
+               with_numpy: bool = True) -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     results = []
-    print(f"gemm n={n}, alpha=2, beta=3: median ms of {repeats}; ratio = median of paired "
-          "reference/ours")
-    print("  raw: ?gemm 'N','N' on Fortran operands; same: ?gemm with the trans flags ours uses")
-    print(f"  {'dtype':7} {'layout':6} {'ours':>8} {'raw':>8} {'same':>8} {'numpy':>8} "
-          f"{'raw/ours':>9} {'same/ours':>9} {'numpy/ours':>10}")
-    for dtype in (np.float64, np.float32):
+    for dtype in dtypes:
         raw_gemm = scipy_blas.dgemm if dtype == np.float64 else scipy_blas.sgemm
         af = operand(rng, n, n, dtype, "C")
         bf = operand(rng, n, n, dtype, "C")
         cf = operand(rng, n, n, dtype, "C")
-        for layout in ("CCC", "RRR", "CRC", "RCR"):
+        for layout in layouts:
             c = cf.copy(order="F" if layout[0] == "C" else "C")
             a = af if layout[1] == "C" else np.ascontiguousarray(af)
             b = bf if layout[2] == "C" else np.ascontiguousarray(bf)
-            t = gemm_case(layout, a, b, c, af, bf, cf, raw_gemm, repeats)
+            t = gemm_case(layout, a, b, c, af, bf, cf, raw_gemm, repeats, with_numpy)
             if "same" not in t:  # 'N','N' already: raw is the same call
                 t["same"] = t["raw"]
-            med = {name: statistics.median(ts) * 1e3 for name, ts in t.items()}
-            raw_ratio = paired_ratio(t["raw"], t["ours"])
-            same_ratio = paired_ratio(t["same"], t["ours"])
-            numpy_ratio = paired_ratio(t["numpy"], t["ours"])
-            name = np.dtype(dtype).name
-            print(f"  {name:7} {layout:6} {med['ours']:8.1f} {med['raw']:8.1f} "
-                  f"{med['same']:8.1f} {med['numpy']:8.1f} {raw_ratio:9.3f} "
-                  f"{same_ratio:9.3f} {numpy_ratio:10.3f}")
-            results.append((f"gemm {name} {layout} vs raw", raw_ratio, 0.97))
+            med = {name: statistics.median(ts) for name, ts in t.items()}
+            name = f"kernel gemm {np.dtype(dtype).name} n={n} {layout}"
+            paired = (f"paired: raw/ours {paired_ratio(t['raw'], t['ours']):.3f}, same-flags/ours "
+                      f"{paired_ratio(t['same'], t['ours']):.3f}")
+            results.append(result(name, med["ours"], "raw ?gemm 'N','N' on Fortran operands",
+                                  med["raw"], notes=f"target >= 0.97; {paired}"))
+            if with_numpy:
+                results.append(result(name, med["ours"], "numpy 2 * (a @ b) + 3 * c",
+                                      med["numpy"],
+                                      notes=f"paired {paired_ratio(t['numpy'], t['ours']):.3f}"))
     return results
 
 
-def bench_gemv(n: int, repeats: int) -> list[tuple[str, float, float]]:
+def bench_gemv(n: int, repeats: int, reference: str = "numpy") -> list[dict[str, Any]]:
+    """ours against numpy ``a @ x``, or (reference="raw") scipy's own ?gemv on the same a."""
     rng = np.random.default_rng(1)
     results = []
-    print(f"gemv f64 n={n}, alpha=1, beta=0: median ms of {repeats}; ratio = median of paired "
-          "numpy/ours")
-    print(f"  {'a order':8} {'ours':>8} {'numpy':>8} {'numpy/ours':>10}")
     a_row = rng.standard_normal((n, n))
     x = rng.standard_normal(n)
     y = np.empty(n)
@@ -208,21 +206,31 @@ def bench_gemv(n: int, repeats: int) -> list[tuple[str, float, float]]:
         a = a_row if label == "row" else np.asfortranarray(a_row)
 
         def ours(a: Array = a) -> None:
-            result = bk.gemv(a, x, y, 1.0, 0.0)
-            assert result is None, result
+            out = bk.gemv(a, x, y, 1.0, 0.0)
+            assert out is None, out
 
         def numpy(a: Array = a) -> None:
             a @ x
 
-        t = timings({"ours": Case(ours, "scipy"), "numpy": Case(numpy, "numpy")}, repeats)
-        ratio = paired_ratio(t["numpy"], t["ours"])
-        print(f"  {label:8} {statistics.median(t['ours']) * 1e3:8.2f} "
-              f"{statistics.median(t['numpy']) * 1e3:8.2f} {ratio:10.3f}")
-        results.append((f"gemv f64 {label}-major a vs numpy", ratio, 0.95))
+        def raw(a: Array = a, label: str = label) -> None:
+            # Fortran order is 'N'; a row-major a is the transpose of a Fortran one.
+            if label == "row":
+                scipy_blas.dgemv(1.0, a.T, x, y=y, trans=1, overwrite_y=True)
+            else:
+                scipy_blas.dgemv(1.0, a, x, y=y, overwrite_y=True)
+
+        contender = Case(numpy, "numpy") if reference == "numpy" else Case(raw, "scipy")
+        t = timings({"ours": Case(ours, "scipy"), "reference": contender}, repeats)
+        results.append(result(f"kernel gemv f64 n={n} {label}-major a",
+                              statistics.median(t["ours"]),
+                              "numpy a @ x" if reference == "numpy" else "raw scipy dgemv",
+                              statistics.median(t["reference"]),
+                              notes="target >= 0.95; paired "
+                                    f"{paired_ratio(t['reference'], t['ours']):.3f}"))
     return results
 
 
-def bench_small(rounds: int, per_round: int) -> None:
+def bench_small(rounds: int, per_round: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(2)
     a = rng.standard_normal((8, 8))
     b = rng.standard_normal((8, 8))
@@ -230,12 +238,11 @@ def bench_small(rounds: int, per_round: int) -> None:
     cf = np.asfortranarray(c)
     number = 20_000
     cases: dict[str, Callable[[], object]] = {
-        "ours gemm(a, b, c)  (alpha=1, beta=0)": lambda: bk.gemm(a, b, c),
-        "ours gemm(a, b, c, 2, 3)": lambda: bk.gemm(a, b, c, 2.0, 3.0),
-        "ours gemm, column-major c": lambda: bk.gemm(a, b, cf, 2.0, 3.0),
-        "numpy matmul(a, b, out=c)": lambda: np.matmul(a, b, out=c),
+        "kernel gemm 8x8 f64 (alpha=1, beta=0)": lambda: bk.gemm(a, b, c),
+        "kernel gemm 8x8 f64 (alpha=2, beta=3)": lambda: bk.gemm(a, b, c, 2.0, 3.0),
+        "kernel gemm 8x8 f64, column-major c": lambda: bk.gemm(a, b, cf, 2.0, 3.0),
+        "numpy": lambda: np.matmul(a, b, out=c),
     }
-    print(f"8x8 gemm f64, per call (median of {rounds * per_round} x {number} calls)")
     per_call: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, fn in cases.items():
@@ -244,30 +251,34 @@ def bench_small(rounds: int, per_round: int) -> None:
             per_call[name] += [t / number for t in
                                timeit.repeat(fn, number=number, repeat=per_round)]
     median = {name: statistics.median(ts) for name, ts in per_call.items()}
-    for name, t in median.items():
-        print(f"  {name:40} {t * 1e6:7.2f} us")
-    ratio = median["numpy matmul(a, b, out=c)"] / median["ours gemm(a, b, c)  (alpha=1, beta=0)"]
-    print(f"  numpy/ours (alpha=1, beta=0): {ratio:.3f}")
+    reference = median.pop("numpy")
+    return [result(name, t, "numpy matmul(a, b, out=c)", reference, notes="per call")
+            for name, t in median.items()]
+
+
+def run(quick: bool = False, *, repeats: int | None = None) -> list[dict[str, Any]]:
+    """The kernels against raw scipy BLAS and numpy (quick: n=256, two layouts, f64)."""
+    if not bk.available():
+        raise RuntimeError("scipy's BLAS is unavailable")
+    repeats = max(5, repeats or 9)
+    if quick:
+        # Same-library references only (no pauses between OpenBLAS builds), except 8x8.
+        return (bench_gemm(256, repeats, ("CCC", "RRR"), (np.float64,), with_numpy=False)
+                + bench_gemv(1024, repeats, reference="raw") + bench_small(1, 3))
+    return (bench_gemm(2048, repeats) + bench_gemv(8192, 2 * repeats)
+            + bench_small(3, max(2, repeats // 3)))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke test")
     parser.add_argument("--repeats", type=int, default=9, help="timed repeats per case (>= 5)")
     args = parser.parse_args()
-    repeats = max(5, args.repeats)
     env = {k: os.environ.get(k, "<unset>") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                      "OPENBLAS_NUM_THREADS")}
     print(f"numpy {np.__version__}, cpus {os.cpu_count()}, env {env}")
-    if not bk.available():
-        sys.exit("scipy's BLAS is unavailable")
-    results = bench_gemm(256 if args.quick else 2048, repeats)
-    results += bench_gemv(1024 if args.quick else 8192, 2 * repeats)
-    bench_small(3, max(2, repeats // 3))
-    print("targets (ratio = reference time / our time)")
-    for name, ratio, target in results:
-        verdict = "ok" if ratio >= target else "BELOW TARGET"
-        print(f"  {name:32} {ratio:6.3f} (target >= {target}) {verdict}")
+    print_table(run(args.quick, repeats=args.repeats),
+                "medians; ratio = reference time / our time (above 1: ours is faster)")
 
 
 if __name__ == "__main__":

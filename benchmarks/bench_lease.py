@@ -1,11 +1,11 @@
 """Cost of an uncontended lease: acquire + release through the public acquire_* functions.
 
-Prints the median over repeats of each case in µs per acquire + release, next to references
+Measures the median over repeats of each case per acquire + release, next to references
 measured in the same run: an uncontended ``with threading.Lock()`` for the sync cases (the
-target is ≤ 2 µs per sync acquire + release) and ``await trio.lowlevel.checkpoint()`` for the
-async ones.
+target is ≤ 2 µs per sync acquire + release) and ``await trio.lowlevel.checkpoint()`` for
+the async ones.
 
-    .venv/bin/python benchmarks/bench_lease.py [--repeats N] [--number N]
+    .venv/bin/python benchmarks/bench_lease.py [--quick] [--repeats N] [--number N]
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _timing import per_op_us
+from _timing import per_op_us, print_table, result
 
 import uni
 
@@ -116,25 +117,36 @@ def bench_async(number: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def run(quick: bool = False, *, repeats: int | None = None,
+        number: int | None = None) -> list[dict[str, Any]]:
+    """Every case against its reference (a lock for sync leases, a checkpoint for async)."""
+    repeats = max(5, repeats or 7)
+    number = number or (5_000 if quick else 50_000)
+    sync = bench_sync(number, repeats)
+    asyn = bench_async(max(1, number // 5), repeats)
+    lock_name = "with threading.Lock() (reference)"
+    checkpoint_name = "await trio.lowlevel.checkpoint() (reference)"
+    out = []
+    for name, us in sync.items():
+        if name != lock_name:
+            out.append(result(name, us * 1e-6, "with threading.Lock()", sync[lock_name] * 1e-6,
+                              notes=f"per acquire + release; target <= {TARGET_US} us"))
+    for name, us in asyn.items():
+        if name != checkpoint_name:
+            out.append(result(name, us * 1e-6, "await trio.lowlevel.checkpoint()",
+                              asyn[checkpoint_name] * 1e-6, notes="per acquire + release"))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer operations per repeat")
     parser.add_argument("--repeats", type=int, default=7, help="repeats (median taken; >= 5)")
-    parser.add_argument("--number", type=int, default=50_000, help="operations per repeat")
+    parser.add_argument("--number", type=int, default=None, help="operations per repeat")
     args = parser.parse_args()
-    repeats = max(5, args.repeats)
-
-    print(f"python {sys.version.split()[0]}, uni {uni.__version__}, trio "
-          f"{trio.__version__}; medians of {repeats} repeats x {args.number} ops")
-    sync = bench_sync(args.number, repeats)
-    lock = sync["with threading.Lock() (reference)"]
-    for name, us in sync.items():
-        flag = "" if name.endswith("(reference)") else (
-            "  within target" if us <= TARGET_US else f"  over the {TARGET_US} µs target")
-        print(f"{name:<46} {us:8.3f} µs  {us / lock:6.1f}x lock{flag}")
-    asyn = bench_async(args.number // 5, repeats)
-    checkpoint = asyn["await trio.lowlevel.checkpoint() (reference)"]
-    for name, us in asyn.items():
-        print(f"{name:<46} {us:8.3f} µs  {us / checkpoint:6.2f}x checkpoint")
+    print(f"python {sys.version.split()[0]}, uni {uni.__version__}, trio {trio.__version__}")
+    print_table(run(args.quick, repeats=args.repeats, number=args.number),
+                "medians; ratio = reference time / uni time (above 1: uni is faster)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """End-to-end benchmark of uni's fixed operations (uni.gemm, uni.gemv, uni.copy).
 
-Run:  .venv/bin/python benchmarks/bench_ops.py [--quick] [--repeats N]
+Run:  .venv/bin/python benchmarks/bench_ops.py [--quick] [--repeats N] [--keep-env]
 
 Every "uni" time is a whole public call — validation, registering and acquiring the leases,
 the backend walk (its cached decision), the kernel, releasing — on tensors made once with
@@ -21,9 +21,13 @@ uni uses, and numpy's) are separated by a pause so one library's spinning thread
 slow the other. Medians are of >= 5 repeats.
 
 OpenBLAS reads OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE when it loads; some environments set
-them in ways that slow one library or the other. This script re-executes itself once without
-them (and says so) so both libraries run with their own detection; pass --keep-env to keep
-them.
+them in ways that slow one library or the other. Run as a script, this re-executes itself
+once without them (and says so) so both libraries run with their own detection; pass
+--keep-env to keep them. (``uni bench`` imports the module instead and records the
+environment it ran under in its machine info.)
+
+``--quick``: n=256 f64 layouts CCC and RRR against raw ?gemm, gemv n=1024 against raw
+dgemv (same-library references: no pauses between BLAS builds), a 16 MiB copy, 8x8.
 """
 
 from __future__ import annotations
@@ -38,37 +42,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-_MARK = "UNI_BENCH_OPS_REEXEC"
-
-
-def _reexec_without_openblas_overrides() -> None:
-    """Before numpy loads OpenBLAS: restart this process with the overrides unset."""
-    if "--keep-env" in sys.argv or os.environ.get(_MARK):
-        return
-    present = {k: os.environ[k] for k in _UNSET if k in os.environ}
-    if not present:
-        return
-    env = {k: v for k, v in os.environ.items() if k not in _UNSET}
-    env[_MARK] = ",".join(f"{k}={v}" for k, v in present.items())
-    sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
-
-
-_reexec_without_openblas_overrides()
-
-import numpy as np  # noqa: E402
-from scipy.linalg import blas as scipy_blas  # noqa: E402
+import numpy as np
+from scipy.linalg import blas as scipy_blas
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _timing import paired_ratio  # noqa: E402
+from _timing import paired_ratio, print_table, result
 
-import uni  # noqa: E402
+import uni
 
+_UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_MARK = "UNI_BENCH_OPS_REEXEC"
 Array = np.ndarray[Any, Any]
 SETTLE_S = 0.3
-Result = tuple[str, float, str, float]  # (name, ratio, comparison, target)
+Result = dict[str, Any]
 
 
 class Case:
@@ -101,10 +88,6 @@ def timings(cases: dict[str, Case], repeats: int,
     return times
 
 
-def ms(ts: list[float]) -> float:
-    return statistics.median(ts) * 1e3
-
-
 def check_blas_ran(fn: Callable[[], object]) -> None:
     """The timed uni call really runs on blas (no fallback), and its walk is cached."""
     with uni.dispatch_diagnostics() as records:
@@ -115,18 +98,18 @@ def check_blas_ran(fn: Callable[[], object]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-def bench_gemm(n: int, repeats: int) -> list[Result]:
+def bench_gemm(n: int, repeats: int, layouts: tuple[str, ...] = ("CCC", "RRR", "CRC", "RCR"),
+               dtypes: tuple[Any, ...] = (np.float64, np.float32),
+               with_numpy: bool = True) -> list[Result]:
     rng = np.random.default_rng(0)
     results: list[Result] = []
-    print(f"\ngemm n={n}, alpha=2, beta=3 (median ms of {repeats}; ratios: paired medians)")
-    print(f"  {'dtype':8}{'layout':7}{'uni':>9}{'raw':>9}{'numpy':>9}{'raw/uni':>9}{'numpy/uni':>10}")
-    for dtype in (np.float64, np.float32):
+    for dtype in dtypes:
         raw_gemm = scipy_blas.dgemm if dtype == np.float64 else scipy_blas.sgemm
         af = np.asfortranarray(rng.standard_normal((n, n)).astype(dtype))
         bf = np.asfortranarray(rng.standard_normal((n, n)).astype(dtype))
         cf = np.asfortranarray(rng.standard_normal((n, n)).astype(dtype))
         c0 = cf.copy(order="F")
-        for layout in ("CCC", "RRR", "CRC", "RCR"):
+        for layout in layouts:
             order = {"C": "F", "R": "C"}
             a = np.array(af, order=order[layout[1]])  # type: ignore[call-overload]
             b = np.array(bf, order=order[layout[2]])  # type: ignore[call-overload]
@@ -154,26 +137,34 @@ def bench_gemm(n: int, repeats: int) -> list[Result]:
             np.testing.assert_allclose(c, 2 * (a.astype(np.float64) @ b) + 3 * c_start,
                                        rtol=1e-3 if dtype == np.float32 else 1e-9,
                                        atol=1e-2 if dtype == np.float32 else 1e-9)
-            t = timings({"uni": Case(ours, "scipy"), "raw": Case(raw, "scipy"),
-                         "numpy": Case(numpy, "numpy")}, repeats, reset)
-            raw_ratio = paired_ratio(t["raw"], t["uni"])
-            numpy_ratio = paired_ratio(t["numpy"], t["uni"])
-            name = np.dtype(dtype).name
-            print(f"  {name:8}{layout:7}{ms(t['uni']):9.1f}{ms(t['raw']):9.1f}{ms(t['numpy']):9.1f}"
-                  f"{raw_ratio:9.3f}{numpy_ratio:10.3f}")
-            results.append((f"gemm {name} {layout}", raw_ratio, "raw ?gemm / uni", 0.97))
-            results.append((f"gemm {name} {layout}", numpy_ratio, "numpy 2*(a@b)+3*c / uni", 1.0))
+            cases = {"uni": Case(ours, "scipy"), "raw": Case(raw, "scipy")}
+            if with_numpy:
+                cases["numpy"] = Case(numpy, "numpy")
+            t = timings(cases, repeats, reset)
+            name = f"uni.gemm {np.dtype(dtype).name} n={n} {layout}"
+            flops = 2 * n**3
+            results.append(result(name, median(t["uni"]), "raw scipy ?gemm on Fortran operands",
+                                  median(t["raw"]),
+                                  notes=f"target >= 0.97; paired {paired_ratio(t['raw'], t['uni']):.3f}; "
+                                        f"{flops / median(t['uni']) / 1e9:.1f} GFLOP/s"))
+            if with_numpy:
+                results.append(result(name, median(t["uni"]), "numpy 2*(a@b)+3*c",
+                                      median(t["numpy"]),
+                                      notes=f"paired {paired_ratio(t['numpy'], t['uni']):.3f}"))
     return results
 
 
-def bench_gemv(n: int, repeats: int) -> list[Result]:
+def median(ts: list[float]) -> float:
+    return statistics.median(ts)
+
+
+def bench_gemv(n: int, repeats: int, reference: str = "numpy") -> list[Result]:
     rng = np.random.default_rng(1)
     results: list[Result] = []
-    print(f"\ngemv f64 n={n}, alpha=1, beta=0 (median ms of {repeats})")
-    print(f"  {'a':8}{'uni':>9}{'numpy':>9}{'numpy/uni':>10}")
     a_row = rng.standard_normal((n, n))
     x = rng.standard_normal(n)
     y = np.empty(n)
+    y_raw = np.empty(n)
     tx, ty = uni.from_numpy(x), uni.from_numpy(y)
     for label in ("row", "column"):
         a = a_row if label == "row" else np.asfortranarray(a_row)
@@ -185,12 +176,20 @@ def bench_gemv(n: int, repeats: int) -> list[Result]:
         def numpy(a: Array = a) -> None:
             a @ x
 
+        def raw(a: Array = a, label: str = label) -> None:
+            if label == "row":  # a row-major a is the transpose of a Fortran-ordered one
+                scipy_blas.dgemv(1.0, a.T, x, y=y_raw, trans=1, overwrite_y=True)
+            else:
+                scipy_blas.dgemv(1.0, a, x, y=y_raw, overwrite_y=True)
+
         check_blas_ran(ours)
         np.testing.assert_allclose(y, a_row @ x, rtol=1e-9, atol=1e-9)
-        t = timings({"uni": Case(ours, "scipy"), "numpy": Case(numpy, "numpy")}, repeats)
-        ratio = paired_ratio(t["numpy"], t["uni"])
-        print(f"  {label:8}{ms(t['uni']):9.2f}{ms(t['numpy']):9.2f}{ratio:10.3f}")
-        results.append((f"gemv f64 {label}-major a", ratio, "numpy a@x / uni", 0.95))
+        contender = Case(numpy, "numpy") if reference == "numpy" else Case(raw, "scipy")
+        t = timings({"uni": Case(ours, "scipy"), "reference": contender}, repeats)
+        results.append(result(f"uni.gemv f64 n={n} {label}-major a", median(t["uni"]),
+                              "numpy a@x" if reference == "numpy" else "raw scipy dgemv",
+                              median(t["reference"]),
+                              notes=f"target >= 0.95; paired {paired_ratio(t['reference'], t['uni']):.3f}"))
     return results
 
 
@@ -211,12 +210,10 @@ def bench_copy(mib: int, repeats: int) -> list[Result]:
     assert np.array_equal(dst, src)
     # Both are memory-bound in numpy's own loop: no BLAS library to settle between.
     t = timings({"uni": Case(ours, "numpy"), "numpy": Case(numpy, "numpy")}, repeats)
-    ratio = paired_ratio(t["numpy"], t["uni"])
-    gbs = 2 * src.nbytes / statistics.median(t["uni"]) / 1e9
-    print(f"\ncopy f64 contiguous {mib} MiB (median ms of {repeats})")
-    print(f"  uni {ms(t['uni']):.1f} ms ({gbs:.1f} GB/s read+write), numpy.copyto "
-          f"{ms(t['numpy']):.1f} ms, numpy/uni {ratio:.3f}")
-    return [(f"copy {mib} MiB contiguous", ratio, "numpy.copyto / uni", 0.95)]
+    return [result(f"uni.copy {mib} MiB f64 contiguous", median(t["uni"]), "numpy.copyto",
+                   median(t["numpy"]), nbytes=2 * src.nbytes,
+                   notes=f"target >= 0.95; bytes read + written; paired "
+                         f"{paired_ratio(t['numpy'], t['uni']):.3f}")]
 
 
 def bench_small(rounds: int, per_round: int) -> list[Result]:
@@ -226,11 +223,11 @@ def bench_small(rounds: int, per_round: int) -> list[Result]:
     ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
     number = 5_000
     cases: dict[str, Callable[[], object]] = {
-        "uni.gemm(a, b, c)": lambda: uni.gemm(ta, tb, tc),
-        "uni.gemm(a, b, c, alpha=2, beta=3)": lambda: uni.gemm(ta, tb, tc, alpha=2, beta=3),
-        "numpy matmul(a, b, out=c)": lambda: np.matmul(a, b, out=c_np),
+        "uni.gemm 8x8 f64": lambda: uni.gemm(ta, tb, tc),
+        "uni.gemm 8x8 f64, alpha=2, beta=3": lambda: uni.gemm(ta, tb, tc, alpha=2, beta=3),
+        "numpy": lambda: np.matmul(a, b, out=c_np),
     }
-    check_blas_ran(cases["uni.gemm(a, b, c)"])
+    check_blas_ran(cases["uni.gemm 8x8 f64"])
     np.testing.assert_allclose(c, a @ b, rtol=1e-12)
     per_call: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
@@ -238,37 +235,52 @@ def bench_small(rounds: int, per_round: int) -> list[Result]:
             time.sleep(SETTLE_S)
             fn()
             per_call[name] += [t / number for t in timeit.repeat(fn, number=number, repeat=per_round)]
-    median = {name: statistics.median(ts) for name, ts in per_call.items()}
-    print(f"\n8x8 gemm f64, per call (median of {rounds * per_round} x {number} calls)")
-    for name, t in median.items():
-        print(f"  {name:38}{t * 1e6:8.2f} us")
-    slowdown = median["uni.gemm(a, b, c)"] / median["numpy matmul(a, b, out=c)"]
-    print(f"  uni / numpy: {slowdown:.2f}x (target <= 4x)")
-    # Reported as numpy/uni like the others: the target <= 4x slower is ratio >= 0.25.
-    return [("gemm 8x8 f64", 1 / slowdown, "numpy matmul(out=) / uni", 0.25)]
+    med = {name: statistics.median(ts) for name, ts in per_call.items()}
+    reference = med.pop("numpy")
+    # The target "uni <= 4x slower than numpy" is a ratio >= 0.25.
+    return [result(name, t, "numpy matmul(a, b, out=c)", reference,
+                   notes="per call; target >= 0.25") for name, t in med.items()]
+
+
+def run(quick: bool = False, *, repeats: int | None = None) -> list[Result]:
+    """Whole public calls against raw scipy BLAS and numpy (see the module docstring)."""
+    repeats = max(5, repeats or 7)
+    if quick:
+        return (bench_gemm(256, repeats, ("CCC", "RRR"), (np.float64,), with_numpy=False)
+                + bench_gemv(1024, 2 * repeats, reference="raw") + bench_copy(16, repeats)
+                + bench_small(1, 3))
+    return (bench_gemm(2048, repeats) + bench_gemv(8192, 2 * repeats) + bench_copy(256, repeats)
+            + bench_small(3, max(2, repeats // 3)))
+
+
+def _reexec_without_openblas_overrides() -> None:
+    """Before OpenBLAS sees them again: restart this script with the overrides unset."""
+    if "--keep-env" in sys.argv or os.environ.get(_MARK):
+        return
+    present = {k: os.environ[k] for k in _UNSET if k in os.environ}
+    if not present:
+        return
+    env = {k: v for k, v in os.environ.items() if k not in _UNSET}
+    env[_MARK] = ",".join(f"{k}={v}" for k, v in present.items())
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def main() -> None:
+    _reexec_without_openblas_overrides()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats per case (>= 5)")
     parser.add_argument("--keep-env", action="store_true",
                         help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE as they are")
     args = parser.parse_args()
-    repeats = max(5, args.repeats)
     unset = os.environ.get(_MARK)
     if unset:
         print(f"note: re-executed without {unset} (OpenBLAS overrides unset for this process)")
     env = {k: os.environ.get(k, "<unset>") for k in (*_UNSET, "OPENBLAS_NUM_THREADS")}
     print(f"uni {uni.__version__}, numpy {np.__version__}, cpus {os.cpu_count()}, env {env}")
-    results = bench_gemm(256 if args.quick else 2048, repeats)
-    results += bench_gemv(1024 if args.quick else 8192, 2 * repeats)
-    results += bench_copy(16 if args.quick else 256, repeats)
-    results += bench_small(3, max(2, repeats // 3))
-    print("\nsummary (ratio = reference time / uni time; above 1: uni is faster)")
-    for name, ratio, versus, target in results:
-        verdict = "ok" if ratio >= target else "BELOW TARGET"
-        print(f"  {name:28}{versus:27}{ratio:7.3f}  target >= {target:<5} {verdict}")
+    print_table(run(args.quick, repeats=args.repeats),
+                "medians; ratio = reference time / uni time (above 1: uni is faster)")
 
 
 if __name__ == "__main__":

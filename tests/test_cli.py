@@ -1,30 +1,51 @@
+"""The ``uni`` command line: subcommands, flags and exit statuses (0, 1 wrong/failed, 2 refused)."""
+
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
+from uni._pipeline import CORRUPT_ENV
 from uni.cli import main
 
 
-def test_info_names_version_dtypes_backends_and_cuda(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["info"]) == 0
+def _uni(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "uni.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_console_script_entry_point_runs_info() -> None:
+    done = _uni("info")
+    assert done.returncode == 0 and "dtypes:" in done.stdout
+
+
+def test_demo_exit_status_is_0_when_right_and_1_when_wrong() -> None:
+    good = _uni("demo", "--size", "2MiB", "--blocks", "4")
+    assert good.returncode == 0, good.stderr
+    bad = _uni("demo", "--size", "2MiB", "--blocks", "4", env={CORRUPT_ENV: "0"})
+    assert bad.returncode == 1
+    assert "WRONG" in bad.stdout
+
+
+def test_unusable_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["demo", "--size", "huge"])
+    assert caught.value.code == 2
+    assert "expected a size like 256MiB" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:
+        main(["demo", "--device", "tpu"])
+    assert caught.value.code == 2
+    with pytest.raises(SystemExit) as caught:
+        main([])
+    assert caught.value.code == 2
+
+
+def test_help_names_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--help"])
+    assert caught.value.code == 0
     out = capsys.readouterr().out
-    assert "uni 0.1.0" in out
-    for name in ("bool", "int32", "int64", "float32", "float64", "complex64", "complex128"):
-        assert name in out
-    assert "backends:" in out
-    assert "cuda:" in out and ("available" in out)
-
-
-def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    assert "PoisonedError" in out
-
-
-def test_console_script_entry_point() -> None:
-    done = subprocess.run([sys.executable, "-m", "uni.cli", "info"], capture_output=True,
-                          text=True, check=True)
-    assert "dtypes:" in done.stdout
+    assert all(name in out for name in ("demo", "bench", "info"))

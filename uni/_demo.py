@@ -1,96 +1,352 @@
-"""``uni demo``: the main job, a short runnable tour of what uni does."""
+"""``uni demo``: the job uni exists for, run end to end and checked.
+
+A matrix of a few hundred MiB is written to a file in a temporary directory, then streamed
+through ``MappedFileStorage`` in row blocks: read a block into host staging, multiply it by a
+weight matrix (``uni.gemm_async``), add a bias and apply an activation-like op
+(``uni.transform_async``), write the result to a second mapped file. Leases do all the
+ordering (``uni._pipeline`` explains how). The pipeline runs twice, serially (every operation
+awaited before the next is issued) and overlapped (everything issued at once), each into a
+fresh output file; both outputs are checked against numpy on a sample of blocks, read back
+from disk. Exit status: 0 when every check passed, 1 when a result was wrong or an operation
+failed, 2 when the options cannot run here.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import collections
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-import numpy as np
+import attrs
+import threadpoolctl
 import trio
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-import uni
+from uni import _machine, _timeline, cuda
+from uni._errors import ShapeError
+from uni._pipeline import (
+    CORRUPT_ENV,
+    STAGES,
+    STEPS,
+    BlockCheck,
+    HostStages,
+    PipelineError,
+    Problem,
+    RunResult,
+    SpanLog,
+    Stages,
+    StreamShape,
+    check_output,
+    open_files,
+    run_pipeline,
+    sample_blocks,
+)
+
+MiB = 1 << 20
+DEFAULT_SIZE = "256MiB"
+DEFAULT_BLOCKS = 32
+
+#: Where each device's stages come from. A CUDA mode adds "cuda" here: pinned staging,
+#: device accumulators, copies on one stream and compute on another.
+STAGE_FACTORIES: dict[str, Callable[..., Stages]] = {"host": HostStages}
+
+_UNITS = {"": MiB, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MiB, "mib": MiB,
+          "g": 1 << 30, "gib": 1 << 30}
 
 
-def _metadata_and_leases() -> uni.Tensor:
-    print("== metadata before data ==")
-    t = uni.from_numpy(np.arange(12.0).reshape(3, 4))
-    view = t.T[::-1]
-    print(f"view of a (3, 4) tensor: shape {view.shape}, strides {view.strides}, "
-          f"offset {view.offset}, mapping {type(view.mapping).__name__}")
-    print("== leases ==")
-    with uni.acquire_host_write_access_sync(t[1]) as lease:
-        np.asarray(lease.mdspan())[:] = -1
-    with uni.acquire_host_read_access_sync(t) as lease:
-        print(np.asarray(lease.mdspan()))
-    return t
+def parse_size(text: str) -> int:
+    """Bytes in ``"256MiB"``, ``"64M"``, ``"1GiB"`` or ``"300"`` (a bare number is MiB)."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = found.group(2).lower() if found else ""
+    if found is None or unit not in _UNITS:
+        raise ValueError(f"expected a size like 256MiB, 64M, 1GiB or 300 (MiB), got {text!r}")
+    return int(float(found.group(1)) * _UNITS[unit])
 
 
-def _poisoning(t: uni.Tensor) -> None:
-    print("== poisoning ==")
+@attrs.frozen
+class DemoOptions:
+    """What ``uni demo``'s flags ask for."""
+
+    size: int = parse_size(DEFAULT_SIZE)
+    blocks: int = DEFAULT_BLOCKS
+    device: str = "auto"
+    seed: int = 0
+    timeline: str | None = None
+    #: BLAS threads per call in both runs; None: ``default_blas_threads()``.
+    blas_threads: int | None = None
+
+
+class DemoRefused(Exception):
+    """The options cannot run here (exit status 2); the message says why and what to do."""
+
+
+def resolve_device(requested: str) -> str:
+    """``host`` or ``cuda``; ``auto`` is CUDA when it is usable and its stages exist."""
+    if requested not in ("auto", "host", "cuda"):
+        raise DemoRefused(f"--device must be auto, host or cuda, got {requested!r}")
+    if requested == "host":
+        return "host"
+    reason = cuda.unavailable_reason()
+    if requested == "auto":
+        return "cuda" if reason is None and "cuda" in STAGE_FACTORIES else "host"
+    if reason is not None:
+        raise DemoRefused(f"--device cuda: CUDA is not usable here: {reason}. "
+                          "Run with --device host")
+    if "cuda" not in STAGE_FACTORIES:
+        raise DemoRefused("--device cuda: this build of uni has no CUDA streaming stages yet "
+                          "(they need uni.cuda's pinned and device storages). "
+                          "Run with --device host")
+    return "cuda"
+
+
+def _corrupt_block(blocks: int) -> int | None:
+    value = os.environ.get(CORRUPT_ENV)
+    if not value:
+        return None
+    block = int(value) if value.strip().isdigit() else -1
+    if not 0 <= block < blocks:
+        raise DemoRefused(f"{CORRUPT_ENV} must name a block in 0..{blocks - 1}, got {value}")
+    return block
+
+
+@attrs.frozen
+class Measurement:
+    """Both runs of the pipeline and the checks of their outputs."""
+
+    shape: StreamShape
+    device: str
+    serial: RunResult
+    overlapped: RunResult
+    checks: dict[str, list[BlockCheck]]
+    #: The 1-minute load average before the runs (None where the OS has none), and the cores
+    #: this process may use: how much else competed for the machine.
+    load_average: float | None = None
+    cores: int = 1
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.shape.input_bytes + self.shape.output_bytes
+
+    @property
+    def ratio(self) -> float:
+        return self.serial.wall_s / self.overlapped.wall_s
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for checks in self.checks.values() for c in checks)
+
+
+def stage_time(run: RunResult, stage: str) -> float:
+    """Seconds the run's operations of one stage held their leases, summed over blocks."""
+    return sum(s.end - s.start for s in run.spans if s.stage == stage)
+
+
+def measure(shape: StreamShape, seed: int, directory: str, *, device: str = "host",
+            corrupt_block: int | None = None,
+            progress: Callable[[str, int], Callable[[int], None]] | None = None) -> Measurement:
+    """Write the input, warm up, run serially then overlapped, and check both outputs.
+
+    ``progress(description, total)`` returns the per-block callback of one phase.
+    """
+    def phase(description: str, total: int) -> Callable[[int], None]:
+        return progress(description, total) if progress is not None else (lambda i: None)
+
+    # Before this process adds its own: how busy the machine already is.
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    problem = Problem.make(shape, seed)
+    log = SpanLog()
+    factory = STAGE_FACTORIES[device]
+
+    opened: list[Stages] = []
+
+    def stages_for(output: str, on_input: Callable[[int], None] = lambda i: None) -> Stages:
+        x, y, _ = open_files(directory, problem, log, output_name=output, on_block=on_input)
+        opened.append(factory(shape, problem, x, y, log, corrupt_block=corrupt_block))
+        return opened[-1]
+
+    runs: dict[str, RunResult] = {}
+
+    async def main() -> None:
+        # Untimed: the first calls start BLAS's threads and fill the walk's caches.
+        warm = stages_for("warm-up.bin", phase("writing the input file", shape.blocks))
+        await run_pipeline(warm, min(2, shape.blocks), overlapped=True)
+        for name, overlapped in (("serial", False), ("overlapped", True)):
+            stages = stages_for(f"y-{name}.bin")
+            runs[name] = await run_pipeline(stages, shape.blocks, overlapped=overlapped,
+                                            on_block=phase(f"{name} run", shape.blocks))
+
     try:
-        with uni.acquire_host_write_access_sync(t[0]):
-            raise RuntimeError("writer failed half-way")
-    except RuntimeError:
-        pass
+        trio.run(main)
+    finally:
+        for stages in opened:
+            stages.close()
+    sample = sample_blocks(shape.blocks, seed)
+    checks = {name: check_output(problem, os.path.join(directory, f"y-{name}.bin"), sample)
+              for name in runs}
+    return Measurement(shape, device, runs["serial"], runs["overlapped"], checks, load,
+                       _machine.cores()["usable"])
+
+
+# -- presentation ------------------------------------------------------------------------------
+def _mib(n: float) -> str:
+    return f"{n / MiB:,.1f} MiB"
+
+
+def _backends(run: RunResult) -> dict[str, str]:
+    """Per step: which backend ran it, with counts when they differ between blocks."""
+    out = {}
+    for step, records in run.walks.items():
+        counts = collections.Counter(str(r.selected) for r in records)
+        out[step] = ", ".join(f"{name} ({n}/{sum(counts.values())})" if len(counts) > 1 else name
+                              for name, n in counts.most_common()) or "-"
+    return out
+
+
+_OPERATIONS = {
+    "read": "uni.copy_async(x[block], staging[slot])",
+    "gemm": "uni.gemm_async(staging[slot], w, acc[slot])",
+    "bias": "uni.transform_async(acc[slot], uni.ops.add, acc[slot], bias)",
+    "activation": "uni.transform_async(acc[slot], uni.ops.square, acc[slot])",
+    "write": "uni.copy_async(acc[slot], y[block])",
+}
+
+
+def report(console: Console, m: Measurement) -> None:
+    shape = m.shape
+    runs = {"serial": m.serial, "overlapped": m.overlapped}
+    table = Table(title="uni demo: streamed through MappedFileStorage", title_justify="left")
+    table.add_column("")
+    table.add_column("serial", justify="right")
+    table.add_column("overlapped", justify="right")
+    table.add_row("bytes moved", *[_mib(m.bytes_moved)] * 2)
+    table.add_row("wall time", *[f"{r.wall_s:.2f} s" for r in runs.values()])
+    table.add_row("throughput", *[f"{m.bytes_moved / MiB / r.wall_s:,.0f} MiB/s"
+                                  for r in runs.values()])
+    for stage in STAGES:
+        table.add_row(f"time in {stage} (sum over blocks)",
+                      *[f"{stage_time(r, stage):.2f} s" for r in runs.values()])
+    table.add_row("overlap ratio (serial / overlapped)", "", f"{m.ratio:.2f}x")
+    console.print(table)
+    slowest = max(STAGES, key=lambda s: stage_time(m.serial, s))
+    bound = m.serial.wall_s / max(stage_time(m.serial, slowest), 1e-9)
+    console.print(f"the slowest stage ({slowest}) bounds the overlap at about {bound:.2f}x of "
+                  "the serial run; stages overlap only as far as the cores and the disk allow")
+    if m.load_average is not None and m.load_average > 0.5 * m.cores:
+        console.print(f"note: the load average was {m.load_average:.1f} on {m.cores} cores: "
+                      "other processes competed for them; rerun on a quiet machine for "
+                      "representative figures")
+
+    stages = Table(title="which backend ran each stage (uni.dispatch_diagnostics)",
+                   title_justify="left")
+    stages.add_column("stage")
+    stages.add_column("operation (per block)")
+    stages.add_column("backend")
+    backends = _backends(m.overlapped)
+    for step, stage in STEPS:
+        stages.add_row(stage if step in ("read", "gemm", "write") else "", escape(_OPERATIONS[step]),
+                       backends[step])
+    console.print(stages)
+
+    for name, checks in m.checks.items():
+        bad = [c for c in checks if not c.ok]
+        worst = max((c.error for c in checks), default=0.0)
+        blocks = ", ".join(str(c.block) for c in checks)
+        if bad:
+            console.print(f"[bold red]WRONG[/]: the {name} run's output differs from numpy in "
+                          f"block(s) {', '.join(str(c.block) for c in bad)} (relative error "
+                          f"{max(c.error for c in bad):.2e} > tolerance {bad[0].tolerance:.1e})")
+        else:
+            console.print(f"{name} run: blocks {blocks} of {shape.blocks} match numpy (max "
+                          f"relative error {worst:.1e}, tolerance {checks[0].tolerance:.1e})")
+
+
+@contextmanager
+def _progress(console: Console) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    with Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as bar:
+        def phase(description: str, total: int) -> Callable[[int], None]:
+            task = bar.add_task(description, total=total)
+            return lambda i: bar.advance(task)
+
+        yield phase
+
+
+def default_blas_threads() -> int:
+    """One core fewer than this process may use, at least one: the gemm gets every core but
+    the one the overlapping read and write stages need (on two cores: one thread per call)."""
+    return max(1, _machine.cores()["usable"] - 1)
+
+
+@contextmanager
+def blas_threads(threads: int) -> Iterator[list[str]]:
+    """Limit BLAS to ``threads`` per call (both runs alike); yields the libraries as set."""
+    with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+        found = _machine.blas()
+        used = [b for b in found if b["used_by"] == "scipy"] or found  # uni's blas backend's
+        yield [f"{b['library']} {b['version']}, {b['threads']} "
+               f"thread{'' if b['threads'] == 1 else 's'} per call" for b in used]
+
+
+def _free_bytes(directory: str) -> int:
+    return shutil.disk_usage(directory).free
+
+
+def run(options: DemoOptions) -> int:
+    """Run the demo; the exit status (0 ok, 1 wrong or failed, 2 cannot run here)."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 110)  # a log or a pipe: no terminal to fit
+    errors = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        uni.acquire_host_read_access_sync(t)
-    except uni.PoisonedError as err:
-        print(f"PoisonedError: {err} (cause: {err.__cause__!r})")
-    with uni.acquire_host_read_access_sync(t[2]) as lease:
-        print("row 2 is untouched and readable:", np.asarray(lease.mdspan()))
+        device = resolve_device(options.device)
+        if options.timeline is not None and (missing := _timeline.missing()) is not None:
+            raise DemoRefused(missing)
+        try:
+            shape = StreamShape.for_size(options.size, options.blocks)
+        except ShapeError as err:
+            raise DemoRefused(str(err)) from None
+        corrupt = _corrupt_block(shape.blocks)
+        if options.blas_threads is not None and options.blas_threads < 1:
+            raise DemoRefused(f"--blas-threads must be at least 1, got {options.blas_threads}")
+    except DemoRefused as err:
+        errors.print(f"uni demo: {err}", markup=False)
+        return 2
 
-
-def _operations() -> None:
-    print("== operations and the backend walk ==")
-    rng = np.random.default_rng(0)
-    a = uni.from_numpy(rng.standard_normal((256, 128)))
-    b = uni.from_numpy(rng.standard_normal((256, 64)))
-    c = uni.zeros((128, 64))
-    with uni.dispatch_diagnostics() as records:
-        uni.gemm(a.T, b, c, alpha=2.0)  # a transposed view: BLAS's trans flag, no copy
-    print(f"gemm(a.T, b) ran on {records[-1].selected!r}; "
-          f"max error vs numpy {np.abs(c.to_numpy() - 2 * a.to_numpy().T @ b.to_numpy()).max():.1e}")
-    ints = uni.full((2, 2), 3, uni.int64)
-    try:
-        uni.gemm(ints, ints, uni.zeros((2, 2), uni.int64), backends=["blas"])
-    except uni.KernelDispatchError as err:
-        print(f"KernelDispatchError, as a user sees it:\n{err}")
-    uni.gemm(ints, ints, out := uni.zeros((2, 2), uni.int64))
-    print("the default walk falls back to cpu_reference for integers:", out.to_numpy().tolist())
-    src = uni.from_numpy(rng.standard_normal((2048, 2048)))
-    dst = uni.zeros((2048, 2048), order="F")
-    reference_src, reference_dst = src.to_numpy(), np.zeros((2048, 2048), order="F")
-    uni_time = min(_timed(lambda: uni.copy(src, dst)) for _ in range(3))
-    numpy_time = min(_timed(lambda: np.copyto(reference_dst, reference_src)) for _ in range(3))
-    print(f"C-order -> F-order copy of 32 MiB: uni {32 / 1024 / uni_time:.2f} GiB/s, "
-          f"numpy.copyto {32 / 1024 / numpy_time:.2f} GiB/s ({numpy_time / uni_time:.1f}x)")
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-async def _pipeline() -> None:
-    print("== async pipeline (trio) ==")
-    x = uni.from_numpy(np.ones((64, 64)))
-    y = uni.zeros((64, 64))
-    z = uni.zeros((64, 64))
-    first = uni.gemm_async(x, x, y)           # registered now, runs on uni's workers
-    second = uni.gemm_async(y, x, z, beta=0)  # ordered after the first: it reads y
-    reader = uni.acquire_host_read_access_async(z)  # ordered after both
-    await first
-    await second
-    async with reader as lease:
-        print("z[0, 0] after two chained products:", np.asarray(lease.mdspan())[0, 0])
-
-
-def run() -> int:
-    t = _metadata_and_leases()
-    _poisoning(t)
-    _operations()
-    trio.run(_pipeline)
-    print("uni info:", "CUDA", "available" if uni.cuda.is_available() else
-          f"not available ({uni.cuda.unavailable_reason()})")
-    return 0
+    with tempfile.TemporaryDirectory(prefix="uni-demo-") as directory:
+        need = shape.input_bytes + 3 * shape.output_bytes
+        if _free_bytes(directory) < need:
+            errors.print(f"uni demo: needs {_mib(need)} free in {directory}, has "
+                         f"{_mib(_free_bytes(directory))}; pass a smaller --size or set TMPDIR",
+                         markup=False)
+            return 2
+        cuda_note = "" if device == "cuda" else f" (CUDA: {cuda.unavailable_reason() or 'usable'})"
+        console.print(f"uni demo: y = square(x @ w + bias) on {device}{cuda_note}", markup=False)
+        console.print(
+            f"x: {shape.rows} x {shape.k} {shape.dtype.name} ({_mib(shape.input_bytes)}) in a "
+            f"mapped file, {shape.blocks} blocks of {shape.block_rows} rows; w: {shape.k} x "
+            f"{shape.m}", markup=False,
+        )
+        console.print(f"files: {directory} (removed after)", markup=False)
+        try:
+            threads = options.blas_threads or default_blas_threads()
+            with blas_threads(threads) as libraries, _progress(console) as phase:
+                console.print("BLAS (the blas backend's): " + (", ".join(libraries) or "none found")
+                              + " in both runs (--blas-threads N to change)", markup=False)
+                m = measure(shape, options.seed, directory, device=device,
+                            corrupt_block=corrupt, progress=phase)
+        except PipelineError as err:
+            errors.print(f"uni demo: the pipeline failed: {err}", markup=False)
+            return 1
+    report(console, m)
+    if options.timeline is not None:
+        _timeline.draw(options.timeline, [("serial", m.serial), ("overlapped", m.overlapped)],
+                       shape.blocks)
+        console.print(f"timeline written to {options.timeline}", markup=False)
+    return 0 if m.ok else 1

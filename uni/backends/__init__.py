@@ -36,9 +36,11 @@ _unavailable: dict[str, UnavailableBackend] = {}
 class UnavailableBackend:
     """Stands in for a built-in backend that cannot be loaded here; declines with the reason."""
 
-    def __init__(self, name: str, reason: str) -> None:
+    def __init__(self, name: str, reason: str, error: BaseException | None = None) -> None:
         self.name = name
         self.reason = reason
+        #: The import error itself (its message alone, without the type, reads best in lists).
+        self.error: BaseException | str = error if error is not None else reason
 
     def available(self) -> bool:
         return False
@@ -74,7 +76,8 @@ def _load(name: str) -> Any:
     try:
         importlib.import_module(module)
     except ImportError as err:
-        stand_in = _unavailable[name] = UnavailableBackend(name, f"{type(err).__name__}: {err}")
+        stand_in = _unavailable[name] = UnavailableBackend(name, f"{type(err).__name__}: {err}",
+                                                           err)
         return stand_in
     backend = _registry.get(name)
     if backend is None:  # pragma: no cover - a built-in module that forgot to register

@@ -1,0 +1,144 @@
+"""``uni demo``: the main job at a small size, its checks, its flags and its refusals."""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import sys
+
+import attrs
+import pytest
+from rich.console import Console
+
+import uni
+from uni import _demo, _machine
+from uni._pipeline import CORRUPT_ENV, StreamShape
+from uni.cli import main
+
+SMALL = ["demo", "--size", "2MiB", "--blocks", "4"]
+
+
+def test_parse_size_units_and_errors() -> None:
+    assert _demo.parse_size("256MiB") == 256 << 20
+    assert _demo.parse_size("64M") == 64 << 20
+    assert _demo.parse_size("1GiB") == 1 << 30
+    assert _demo.parse_size("300") == 300 << 20
+    assert _demo.parse_size("512k") == 512 << 10
+    assert _demo.parse_size("1.5MiB") == 3 << 19
+    with pytest.raises(ValueError, match="expected a size like 256MiB"):
+        _demo.parse_size("lots")
+    with pytest.raises(ValueError, match="got '3 parsecs'"):
+        _demo.parse_size("3 parsecs")
+
+
+def test_small_demo_runs_checks_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SMALL) == 0
+    out = capsys.readouterr().out
+    for expected in ("bytes moved", "wall time", "throughput", "overlap ratio", "serial",
+                     "overlapped", "uni.gemm_async(staging[slot], w, acc[slot])",
+                     "which backend ran each stage"):
+        assert expected in out, expected
+    assert out.count("match numpy") == 2  # both runs checked
+    assert "blas" in out and "WRONG" not in out
+
+
+def test_measurement_moves_the_bytes_it_reports(tmp_path: pathlib.Path) -> None:
+    shape = StreamShape(rows=64, k=16, m=8, blocks=4)
+    m = _demo.measure(shape, 0, str(tmp_path))
+    assert m.ok and m.bytes_moved == 64 * 16 * 8 + 64 * 8 * 8
+    assert m.ratio == m.serial.wall_s / m.overlapped.wall_s
+    for run in (m.serial, m.overlapped):
+        assert {s.block for s in run.spans} == set(range(4))
+        assert all(_demo.stage_time(run, stage) > 0 for stage in ("read", "compute", "write"))
+
+
+def test_a_corrupted_block_makes_the_demo_exit_1(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(CORRUPT_ENV, "0")  # block 0 is always in the checked sample
+    assert main(SMALL) == 1
+    out = capsys.readouterr().out
+    assert "WRONG: the overlapped run's output differs from numpy in block(s) 0" in out
+
+
+@pytest.mark.parametrize("value", ["9", "-1", "first"])
+def test_corrupt_hook_outside_the_blocks_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    value: str) -> None:
+    monkeypatch.setenv(CORRUPT_ENV, value)
+    assert main(SMALL) == 2
+    assert f"must name a block in 0..3, got {value}" in capsys.readouterr().err
+
+
+def test_timeline_png_is_written(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "timeline.png"
+    assert main([*SMALL, "--timeline", str(path)]) == 0
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    assert f"timeline written to {path}" in capsys.readouterr().out
+
+
+def test_timeline_without_matplotlib_says_what_to_install(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail on purpose
+    path = tmp_path / "timeline.png"
+    assert main([*SMALL, "--timeline", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--timeline needs matplotlib" in err and "pip install 'uni[bench]'" in err
+    assert not path.exists()
+
+
+@pytest.mark.skipif(uni.cuda.is_available(), reason="CUDA is usable here")
+def test_device_cuda_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    reason = uni.cuda.unavailable_reason()
+    assert reason is not None and reason in err and "--device host" in err
+
+
+def test_auto_device_runs_on_the_host_without_cuda_stages() -> None:
+    assert _demo.resolve_device("auto") == "host"
+    assert _demo.resolve_device("host") == "host"
+    with pytest.raises(_demo.DemoRefused, match="--device must be auto, host or cuda"):
+        _demo.resolve_device("tpu")
+
+
+def test_too_small_a_size_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--size", "1k", "--blocks", "4"]) == 2
+    assert "too small for 4 blocks" in capsys.readouterr().err
+
+
+def test_the_default_size_is_a_few_hundred_mib() -> None:
+    options = _demo.DemoOptions()
+    assert 128 << 20 <= options.size <= 512 << 20 and options.blocks >= 8
+
+
+def test_report_notes_a_busy_machine(tmp_path: pathlib.Path) -> None:
+    m = _demo.measure(StreamShape(rows=32, k=8, m=8, blocks=2), 0, str(tmp_path))
+    assert m.cores >= 1
+    for load, noted in ((10.0, True), (0.0, False)):
+        out = io.StringIO()
+        _demo.report(Console(file=out, width=120), attrs.evolve(m, load_average=load))
+        assert ("note: the load average was 10.0" in out.getvalue()) is noted
+
+
+def test_blas_threads_apply_to_the_runs_and_are_restored(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = [lib["threads"] for lib in _machine.blas()]
+    assert main([*SMALL, "--blas-threads", "1"]) == 0
+    assert "1 thread per call" in capsys.readouterr().out
+    assert [lib["threads"] for lib in _machine.blas()] == before
+    assert main([*SMALL, "--blas-threads", "0"]) == 2
+    assert "--blas-threads must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_the_default_leaves_one_core_to_the_overlapping_stages(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cores = _machine.cores()["usable"]
+    assert main(SMALL) == 0
+    threads = max(1, cores - 1)
+    assert f"{threads} thread{'' if threads == 1 else 's'} per call in both runs" in (
+        capsys.readouterr().out)
+    assert main([*SMALL, "--blas-threads", "2"]) == 0
+    assert "2 threads per call in both runs" in capsys.readouterr().out

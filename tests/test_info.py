@@ -1,0 +1,40 @@
+"""``uni info``: version, dtypes, backends per storage type, BLAS, CUDA or the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+import uni
+from uni import _info, _machine
+from uni.cli import main
+
+
+def test_info_names_version_dtypes_backends_blas_and_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"uni {uni.__version__} ")
+    for dtype in uni.SUPPORTED_DTYPES:
+        assert dtype.name in out
+    assert "  blas            loads" in out and "  cpu_reference   loads" in out
+    assert "HostStorage            blas -> numpy -> cpu_reference" in out
+    assert "MappedFileStorage      blas -> numpy -> cpu_reference" in out
+    for lib in _machine.blas():
+        assert f"{lib['library']} {lib['version']}, {lib['threads']} threads" in out
+    reason = uni.cuda.unavailable_reason()
+    assert ("cuda:     available" in out) if reason is None else (f"not available ({reason})" in out)
+
+
+def test_a_backend_that_cannot_load_says_why(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # A built-in name whose module is missing: the loader's ImportError is the reason.
+    monkeypatch.setitem(uni.backends._BUILTIN, "phantom", "uni.backends.no_such_module")
+    assert _info.backend_status("phantom") == (
+        "cannot load here: No module named 'uni.backends.no_such_module'")
+    assert main(["info"]) == 0
+    assert "phantom         cannot load here: No module named" in capsys.readouterr().out
+
+
+def test_every_known_backend_is_listed() -> None:
+    names = _info.known_backends()
+    assert {"blas", "cpu_reference"} <= set(names)
+    assert len(names) == len(set(names))
