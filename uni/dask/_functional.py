@@ -78,5 +78,9 @@ def elementwise(op: Any, *arrays: Any, dtype: Any = None) -> Any:
     xs = [da.asarray(a) for a in arrays]
     out = np.dtype(dtype) if dtype is not None else np.result_type(*(x.dtype for x in xs))
     ndim = max(x.ndim for x in xs)
-    return da.map_blocks(_transform_blocks, *xs, op=op, out_dtype=out, dtype=out,
-                         meta=np.empty((0,) * ndim, out))
+    index = tuple(range(ndim))
+    pairs: list[Any] = []
+    for x in xs:
+        pairs += [x, index[ndim - x.ndim:]]   # numpy broadcasting: axes aligned on the right
+    return da.blockwise(_transform_blocks, index, *pairs, dtype=out, align_arrays=True,
+                        meta=np.empty((0,) * ndim, out), op=op, out_dtype=out)
