@@ -277,6 +277,8 @@ class ChunkStorage(StorageBase):
                 _strided(current, region)[...] = _strided(buffer, region)
                 buffer = current
             self.commit(buffer, None)
+            if covering:  # a whole-chunk overwrite vouches for the chunk: its poison ends
+                _layout.clear_marker(self.tiled.path, self.index, below=1 << 62)
 
     # -- committing --------------------------------------------------------------------
     def commit(self, buffer: np.ndarray[Any, Any], epoch: int | None) -> bool:
