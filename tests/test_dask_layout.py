@@ -21,7 +21,7 @@ def _commit(t: ud.TiledTensor, epoch: int, value: float) -> bool:
     tmp = _layout.new_tmp(t.path, "test")
     _layout.write_new_file(tmp, np.full(3, value), durable=True)
     return _layout.commit_versioned(t.path, (0,), t.chunk_path((0,)), tmp, epoch,
-                                    lambda epoch: None)
+                                    lambda epoch: None, durable=True)
 
 
 def test_versioned_commits_publish_the_newest_and_refuse_stale_ones(tmp_path: Any) -> None:

@@ -290,12 +290,13 @@ class ChunkStorage(StorageBase):
             _layout.write_new_file(tmp, buffer, durable=self.tiled.durable)
             self._before_rename(tmp)
             if epoch is None:
-                _layout.commit_unversioned(self.chunk_file, tmp)
+                _layout.commit_unversioned(self.chunk_file, tmp, durable=self.tiled.durable)
                 self._after_rename(None)
                 committed = True
             else:
                 committed = _layout.commit_versioned(store, self.index, self.chunk_file, tmp,
-                                                     epoch, self._after_rename)
+                                                     epoch, self._after_rename,
+                                                     durable=self.tiled.durable)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -68,6 +68,15 @@ def write_new_file(path: str, buffer: np.ndarray[Any, Any], *, durable: bool) ->
         os.close(fd)
 
 
+def sync_dir(path: str) -> None:
+    """fsync a directory: makes the renames inside it survive a power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_file_into(fd: int, out: np.ndarray[Any, Any]) -> None:
     view = out.reshape(-1).view(np.uint8).data
     done = 0
@@ -128,7 +137,7 @@ def _published_is(chunk_file: str, version_file: str) -> bool:
 
 
 def commit_versioned(store: str, index: Index, chunk_file: str, tmp: str, epoch: int,
-                     after_rename: Any) -> bool:
+                     after_rename: Any, *, durable: bool = False) -> bool:
     """Commit the written temporary ``tmp`` as ``epoch`` of the chunk; False when stale.
 
     Stale: a version at least as new is already committed (a rerun of a task whose commit
@@ -140,8 +149,12 @@ def commit_versioned(store: str, index: Index, chunk_file: str, tmp: str, epoch:
             return False
         version_file = os.path.join(versions_dir(store, index), str(epoch))
         os.rename(tmp, version_file)  # the commit point
+        if durable:
+            sync_dir(versions_dir(store, index))
         after_rename(epoch)
         _publish(store, index, version_file, chunk_file)
+        if durable:
+            sync_dir(os.path.dirname(chunk_file))
         _drop_below(store, index, epoch)
         clear_marker(store, index, below=epoch)
     return True
@@ -159,9 +172,11 @@ def ensure_published(store: str, index: Index, chunk_file: str, epoch: int) -> N
         clear_marker(store, index, below=epoch)
 
 
-def commit_unversioned(chunk_file: str, tmp: str) -> None:
+def commit_unversioned(chunk_file: str, tmp: str, *, durable: bool = False) -> None:
     os.makedirs(os.path.dirname(chunk_file), exist_ok=True)
     os.replace(tmp, chunk_file)
+    if durable:
+        sync_dir(os.path.dirname(chunk_file))
 
 
 def _drop_below(store: str, index: Index, epoch: int) -> list[str]:
