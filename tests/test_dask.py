@@ -39,8 +39,7 @@ ALLOWED_FAILURES = 1  # Dask retries a task once after its worker died, then giv
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
-    with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
-                          "distributed.scheduler.work-stealing": False}):
+    with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                dashboard_address=None, memory_limit="2GiB")
         try:
@@ -288,6 +287,59 @@ def test_without_the_sequencer_the_same_program_gives_wrong_values(client: Clien
                                                                     tmp_path: Any) -> None:
     seen, _, _ = _w1_r_w2(client, tmp_path, ordered=False)
     assert seen.tolist() != [1.0] * 4    # R ran before W1 committed
+
+
+def timed_copy(out_tile: uni.Tensor, in_tile: uni.Tensor, *, log: str, sleep: float) -> None:
+    start = time.time()
+    with uni.acquire_host_read_access_sync(in_tile) as src:
+        time.sleep(sleep)
+        with uni.acquire_host_write_access_sync(out_tile, overwrite=True) as dst:
+            np.asarray(dst.mdspan())[...] = np.asarray(src.mdspan())
+    with open(log, "w") as f:
+        f.write(f"{start} {time.time()}")
+
+
+def timed_write(out_tile: uni.Tensor, *, log: str, value: float) -> None:
+    start = time.time()
+    write_value(out_tile, value=value)
+    with open(log, "w") as f:
+        f.write(f"{start} {time.time()}")
+
+
+def _dependencies(keys: list[Any], dask_scheduler: Any = None) -> list[set[Any]] | None:
+    if not all(k in dask_scheduler.tasks for k in keys):
+        return None  # not arrived yet: submitting is asynchronous
+    return [{d.key for d in dask_scheduler.tasks[k].dependencies} for k in keys]
+
+
+def test_readers_of_one_epoch_run_together_and_the_next_writer_waits_for_all(
+        client: Client, tmp_path: Any) -> None:
+    x = ud.zeros(tmp_path / "x.zarr", (4,), (4,))
+    outs = [ud.zeros(tmp_path / f"y{n}.zarr", (4,), (4,)) for n in range(2)]
+    logs = [str(tmp_path / f"r{n}") for n in range(2)] + [str(tmp_path / "w2")]
+    with ud.session(client):
+        # Settled first: tasks waiting for one tiny token all go where it lies (Dask's data
+        # locality), which would put both readers on one single-thread worker.
+        ud.map_tiles(functools.partial(write_value, value=1.0), x, overwrite=True).result(T)
+        readers = [ud.map_tiles(functools.partial(timed_copy, log=log, sleep=1.0), out, x,
+                                overwrite=True) for out, log in zip(outs, logs, strict=False)]
+        w2 = ud.map_tiles(functools.partial(timed_write, log=logs[2], value=2.0), x,
+                          overwrite=True)
+        keys = [f.key for f in readers[1].futures] + [f.key for f in w2.futures]
+        deadline = time.monotonic() + T
+        while (edges := client.run_on_scheduler(_dependencies, keys)) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        x.wait(timeout=T)
+    reader_keys = {f.key for r in readers for f in r.futures}
+    assert not edges[0] & reader_keys    # the second reader does not wait for the first
+    assert edges[1] == reader_keys       # the next writer waits for both
+    (s0, e0), (s1, e1), (s2, _) = ([float(v) for v in pathlib.Path(log).read_text().split()]
+                                   for log in logs)
+    assert s1 < e0 and s0 < e1           # the two readers overlapped (two workers)
+    assert s2 >= max(e0, e1)             # the next writer waited for both
+    assert [stored(o).tolist() for o in outs] == [[1.0] * 4] * 2
+    assert stored(x).tolist() == [2.0] * 4
 
 
 # -- poisoning ------------------------------------------------------------------------------

@@ -64,7 +64,12 @@ class _Task:
 
     @property
     def status(self) -> str:
-        return "pending" if self.future is None else str(self.future.status)
+        if self.future is None:
+            return "pending"
+        status = str(self.future.status)
+        # "lost": the task finished, then the worker holding its token died. Its chunk is
+        # committed in the store; only Dask's copy of the token is gone.
+        return "finished" if status == "lost" else status
 
 
 class _Chunk:
@@ -333,7 +338,7 @@ class Session:
         writers in their stores (errors are not raised here: ``wait()`` raises them)."""
         with self._lock:
             tasks = list(self._live.values())
-        futures = [t.future for t in tasks if t.future is not None]
+        futures = [t.future for t in tasks if t.future is not None and t.status != "finished"]
         if futures:
             try:
                 distributed.wait(futures, timeout=timeout)
@@ -562,7 +567,8 @@ class Session:
 
     def wait_tensor(self, tiled: TiledTensor, timeout: float | None) -> None:
         writers = self._writers(tiled)
-        futures = [w.future for w in writers.values() if w.future is not None]
+        futures = [w.future for w in writers.values()
+                   if w.future is not None and w.status != "finished"]
         if futures:
             try:
                 distributed.wait(futures, timeout=timeout)
