@@ -162,7 +162,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     workdir = tempfile.mkdtemp(prefix="bench_dask_")
     try:
         for n in sizes:
-            reps = 3 if n <= 4096 else 2
+            reps = 5 if n <= 4096 else 2
             a_path, b_path = _inputs(workdir, n)
             ours: list[dict[str, Any]] = []
             theirs: list[dict[str, Any]] = []

@@ -81,3 +81,11 @@ def test_a_foreign_raw_array_opens_and_its_tiles_read(tmp_path: Any) -> None:
         assert np.asarray(lease.mdspan()).tolist() == [[0, 1], [2, 3]]
     with uni.acquire_host_read_access_sync(t.tile((1, 1))) as lease:
         assert np.asarray(lease.mdspan()).tolist() == [[-1]]
+
+
+def test_the_public_face_lists_each_name_once_and_every_name_exists() -> None:
+    assert len(ud.__all__) == len(set(ud.__all__))
+    assert [n for n in ud.__all__ if not hasattr(ud, n)] == []
+    public = {n for n in dir(ud) if not n.startswith("_") and not isinstance(getattr(ud, n),
+                                                                             type(os))}
+    assert sorted(public - set(ud.__all__)) == []
