@@ -162,7 +162,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     workdir = tempfile.mkdtemp(prefix="bench_dask_")
     try:
         for n in sizes:
-            reps = 5 if n <= 4096 else 2
+            reps = 5 if n <= 4096 else 3
             a_path, b_path = _inputs(workdir, n)
             ours: list[dict[str, Any]] = []
             theirs: list[dict[str, Any]] = []
@@ -180,7 +180,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             notes = (
                 f"{reps} reps, fresh cluster each, 2 workers x 1 thread, {WORKER_MEMORY} each; "
                 f"uni times {[round(r['s'], 2) for r in ours]}, dask "
-                f"{[round(r['s'], 2) for r in theirs]}; store bytes read: uni "
+                f"{[round(r['s'], 2) for r in theirs]} (paired ratios "
+                f"{[round(t['s'] / o['s'], 2) for o, t in zip(ours, theirs, strict=True)]}); "
+                f"store bytes read: uni "
                 f"{_mib(statistics.median(r['read'] for r in ours))} (cache hits "
                 f"{_mib(statistics.median(r['hit'] for r in ours))}; {_mib(no_cache)} without "
                 f"a cache), rchar uni {_mib(statistics.median(r['rchar'] for r in ours))} / dask "
