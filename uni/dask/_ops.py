@@ -84,7 +84,7 @@ def _ones(shape: tuple[int, ...], dtype: np.dtype[Any]) -> uni.Tensor:
     return uni.full(shape, 1, dtype)
 
 
-def _dry_run(what: str, run: Callable[[], Any]) -> None:
+def _dry_run(run: Callable[[], Any]) -> None:
     """Run the operation once on one-element host tensors of the operands' dtypes: what uni
     refuses for these operands (a dtype mix, a wrong arity) is refused now, on the client,
     before any task exists."""
@@ -115,8 +115,8 @@ def gemm(a: TiledTensor, b: TiledTensor, c: TiledTensor, *, alpha: Any = 1,
     _apart(what, "c", c, a=a, b=b)
     _scalar(what, "alpha", alpha)
     _scalar(what, "beta", beta)
-    _dry_run(what, lambda: uni.gemm(_ones((1, 1), a.dtype), _ones((1, 1), b.dtype),
-                                    _ones((1, 1), c.dtype), alpha=alpha, beta=beta))
+    _dry_run(lambda: uni.gemm(_ones((1, 1), a.dtype), _ones((1, 1), b.dtype),
+                              _ones((1, 1), c.dtype), alpha=alpha, beta=beta))
     ktiles = a.grid[1]
     body = GemmBody(a, b, alpha, beta)
     items = [TileItem((i, j), tuple((a, (i, kk)) for kk in range(ktiles)) +
@@ -142,8 +142,8 @@ def gemv(a: TiledTensor, x: TiledTensor, y: TiledTensor, *, alpha: Any = 1,
     _apart(what, "y", y, a=a, x=x)
     _scalar(what, "alpha", alpha)
     _scalar(what, "beta", beta)
-    _dry_run(what, lambda: uni.gemv(_ones((1, 1), a.dtype), _ones((1,), x.dtype),
-                                    _ones((1,), y.dtype), alpha=alpha, beta=beta))
+    _dry_run(lambda: uni.gemv(_ones((1, 1), a.dtype), _ones((1,), x.dtype),
+                              _ones((1,), y.dtype), alpha=alpha, beta=beta))
     ktiles = a.grid[1]
     body = GemvBody(a, x, alpha, beta)
     items = [TileItem((i,), tuple((a, (i, kk)) for kk in range(ktiles)) +
@@ -169,7 +169,7 @@ def copy(src: TiledTensor, dst: TiledTensor) -> TiledFuture:
         raise uni.ShapeError(f"{what}: src {src.shape} and dst {dst.shape} differ in shape")
     _apart(what, "dst", dst, src=src)
     ones = (1,) * src.ndim
-    _dry_run(what, lambda: uni.copy(_ones(ones, src.dtype), _ones(ones, dst.dtype)))
+    _dry_run(lambda: uni.copy(_ones(ones, src.dtype), _ones(ones, dst.dtype)))
     body = CopyBody(src)
     items = []
     for index in dst.tiles():
@@ -205,8 +205,8 @@ def transform(out: TiledTensor, op: Any, *inputs: TiledTensor) -> TiledFuture:
             raise uni.LayoutError(f"{what}: input {n} shares the output's store ({out.path}) "
                                   "with a different layout; in place means the same tensor")
     domain = _one_domain(what, out=out, **{f"input{n}": t for n, t in enumerate(ins)})
-    _dry_run(what, lambda: uni.transform(_ones((1,) * out.ndim, out.dtype), op,
-                                         *[_ones((1,) * t.ndim, t.dtype) for t in ins]))
+    _dry_run(lambda: uni.transform(_ones((1,) * out.ndim, out.dtype), op,
+                                   *[_ones((1,) * t.ndim, t.dtype) for t in ins]))
     in_place = any(t == out for t in ins)
     body = TransformBody(op, ins, in_place)
     items = []
@@ -270,7 +270,7 @@ def from_dask(array: Any, path: Any, chunks: Any = None, *, dtype: Any = None,
         chunks = x.chunksize
     target_dtype = np.dtype(x.dtype if dtype is None else dtype)
     ones = (1,) * x.ndim
-    _dry_run(what, lambda: uni.copy(_ones(ones, x.dtype), _ones(ones, target_dtype)))
+    _dry_run(lambda: uni.copy(_ones(ones, x.dtype), _ones(ones, target_dtype)))
     target = _tiled.empty(path, x.shape, chunks, target_dtype, overwrite=overwrite,
                           durable=durable)
     x = x.rechunk(target.chunks)
