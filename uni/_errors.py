@@ -54,6 +54,11 @@ class PoisonedError(LeaseError):
     """The data was left half-written by a failed writer; ``__cause__`` is that failure."""
 
 
+class TileAccessError(LeaseError):
+    """A uni.dask task reached a tile it did not declare: the sequencer cannot order that
+    access (declare it among the task's outputs or inputs)."""
+
+
 class ReadOnlyOutputError(LeaseError, ValueError):
     """An operation was given a read-only output (a uni error, and a ValueError as well)."""
 
@@ -121,6 +126,7 @@ __all__ = [
     "ReadOnlyOutputError",
     "ShapeError",
     "StorageError",
+    "TileAccessError",
     "UniError",
     "WouldBlockError",
 ]

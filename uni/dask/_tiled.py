@@ -1,0 +1,287 @@
+"""TiledTensor: a small picklable description of a Zarr v3 array with raw chunks.
+
+It holds metadata only (store path, shape, chunks, dtype, domain, fill value): it travels to
+workers in task arguments, and ``.tile(index)`` there opens one chunk as a ``uni.Tensor``.
+The data never travels with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import dask.array as da
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec
+from zarr.core.metadata import ArrayV3Metadata
+
+import uni
+from uni.dask import _current, _layout
+from uni.dask._chunk_storage import chunk_storage
+from uni.dask._grid import Index, chunk_name, grid_shape, tile_extent, tile_indices, tile_slices
+
+
+def _abspath(path: Any) -> str:
+    return str(os.path.abspath(os.fspath(path)))
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    if isinstance(value, int | np.integer):
+        return (operator.index(value),)
+    return tuple(operator.index(v) for v in value)
+
+
+def _dtype(value: Any) -> np.dtype[Any]:
+    dt = np.dtype(value)
+    if dt not in uni.SUPPORTED_DTYPES:
+        raise uni.DTypeError(
+            f"uni.dask stores {', '.join(d.name for d in uni.SUPPORTED_DTYPES)}; got {dt}"
+        )
+    native: np.dtype[Any] = dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
+    return native
+
+
+def _check_chunks(instance: TiledTensor, attribute: Any, value: tuple[int, ...]) -> None:
+    if len(value) != len(instance.shape):
+        raise uni.ShapeError(
+            f"'chunks' must have one entry per axis: expected {len(instance.shape)} for shape "
+            f"{instance.shape}, got {value}"
+        )
+    if any(c < 1 for c in value):
+        raise uni.ShapeError(f"every chunk extent must be at least 1, got {value}")
+
+
+def _check_shape(instance: TiledTensor, attribute: Any, value: tuple[int, ...]) -> None:
+    if not value:
+        raise uni.ShapeError("uni.dask tiles arrays of rank 1 or more; got a 0-d shape")
+    if any(s < 0 for s in value):
+        raise uni.ShapeError(f"extents must be non-negative, got {value}")
+
+
+def _check_domain(instance: TiledTensor, attribute: Any, value: Any) -> None:
+    if not isinstance(value, uni.Domain):
+        raise uni.DomainError(f"'domain' must be uni.HOST or uni.CUDA, got {value!r}")
+
+
+@attrs.frozen(repr=False)
+class TiledTensor:
+    """A Zarr v3 array with raw (uncompressed) chunks, described; no data attached.
+
+    Build one with ``uni.dask.open``, ``empty``, ``zeros``, ``full`` or ``from_dask``.
+    """
+
+    path: str = attrs.field(converter=_abspath)
+    shape: tuple[int, ...] = attrs.field(converter=_ints, validator=_check_shape)
+    chunks: tuple[int, ...] = attrs.field(converter=_ints, validator=_check_chunks)
+    dtype: np.dtype[Any] = attrs.field(converter=_dtype)
+    domain: uni.Domain = attrs.field(default=uni.HOST, validator=_check_domain)
+    fill_value: Any = 0
+    #: A random id written into the store when uni.dask created it ("" for other arrays):
+    #: cached chunk contents of a deleted and re-created store can never be mistaken.
+    store_id: str = ""
+    #: Zarr's chunk key encoding: "default" (``c/1/2``) or "v2" (``1.2``), and its separator.
+    key_encoding: str = attrs.field(default="default",
+                                    validator=attrs.validators.in_(("default", "v2")))
+    key_separator: str = attrs.field(default="/", validator=attrs.validators.in_(("/", ".")))
+    #: fsync every committed chunk before its rename (survives power loss, not only a kill).
+    durable: bool = False
+
+    # -- metadata --------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def grid(self) -> Index:
+        """The number of chunks along each axis."""
+        return grid_shape(self.shape, self.chunks)
+
+    @property
+    def nchunks(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def chunk_nbytes(self) -> int:
+        """Bytes of one chunk file (edge chunks are stored full-size, padded)."""
+        return math.prod(self.chunks) * self.dtype.itemsize
+
+    def tiles(self) -> Iterator[Index]:
+        """Every chunk index, in row-major order."""
+        return tile_indices(self.grid)
+
+    def check_index(self, index: Any) -> Index:
+        idx = _ints(index)
+        grid = self.grid
+        if len(idx) != len(grid) or any(not 0 <= i < g for i, g in zip(idx, grid, strict=True)):
+            raise uni.ShapeError(
+                f"tile index {idx} is outside the chunk grid {grid} of {self.path}"
+            )
+        return idx
+
+    def tile_shape(self, index: Sequence[int]) -> Index:
+        """The in-bounds extent of one tile (smaller than ``chunks`` at the far edges)."""
+        return tile_extent(self.check_index(index), self.shape, self.chunks)
+
+    def tile_slices(self, index: Sequence[int]) -> tuple[slice, ...]:
+        """The elements of the whole array that one tile holds."""
+        return tile_slices(self.check_index(index), self.shape, self.chunks)
+
+    def chunk_key(self, index: Index) -> str:
+        """The Zarr key of one chunk (``c/1/2``): its path relative to the store."""
+        parts = [str(i) for i in index]
+        if self.key_encoding == "default":
+            return self.key_separator.join(["c", *parts])
+        return self.key_separator.join(parts) or "0"
+
+    def chunk_path(self, index: Index) -> str:
+        return os.path.join(self.path, *self.chunk_key(index).split("/"))
+
+    def chunk_name(self, index: Index) -> str:
+        return chunk_name(index)
+
+    # -- data, on a worker ------------------------------------------------------------
+    def tile(self, index: Sequence[int]) -> uni.Tensor:
+        """Chunk ``index`` as a ``uni.Tensor`` of its in-bounds extent (no data is read yet).
+
+        Use it where the data is (inside ``map_tiles``' function on a worker): take leases on
+        it like on any tensor. The storage is this process's one storage of that chunk.
+        """
+        idx = self.check_index(index)
+        storage = chunk_storage(self, idx)
+        return uni.Tensor.from_storage(
+            storage, uni.layout_stride(tile_extent(idx, self.shape, self.chunks),
+                                       storage.chunk_strides))
+
+    # -- the sequencer's view -----------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for every writer registered on this tensor; raise if a chunk is poisoned.
+
+        Raises ``uni.PoisonedError`` (``__cause__``: the writer's failure) for the first
+        poisoned chunk, also for chunks poisoned in an earlier session (a marker in the store).
+        """
+        _current.wait_tensor(self, timeout)
+
+    def poisoned(self) -> tuple[Index, ...]:
+        """The chunks whose last writer failed (known now: this does not wait)."""
+        return _current.poisoned_chunks(self)
+
+    def to_dask(self, *, wait: bool = True) -> Any:
+        """A plain ``dask.array`` over the same Zarr store (``wait``: first ``self.wait()``)."""
+        if wait:
+            self.wait()
+        return da.from_zarr(self.path)
+
+    def __repr__(self) -> str:
+        return (f"TiledTensor({self.path!r}, shape={self.shape}, chunks={self.chunks}, "
+                f"dtype={self.dtype.name}, domain={self.domain!r})")
+
+
+# -- stores ------------------------------------------------------------------------------------
+def _fill(dtype: np.dtype[Any], value: Any) -> Any:
+    scalar = np.array(value).astype(dtype)
+    return scalar.item()
+
+
+def _create(path: Any, shape: Any, chunks: Any, dtype: Any, fill_value: Any, domain: Any,
+            overwrite: bool, durable: bool) -> TiledTensor:
+    store_id = uuid.uuid4().hex
+    probe = TiledTensor(path, shape, chunks, dtype, domain, 0, store_id, durable=durable)
+    dt = probe.dtype
+    fill = _fill(dt, fill_value)
+    target = probe.path
+    if os.path.exists(target):
+        if not overwrite:
+            raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
+        if os.path.isdir(target) and not os.path.exists(os.path.join(target, "zarr.json")):
+            raise FileExistsError(
+                f"{target} exists and is not a Zarr array: uni.dask will not delete it")
+        _current.forget_store(target)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        else:
+            os.unlink(target)
+    zarr.create_array(
+        store=target, shape=probe.shape, chunks=probe.chunks, dtype=dt.newbyteorder("<"),
+        compressors=None, filters=None, serializer=BytesCodec(endian="little"),
+        fill_value=fill, zarr_format=3,
+        attributes={"uni": {"domain": probe.domain.value, "store_id": store_id}},
+    )
+    os.makedirs(_layout.tmp_dir(target), exist_ok=True)
+    return attrs.evolve(probe, fill_value=fill)
+
+
+def empty(path: Any, shape: Any, chunks: Any, dtype: Any = np.float64, *,
+          domain: uni.Domain = uni.HOST, overwrite: bool = False,
+          durable: bool = False) -> TiledTensor:
+    """A new Zarr v3 store of raw chunks, nothing written yet.
+
+    # Note: unlike numpy.empty, unwritten chunks read as the fill value (0), as in Zarr.
+    """
+    return _create(path, shape, chunks, dtype, 0, domain, overwrite, durable)
+
+
+def zeros(path: Any, shape: Any, chunks: Any, dtype: Any = np.float64, *,
+          domain: uni.Domain = uni.HOST, overwrite: bool = False,
+          durable: bool = False) -> TiledTensor:
+    """A new store that reads as zeros (no chunk file is written: the fill value is 0)."""
+    return _create(path, shape, chunks, dtype, 0, domain, overwrite, durable)
+
+
+def full(path: Any, shape: Any, chunks: Any, fill_value: Any, dtype: Any = np.float64, *,
+         domain: uni.Domain = uni.HOST, overwrite: bool = False,
+         durable: bool = False) -> TiledTensor:
+    """A new store whose every element reads as ``fill_value`` until written."""
+    return _create(path, shape, chunks, dtype, fill_value, domain, overwrite, durable)
+
+
+def open(path: Any, *, domain: uni.Domain | None = None, durable: bool = False) -> TiledTensor:
+    """Describe an existing Zarr v3 array; it must store raw chunks (bytes codec only).
+
+    ``domain`` defaults to the one uni.dask recorded in the store (else ``uni.HOST``).
+    """
+    target = _abspath(path)
+    if not os.path.exists(os.path.join(target, "zarr.json")):
+        raise FileNotFoundError(
+            f"{target} is not a Zarr v3 array (no zarr.json); uni.dask reads Zarr v3 only")
+    array = zarr.open_array(target, mode="r")
+    meta = array.metadata
+    if not isinstance(meta, ArrayV3Metadata):
+        raise uni.LayoutError(f"{target} is a Zarr v{meta.zarr_format} array; uni.dask needs v3")
+    codecs = tuple(meta.codecs)
+    if len(codecs) != 1 or not isinstance(codecs[0], BytesCodec) or (
+            codecs[0].endian is not None and codecs[0].endian.value != "little"):
+        raise uni.LayoutError(
+            f"{target} stores its chunks through {[type(c).__name__ for c in codecs]}; uni.dask "
+            "maps raw chunks only: the bytes codec (little-endian), no compression, no sharding"
+        )
+    encoding = meta.chunk_key_encoding
+    name = getattr(encoding, "name", "default")
+    separator = getattr(encoding, "separator", "/")
+    attributes = dict(array.attrs).get("uni", {})
+    recorded = attributes.get("domain", "host") if isinstance(attributes, dict) else "host"
+    store_id = attributes.get("store_id", "") if isinstance(attributes, dict) else ""
+    if domain is None:
+        domain = uni.CUDA if recorded == "cuda" else uni.HOST
+    tiled = TiledTensor(target, array.shape, array.chunks, array.dtype, domain,
+                        _fill(np.dtype(array.dtype), meta.fill_value), str(store_id), name,
+                        separator, durable)
+    if tiled.nchunks:
+        first = next(tiled.tiles())
+        with contextlib.suppress(AttributeError):
+            expected = meta.encode_chunk_key(first)
+            if expected != tiled.chunk_key(first):
+                raise uni.LayoutError(
+                    f"{target}: unexpected chunk key {expected!r} for chunk {first}")
+    return tiled
