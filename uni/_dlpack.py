@@ -438,6 +438,30 @@ def _capsule_from_producer(obj: Any) -> object:
         return obj.__dlpack__()
 
 
+def _checked(capsule: object, *, host: bool) -> tuple[bool, int, Any, np.dtype[Any]]:
+    """What both ways of consuming check before touching anything: (versioned, address, info,
+    dtype). ``host`` also refuses a capsule whose memory is not on the host."""
+    versioned, address = _managed_of(capsule)
+    info = peek_capsule(capsule)
+    if versioned and info.version is not None and info.version[0] > DLPACK_MAJOR_VERSION:
+        raise DLPackError(
+            f"expected a DLPack capsule of major version {DLPACK_MAJOR_VERSION}, got version "
+            f"{info.version[0]}.{info.version[1]}"
+        )
+    if host:
+        _check_host_device(*info.device)
+    dtype = numpy_dtype_of(*info.dtype)
+    ndim = len(info.shape)
+    if any(n < 0 for n in info.shape):
+        raise LayoutError(f"expected non-negative extents, got shape {info.shape}")
+    if info.strides is not None and len(info.strides) != ndim:
+        raise LayoutError(f"expected {ndim} strides, got {len(info.strides)}")
+    size = int(np.prod(info.shape, dtype=np.int64)) if ndim else 1
+    if size > 0 and not info.data:
+        raise LayoutError("expected a data pointer for a non-empty tensor, got NULL")
+    return versioned, address, info, dtype
+
+
 def import_dlpack(obj: Any, *, legacy_readonly: bool = False) -> ImportedBuffer:
     """Consume a DLPack producer (``__dlpack__``) or raw capsule as a numpy view.
 
@@ -450,25 +474,9 @@ def import_dlpack(obj: Any, *, legacy_readonly: bool = False) -> ImportedBuffer:
     its own destructor frees it.
     """
     capsule = obj if isinstance(obj, CapsuleType) else _capsule_from_producer(obj)
-    versioned, address = _managed_of(capsule)
-    info = peek_capsule(capsule)
-    if versioned and info.version is not None and info.version[0] > DLPACK_MAJOR_VERSION:
-        raise DLPackError(
-            f"expected a DLPack capsule of major version {DLPACK_MAJOR_VERSION}, got version "
-            f"{info.version[0]}.{info.version[1]}"
-        )
-    _check_host_device(*info.device)
-    dtype = numpy_dtype_of(*info.dtype)
-    ndim = len(info.shape)
-    if any(n < 0 for n in info.shape):
-        raise LayoutError(f"expected non-negative extents, got shape {info.shape}")
-    if info.strides is not None and len(info.strides) != ndim:
-        raise LayoutError(f"expected {ndim} strides, got {len(info.strides)}")
+    versioned, address, info, dtype = _checked(capsule, host=True)
     readonly = bool(info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) if versioned else legacy_readonly
-    size = int(np.prod(info.shape, dtype=np.int64)) if ndim else 1
     data = info.data + info.byte_offset
-    if size > 0 and not info.data:
-        raise LayoutError("expected a data pointer for a non-empty tensor, got NULL")
     interface: dict[str, Any] = {
         "version": 3,
         "shape": info.shape,
@@ -522,21 +530,7 @@ def take_capsule(capsule: object) -> CapsuleOwner:
     describes the tensor. The memory is not touched (it may be device memory). On error the
     capsule is left unconsumed.
     """
-    versioned, address = _managed_of(capsule)
-    info = peek_capsule(capsule)
-    if versioned and info.version is not None and info.version[0] > DLPACK_MAJOR_VERSION:
-        raise DLPackError(
-            f"expected a DLPack capsule of major version {DLPACK_MAJOR_VERSION}, got version "
-            f"{info.version[0]}.{info.version[1]}"
-        )
-    numpy_dtype_of(*info.dtype)
-    if any(n < 0 for n in info.shape):
-        raise LayoutError(f"expected non-negative extents, got shape {info.shape}")
-    if info.strides is not None and len(info.strides) != len(info.shape):
-        raise LayoutError(f"expected {len(info.shape)} strides, got {len(info.strides)}")
-    size = int(np.prod(info.shape, dtype=np.int64)) if info.shape else 1
-    if size > 0 and not info.data:
-        raise LayoutError("expected a data pointer for a non-empty tensor, got NULL")
+    versioned, address, info, _ = _checked(capsule, host=False)
     if versioned:
         deleter = DLManagedTensorVersioned.from_address(address).deleter
     else:

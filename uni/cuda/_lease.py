@@ -93,6 +93,13 @@ class _CudaLease:
 
         def _live(self) -> Access: ...
 
+    def __init__(self, access: Access, stream: Any = None, moved: CudaStorage | None = None
+                 ) -> None:
+        # The leaf classes declare the slots: two bases with slots cannot both lay them out.
+        super().__init__(access)  # type: ignore[call-arg]
+        self._stream = stream  # a slot of each concrete lease class
+        self._moved = moved  # type: ignore[misc]
+
     @property
     def stream(self) -> Any:
         """The stream this lease orders its work on (None for a sync lease)."""
@@ -143,7 +150,7 @@ class _CudaLease:
         self._access = None  # type: ignore[misc]  # a slot of each concrete lease class
         moved = self._moved
         self._moved = None  # type: ignore[misc]
-        return type(self)(access, self._stream, moved)  # type: ignore[call-arg]
+        return type(self)(access, self._stream, moved)
 
     def __del__(self) -> None:
         access = self._access
@@ -201,12 +208,6 @@ class CudaReadTensorLease(_CudaLease, ReadTensorLease):
     _kind = "CUDA read lease"
     _read = True
 
-    def __init__(self, access: Access, stream: Any = None, moved: CudaStorage | None = None
-                 ) -> None:
-        super().__init__(access)
-        self._stream = stream
-        self._moved = moved
-
 
 class CudaWriteTensorLease(_CudaLease, WriteTensorLease):
     """Write access to a CUDA tensor (``.mdspan()``, ``.stream``)."""
@@ -214,12 +215,6 @@ class CudaWriteTensorLease(_CudaLease, WriteTensorLease):
     __slots__ = ("_moved", "_stream")
     _kind = "CUDA write lease"
     _read = False
-
-    def __init__(self, access: Access, stream: Any = None, moved: CudaStorage | None = None
-                 ) -> None:
-        super().__init__(access)
-        self._stream = stream
-        self._moved = moved
 
 
 class CudaReadMdspanLease(_CudaLease, ReadMdspanLease):
@@ -229,12 +224,6 @@ class CudaReadMdspanLease(_CudaLease, ReadMdspanLease):
     _kind = "CUDA read lease"
     _read = True
 
-    def __init__(self, access: Access, stream: Any = None, moved: CudaStorage | None = None
-                 ) -> None:
-        super().__init__(access)
-        self._stream = stream
-        self._moved = moved
-
 
 class CudaWriteMdspanLease(_CudaLease, WriteMdspanLease):
     """Write access to a CUDA mdspec's data."""
@@ -242,12 +231,6 @@ class CudaWriteMdspanLease(_CudaLease, WriteMdspanLease):
     __slots__ = ("_moved", "_stream")
     _kind = "CUDA write lease"
     _read = False
-
-    def __init__(self, access: Access, stream: Any = None, moved: CudaStorage | None = None
-                 ) -> None:
-        super().__init__(access)
-        self._stream = stream
-        self._moved = moved
 
 
 _LEASES: dict[tuple[bool, bool], Any] = {
