@@ -11,6 +11,7 @@ device spans come back from the events. The `cuda`-marked tests run the real thi
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -27,6 +28,7 @@ import numpy as np
 import pytest
 import trio
 from cuda_doubles import FAKE_PTR, FakeEvent
+from rich.console import Console
 
 import uni
 from uni import _cuda_pipeline as cp
@@ -125,6 +127,53 @@ def test_staging_and_device_buffers_are_double_buffered_blocks() -> None:
     assert {plan.name for plan in cp.BUFFERS if plan.slotted} == {
         "pinned_in", "dev_in", "dev_acc", "pinned_out"}
     assert cp.buffer("dev_acc").nbytes(SHAPE) == p.SLOTS * b * m * 8
+
+
+@pytest.mark.parametrize("shape", [SHAPE, p.StreamShape(rows=7, k=3, m=5, blocks=7),
+                                   p.StreamShape.for_size(64 << 20, 16)],
+                         ids=["small", "one-row-blocks", "64MiB"])
+def test_each_block_uses_its_rows_of_the_files_and_alternates_slots(
+        shape: p.StreamShape) -> None:
+    rows: list[int] = []
+    for i in range(shape.blocks):
+        x, y = cp.block_index(shape, "x", i), cp.block_index(shape, "y", i)
+        assert isinstance(x, slice) and x == y
+        rows += range(shape.rows)[x]
+        slots = {cp.block_index(shape, b.name, i) for b in cp.BUFFERS if b.slotted}
+        assert slots == {i % p.SLOTS}
+        if i:  # neighbours never share a slot: block i+1's copy-in runs beside i's compute
+            assert cp.block_index(shape, "dev_in", i - 1) != cp.block_index(shape, "dev_in", i)
+        assert cp.block_index(shape, "w", i) is cp.block_index(shape, "bias", i) is None
+    assert rows == list(range(shape.rows))  # every row once, in order
+    for bad in (-1, shape.blocks):
+        with pytest.raises(IndexError, match=f"block {bad} is not one of the {shape.blocks}"):
+            cp.block_index(shape, "x", bad)
+
+
+def test_the_memory_the_cuda_stages_allocate() -> None:
+    shape = p.StreamShape.for_size(256 << 20, 32)  # the demo's default
+    b, k, m, item = shape.block_rows, shape.k, shape.m, 8
+    assert (b, k, m) == (2048, 512, 512)
+    want = {"pinned": (p.SLOTS * b * k + p.SLOTS * b * m + k * m + m) * item,
+            "cuda": (p.SLOTS * b * k + k * m + m + p.SLOTS * b * m) * item}
+    assert cp.memory_bytes(shape) == want
+    # 16 MiB of slots each way, w (2 MiB) and bias (4 KiB) once
+    assert want["pinned"] == 34 * (1 << 20) + 4096
+    f32 = p.StreamShape(rows=96, k=24, m=16, blocks=6, dtype=np.float32)
+    assert cp.memory_bytes(f32) == {key: v // 2 for key, v in cp.memory_bytes(SHAPE).items()}
+
+
+def test_the_plan_as_data_is_json_and_matches_the_plan() -> None:
+    data = json.loads(json.dumps(cp.plan_json(SHAPE)))
+    assert [(s["step"], s["stage"], s["runs_on"]) for s in data["steps"]] == [
+        (s.step, s.stage, s.runs_on) for s in cp.PLAN]
+    assert {s["step"]: s["operation"] for s in data["steps"]} == cp.OPERATIONS
+    assert data["buffers"]["pinned_in"] == {"memory": "pinned",
+                                            "shape": [p.SLOTS, SHAPE.block_rows, SHAPE.k],
+                                            "bytes": p.SLOTS * SHAPE.block_rows * SHAPE.k * 8}
+    assert set(data["buffers"]) == {b.name for b in cp.BUFFERS}
+    assert data["memory_bytes"] == cp.memory_bytes(SHAPE)
+    assert data["blocks"] == {"count": 6, "rows_per_block": 16, "slots": p.SLOTS}
 
 
 def test_the_table_names_each_step_s_stream() -> None:
@@ -230,6 +279,38 @@ def test_a_corrupted_block_is_caught_on_host_stand_ins(tmp_path: pathlib.Path) -
     checks = p.check_output(problem, str(tmp_path / "y.bin"), range(SHAPE.blocks))
     assert [c.block for c in checks if not c.ok] == [3]
     assert len(run.walks["activation"]) == SHAPE.blocks + 1
+
+
+def test_the_report_and_json_of_a_cuda_shaped_measurement(tmp_path: pathlib.Path) -> None:
+    # The CUDA stages' runs on host stand-ins, measured and reported as uni demo does.
+    runs, problem = {}, None
+    for name, overlapped in (("serial", False), ("overlapped", True)):
+        (tmp_path / name).mkdir()
+        stages, problem = _stages(tmp_path / name, HostPlacement())
+        runs[name] = p.run_sync(stages, SHAPE.blocks, overlapped=overlapped)
+    assert problem is not None
+    checks = {name: p.check_output(problem, str(tmp_path / name / "y.bin"), [0, 5])
+              for name in runs}
+    m = _demo.Measurement(SHAPE, "cuda", runs["serial"], runs["overlapped"], checks, None, 2,
+                          cp.CudaStages.step_stages, dict(cp.OPERATIONS), "cuda:0 (a GPU)")
+    out = io.StringIO()
+    _demo.report(Console(file=out, width=200), m)
+    text = out.getvalue()
+    assert "streamed through MappedFileStorage on cuda:0 (a GPU)" in text
+    for operation in cp.OPERATIONS.values():
+        assert operation in text
+    assert text.count("match numpy") == 2 and "WRONG" not in text
+    data = json.loads(json.dumps(_demo.measurement_json(m, "auto")))
+    assert (data["requested"], data["device"], data["where"]) == ("auto", "cuda",
+                                                                  "cuda:0 (a GPU)")
+    assert data["steps"] == [[s.step, s.stage] for s in cp.PLAN]
+    for run in data["runs"].values():
+        assert set(run["step_s"]) == {s.step for s in cp.PLAN}
+        # The read stage is two steps (file -> pinned, pinned -> device), and so on.
+        assert run["stage_s"]["read"] == pytest.approx(
+            run["step_s"]["read"] + run["step_s"]["upload"])
+    assert data["cuda_plan"] == json.loads(json.dumps(cp.plan_json(SHAPE)))
+    assert data["ok"] is True
 
 
 def test_a_file_of_the_wrong_shape_is_refused(tmp_path: pathlib.Path) -> None:

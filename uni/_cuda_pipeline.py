@@ -235,6 +235,45 @@ def writers(name: str) -> list[StepPlan]:
     return [s for s in PLAN if s.output == name]
 
 
+def block_index(shape: StreamShape, name: str, i: int) -> int | slice | None:
+    """What block ``i`` uses of buffer ``name``: its slot (``i % SLOTS``) of a
+    double-buffered one, its rows of a file, None for one used whole (``w``, ``bias``)."""
+    if not 0 <= i < shape.blocks:
+        raise IndexError(f"block {i} is not one of the {shape.blocks} blocks (0..{shape.blocks - 1})")
+    plan = buffer(name)
+    if plan.slotted:
+        return i % SLOTS
+    if plan.per_block:
+        return shape.block(i)
+    return None
+
+
+def memory_bytes(shape: StreamShape) -> dict[str, int]:
+    """Bytes of page-locked and of device memory the CUDA stages allocate for ``shape``:
+    the plan's buffers, and the pinned copies ``w`` and ``bias`` are sent to the device
+    through (the mapped files are not counted)."""
+    out = {"pinned": 0, "cuda": 0}
+    for plan in BUFFERS:
+        if plan.memory in out:
+            out[plan.memory] += plan.nbytes(shape)
+    out["pinned"] += sum(buffer(name).nbytes(shape) for name in UPLOADED_ONCE)
+    return out
+
+
+def plan_json(shape: StreamShape) -> dict[str, Any]:
+    """The CUDA plan for ``shape`` as plain data (``uni demo --json`` on CUDA): each step's
+    stage, operation and place; each buffer's memory, shape and bytes; the totals; and the
+    block split (rows per block, slots)."""
+    return {
+        "steps": [{"step": s.step, "stage": s.stage, "runs_on": s.runs_on,
+                   "operation": s.describe()} for s in PLAN],
+        "buffers": {b.name: {"memory": b.memory, "shape": list(b.shape(shape)),
+                             "bytes": b.nbytes(shape)} for b in BUFFERS},
+        "memory_bytes": memory_bytes(shape),
+        "blocks": {"count": shape.blocks, "rows_per_block": shape.block_rows, "slots": SLOTS},
+    }
+
+
 # -- measured spans: events on the streams ----------------------------------------------
 class WriteHook(Protocol):
     """Told when a write lease on a storage opens and when it is released."""
@@ -539,13 +578,9 @@ class CudaStages:
         return copy_async(staged, self.tensors[name], **self._stream_args(place))
 
     def view(self, name: str, i: int) -> Tensor:
-        """What block ``i``'s operations use of buffer ``name``."""
-        t, plan = self.tensors[name], buffer(name)
-        if plan.slotted:
-            return t[i % SLOTS]
-        if plan.per_block:
-            return t[self.shape.block(i)]
-        return t
+        """What block ``i``'s operations use of buffer ``name`` (``block_index``)."""
+        t, index = self.tensors[name], block_index(self.shape, name, i)
+        return t if index is None else t[index]
 
     def _issue(self, step: StepPlan, i: int, out: Tensor, call: Callable[[], OpFuture]
                ) -> OpFuture:
@@ -640,8 +675,11 @@ __all__ = [
     "Placement",
     "StepPlan",
     "WriteHook",
+    "block_index",
     "buffer",
     "demo_streams",
+    "memory_bytes",
+    "plan_json",
     "serialize_streams",
     "unavailable_reason",
     "writers",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import re
 import shutil
@@ -60,7 +61,7 @@ DEFAULT_SIZE = "256MiB"
 DEFAULT_BLOCKS = 32
 
 #: Where each device's stages come from: the host's workers, or two CUDA streams with pinned
-#: staging (copy-in and copy-out on one, the compute on the other).
+#: staging (the copy-in on one; the compute, then the copy-out, on the other).
 STAGE_FACTORIES: dict[str, Callable[..., Stages]] = {"host": HostStages, "cuda": CudaStages}
 
 _UNITS = {"": MiB, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MiB, "mib": MiB,
@@ -335,22 +336,39 @@ def _where(device: str) -> str:
     return f"{device} (CUDA: {note})"
 
 
-def measurement_json(m: Measurement) -> dict[str, object]:
+#: The ``schema`` value of ``uni demo --json``; a change of the keys below changes it.
+JSON_SCHEMA = "uni-demo/1"
+
+
+def cuda_note() -> dict[str, object]:
+    """Whether the CUDA stages can run here, and why not (``uni demo --json``'s ``cuda``)."""
+    reason = _cuda_pipeline.unavailable_reason()
+    return {"usable": reason is None, "reason": reason}
+
+
+def measurement_json(m: Measurement, requested: str | None = None) -> dict[str, object]:
     """The measurement as plain data (``uni demo --json FILE``).
 
-    Keys: ``ok``, ``device``, ``where``, ``shape`` (rows, k, m, blocks, dtype),
-    ``bytes_moved``, ``ratio`` (serial / overlapped wall time), ``bound`` (what the slowest
-    stage allows), ``slowest``, ``runs`` (per run: ``wall_s``, ``throughput_mib_s``,
-    ``stage_s`` and ``step_s``, seconds summed over blocks), ``backends`` (per step, from the
-    overlapped run), ``checks`` (per run: block, error, tolerance, ok), ``load_average``,
-    ``cores``.
+    Keys: ``schema`` (``JSON_SCHEMA``), ``ok``, ``requested`` (the ``--device`` asked for),
+    ``device`` (where the stages ran: ``host`` or ``cuda``), ``where`` (the same, in words),
+    ``cuda`` (``usable``, and the ``reason`` when the CUDA stages cannot run here),
+    ``shape`` (rows, k, m, blocks, dtype), ``bytes_moved``, ``ratio`` (serial / overlapped
+    wall time), ``bound`` (what the slowest stage allows), ``slowest``, ``runs`` (per run:
+    ``wall_s``, ``throughput_mib_s``, ``stage_s`` and ``step_s``, seconds summed over
+    blocks), ``steps`` (the step names, in order, with their stage), ``backends`` (per
+    step, from the overlapped run), ``checks`` (per run: block, error, tolerance, ok),
+    ``load_average``, ``cores``, and ``cuda_plan`` (``uni._cuda_pipeline.plan_json``: each
+    step's stream, each buffer's memory and bytes; None in host mode).
     """
     shape = m.shape
     runs = {"serial": m.serial, "overlapped": m.overlapped}
     return {
+        "schema": JSON_SCHEMA,
         "ok": m.ok,
+        "requested": requested if requested is not None else m.device,
         "device": m.device,
         "where": m.where,
+        "cuda": cuda_note(),
         "shape": {"rows": shape.rows, "k": shape.k, "m": shape.m, "blocks": shape.blocks,
                   "dtype": shape.dtype.name},
         "bytes_moved": m.bytes_moved,
@@ -362,19 +380,34 @@ def measurement_json(m: Measurement) -> dict[str, object]:
                         "stage_s": {stage: stage_time(r, stage) for stage in STAGES},
                         "step_s": {step: step_time(r, step) for step, _ in m.step_stages}}
                  for name, r in runs.items()},
+        "steps": [[step, stage] for step, stage in m.step_stages],
         "backends": _backends(m.overlapped),
-        "checks": {name: [{"block": c.block, "error": c.error, "tolerance": c.tolerance,
-                           "ok": c.ok} for c in checks]
+        "checks": {name: [{"block": c.block, "error": _finite(c.error),
+                           "tolerance": c.tolerance, "ok": c.ok} for c in checks]
                    for name, checks in m.checks.items()},
         "load_average": m.load_average,
         "cores": m.cores,
+        "cuda_plan": _cuda_pipeline.plan_json(shape) if m.device == "cuda" else None,
     }
+
+
+def _finite(x: float) -> float | None:
+    # Note: a NaN error (a NaN in the output) is written as null: JSON has no NaN.
+    return x if math.isfinite(x) else None
 
 
 def _write_json(path: str, data: dict[str, object]) -> None:
     with open(path, "w") as f:
-        json.dump(data, f, indent=2, allow_nan=True)
+        json.dump(data, f, indent=2)
         f.write("\n")
+
+
+def _check_writable(path: str, flag: str) -> None:
+    """Refuse, before any work, a file that could not be written at the end."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise DemoRefused(f"{flag} {path}: expected a file in a writable directory, but "
+                          f"{'it is a directory' if os.path.isdir(path) else folder + ' is not one'}")
 
 
 def _free_bytes(directory: str) -> int:
@@ -398,6 +431,8 @@ def run(options: DemoOptions) -> int:
         corrupt = _corrupt_block(shape.blocks)
         if options.blas_threads is not None and options.blas_threads < 1:
             raise DemoRefused(f"--blas-threads must be at least 1, got {options.blas_threads}")
+        if options.json_path is not None:
+            _check_writable(options.json_path, "--json")
     except DemoRefused as err:
         errors.print(f"uni demo: {err}", markup=False)
         return 2
@@ -420,9 +455,12 @@ def run(options: DemoOptions) -> int:
             threads = options.blas_threads or default_blas_threads()
             with blas_threads(threads) as libraries, _progress(console) as phase:
                 if device == "cuda":
-                    console.print(f"streams: copy-in and copy-out on one CUDA stream, the compute "
-                                  f"on another; {SLOTS} pinned staging slots each way, filled "
-                                  "and drained by uni's host workers", markup=False)
+                    memory = _cuda_pipeline.memory_bytes(shape)
+                    console.print(
+                        "streams: the copy-in on one CUDA stream; the compute and the copy-out "
+                        f"on another; {SLOTS} pinned staging slots each way, filled and drained "
+                        f"by uni's host workers ({_mib(memory['pinned'])} pinned, "
+                        f"{_mib(memory['cuda'])} on the device)", markup=False)
                 else:
                     console.print("BLAS (the blas backend's): "
                                   + (", ".join(libraries) or "none found")
@@ -432,12 +470,13 @@ def run(options: DemoOptions) -> int:
         except PipelineError as err:
             errors.print(f"uni demo: the pipeline failed: {err}", markup=False)
             if options.json_path is not None:
-                _write_json(options.json_path, {"ok": False, "device": device,
-                                                "error": str(err)})
+                _write_json(options.json_path, {"schema": JSON_SCHEMA, "ok": False,
+                                                "requested": options.device, "device": device,
+                                                "cuda": cuda_note(), "error": str(err)})
             return 1
     report(console, m)
     if options.json_path is not None:
-        _write_json(options.json_path, measurement_json(m))
+        _write_json(options.json_path, measurement_json(m, options.device))
         console.print(f"measurement written to {options.json_path}", markup=False)
     if options.timeline is not None:
         _timeline.draw(options.timeline, [("serial", m.serial), ("overlapped", m.overlapped)],
