@@ -313,6 +313,37 @@ def test_the_report_and_json_of_a_cuda_shaped_measurement(tmp_path: pathlib.Path
     assert data["ok"] is True
 
 
+def test_uni_demo_runs_the_cuda_plan_end_to_end_on_host_stand_ins(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # What `uni demo --device cuda` does, from the device choice to the JSON, with the
+    # CUDA stages built inside the trio run as measure() builds them; only the memory and
+    # the streams are stand-ins (host memory, no stream: every step on uni's workers).
+    def stages(*args: Any, **kwargs: Any) -> cp.CudaStages:
+        made = cp.CudaStages(*args, placement=HostPlacement(), **kwargs)
+        _opened.append(made)
+        return made
+
+    monkeypatch.setitem(_demo.STAGE_FACTORIES, "cuda", stages)
+    monkeypatch.setattr(cp, "unavailable_reason", lambda: None)
+    path = tmp_path / "demo.json"
+    assert main(["demo", "--size", "1MiB", "--blocks", "4", "--json", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "on cuda:0, two streams, pinned staging" in out  # auto chose the CUDA stages
+    assert "the copy-in on one CUDA stream; the compute and the copy-out on another" in out
+    assert out.count("match numpy") == 2 and "WRONG" not in out
+    data = json.loads(path.read_text())
+    assert (data["requested"], data["device"], data["ok"]) == ("auto", "cuda", True)
+    assert data["backends"] == {s.step: "blas" for s in cp.PLAN}  # host stand-ins: blas
+    shape = p.StreamShape.for_size(1 << 20, 4)
+    assert data["cuda_plan"]["memory_bytes"] == cp.memory_bytes(shape)
+
+    monkeypatch.setenv(p.CORRUPT_ENV, "2")
+    assert main(["demo", "--device", "cuda", "--size", "1MiB", "--blocks", "4"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "WRONG: the serial run's output differs from numpy in block(s) 2" in out
+
+
 def test_a_file_of_the_wrong_shape_is_refused(tmp_path: pathlib.Path) -> None:
     problem = p.Problem.make(SHAPE, 0)
     log = p.SpanLog()
@@ -619,11 +650,30 @@ def test_uni_demo_device_cuda_exits_0_and_reports_overlap(
     path = tmp_path / "demo.json"
     assert main(["demo", "--device", "cuda", "--size", "4MiB", "--blocks", "8",
                  "--json", str(path)]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert "on cuda:0" in out and "overlap ratio" in out and "match numpy" in out
     assert "stream=compute" in out and "WRONG" not in out
     data = json.loads(path.read_text())
     assert data["device"] == "cuda" and data["ok"] and data["ratio"] > 0
+    assert data["where"].startswith("cuda:0 (") and data["cuda"] == {"usable": True,
+                                                                     "reason": None}
+    shape = p.StreamShape.for_size(4 << 20, 8)
+    assert data["cuda_plan"] == json.loads(json.dumps(cp.plan_json(shape)))
+    for run in data["runs"].values():  # the device steps' spans came back from the events
+        assert all(run["step_s"][s.step] > 0 for s in cp.PLAN), run["step_s"]
+
+
+@pytest.mark.cuda
+def test_the_cuda_placement_allocates_the_plan_s_memory(tmp_path: pathlib.Path) -> None:
+    stages, _ = _stages(tmp_path, cp.CudaPlacement())
+    for plan in cp.BUFFERS:
+        storage = stages.tensors[plan.name].storage
+        kind = {"mapped file": uni.storage.MappedFileStorage, "pinned": uni.cuda.PinnedStorage,
+                "cuda": uni.cuda.CudaStorage}[plan.memory]
+        assert isinstance(storage, kind), (plan.name, storage)
+        assert stages.tensors[plan.name].shape == plan.shape(SHAPE)
+    assert stages.streams == cp.demo_streams(0)
+    assert stages.streams[cp.COPY_STREAM] is not stages.streams[cp.COMPUTE_STREAM]
 
 
 @pytest.mark.cuda
@@ -632,4 +682,4 @@ def test_a_corrupted_block_on_the_gpu_makes_the_demo_exit_1(
     monkeypatch.setenv(p.CORRUPT_ENV, "0")
     assert main(["demo", "--device", "cuda", "--size", "2MiB", "--blocks", "4"]) == 1
     assert "WRONG: the overlapped run's output differs from numpy in block(s) 0" in (
-        capsys.readouterr().out)
+        " ".join(capsys.readouterr().out.split()))
