@@ -13,7 +13,7 @@ from rich.console import Console
 
 import uni
 from uni import _cuda_pipeline, _demo, _machine
-from uni._pipeline import CORRUPT_ENV, STEPS, StreamShape, sample_blocks
+from uni._pipeline import CORRUPT_ENV, STEPS, PipelineError, StreamShape, sample_blocks
 from uni.cli import main
 
 SMALL = ["demo", "--size", "2MiB", "--blocks", "4"]
@@ -204,6 +204,24 @@ def test_json_of_a_wrong_result_says_which_block(tmp_path: pathlib.Path,
     assert data["ok"] is False
     assert [c["block"] for c in data["checks"]["overlapped"] if not c["ok"]] == [0]
     assert [c["block"] for c in data["checks"]["serial"] if not c["ok"]] == [0]
+
+
+def test_json_of_a_failed_pipeline_names_the_error(tmp_path: pathlib.Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    def failing(*args: object, **kwargs: object) -> None:  # a failure made on purpose
+        raise PipelineError([(1, "gemm", RuntimeError("the backend gave up"))])
+
+    monkeypatch.setattr(_demo, "measure", failing)
+    path = tmp_path / "demo.json"
+    assert main([*SMALL, "--device", "host", "--json", str(path)]) == 1
+    assert "uni demo: the pipeline failed: 1 operation(s) failed; the first: block 1 gemm" in (
+        capsys.readouterr().err)
+    data = json.loads(path.read_text())
+    assert data == {"schema": "uni-demo/1", "ok": False, "requested": "host", "device": "host",
+                    "cuda": _demo.cuda_note(),
+                    "error": "1 operation(s) failed; the first: block 1 gemm: RuntimeError: "
+                             "the backend gave up"}
 
 
 def test_json_to_a_place_that_cannot_be_written_is_refused_first(
