@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check, in one call: install what the GPU machine lacks from wheels carried in .whl/,
-# then run gpu_smoke.py, the `cuda`-marked tests and the CUDA benchmarks, each under its own
-# time limit (at most 60 + 240 + 120 s), and write to OUT_DIR:
+# then run gpu_smoke.py, `uni demo --device cuda` at a small size, the `cuda`-marked tests and
+# the CUDA benchmarks, each under its own time limit (at most 60 + 60 + 240 + 120 s), and
+# write to OUT_DIR:
 #   gpu-check.log    everything printed
 #   gpu-check.json   the summary: CUDA devices, package versions, exit codes, smoke counts,
-#                    the pytest result line, and the benchmark rows with their ratios
+#                    the demo's result and overlap ratio, the pytest result line, and the
+#                    benchmark rows with their ratios
+#   demo.json        the demo's measurement (uni demo --json: its schema is in _demo.py)
 #   bench_cuda.json  the benchmark rows alone
 # Without a usable GPU every step prints a SKIP line with the reason and the script exits 0.
 # See scripts/README.md (how to carry the wheels; how to call it on the device machine).
@@ -12,8 +15,9 @@ set -u
 
 usage() {
     echo "usage: $0 OUT_DIR" >&2
-    echo "  runs gpu_smoke.py, the cuda tests and the CUDA benchmarks; writes the log and" >&2
-    echo "  gpu-check.json to OUT_DIR (created if missing). Env: PYTHON (default python3)." >&2
+    echo "  runs gpu_smoke.py, uni demo --device cuda, the cuda tests and the CUDA benchmarks;" >&2
+    echo "  writes the log, gpu-check.json and demo.json to OUT_DIR (created if missing)." >&2
+    echo "  Env: PYTHON (default python3)." >&2
 }
 
 if [ $# -eq 1 ] && { [ "$1" = "-h" ] || [ "$1" = "--help" ]; }; then
@@ -92,11 +96,16 @@ EOF
         reason=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['reason'])" \
             "$WORK/cuda.json" 2>/dev/null || echo "uni.cuda could not be imported")
         echo "SKIP gpu_smoke.py: no usable CUDA device: $reason"
+        echo "SKIP uni demo --device cuda: no usable CUDA device: $reason"
         echo "SKIP cuda tests: no usable CUDA device: $reason"
         echo "SKIP CUDA benchmarks: no usable CUDA device: $reason"
     else
-        # 3. The facts sheet's smoke test, the cuda tests, the benchmarks.
+        # 3. The facts sheet's smoke test, the demo, the cuda tests, the benchmarks.
         run_step smoke 60 "$PY" scripts/gpu_smoke.py
+        # The main job on two streams with pinned staging, small: 64 MiB in 16 blocks. Exit 1
+        # when a checked block is wrong; the overlap ratio is in demo.json (not a pass mark).
+        run_step demo 60 "$PY" -m uni.cli demo --device cuda --size 64MiB --blocks 16 \
+            --json "$OUT/demo.json"
         # A test that hangs (a stream held by a gate nobody opens) must not eat the step.
         local per_test=()
         "$PY" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout=60)

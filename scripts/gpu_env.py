@@ -35,7 +35,13 @@ PINS: dict[str, tuple[str, str, bool]] = {
     "attrs": (">=23.2", r"(23\.[2-9]|2[4-9]\.|[3-9]\d\.)", False),
     "numpy": ("any", r".", False),
     "scipy": ("any", r".", False),
+    # uni demo's (the GPU image has both).
+    "rich": ("any", r".", False),
+    "threadpoolctl": ("any", r".", False),
 }
+
+#: What gpu-check.json keeps of ``uni demo --device cuda --json`` (the whole file is in OUT).
+DEMO_KEYS = ("ok", "where", "ratio", "bound", "slowest", "backends", "error")
 
 
 def _normal(name: str) -> str:
@@ -119,11 +125,16 @@ def summary(work: str, out: str) -> int:
     for row in bench:
         if row.get("uni_s"):
             row["ratio"] = row["reference_s"] / row["uni_s"]
-    steps: dict[str, int | None] = {"smoke": None, "tests": None, "bench": None}
+    steps: dict[str, int | None] = {"smoke": None, "demo": None, "tests": None, "bench": None}
     for line in (_read(base / "steps.txt") or "").splitlines():
         step, _, rc = line.partition(" ")
         steps[step] = int(rc)
     detected = json.loads(_read(base / "cuda.json") or "{}")
+    demo = json.loads(_read(Path(out) / "demo.json") or "null")
+    if isinstance(demo, dict):
+        runs = demo.get("runs", {})
+        demo = {**{k: demo[k] for k in DEMO_KEYS if k in demo},
+                **{f"{name}_s": run.get("wall_s") for name, run in runs.items()}}
     result = {
         "status": "skipped" if not detected.get("available") else
                   "passed" if all(v == 0 for v in steps.values()) else "failed",
@@ -132,12 +143,16 @@ def summary(work: str, out: str) -> int:
         "exit_codes": steps,
         "smoke": {k: len(re.findall(rf"^{k} ", smoke, re.M)) for k in ("PASS", "FAIL", "SKIP")},
         "tests": (re.findall(r"^=+ (.*) =+$", tests, re.M) or [""])[-1],
+        "demo": demo,
         "bench": bench,
     }
     target = Path(out) / "gpu-check.json"
     target.write_text(json.dumps(result, indent=2))
-    print(f"summary: {result['status']}; smoke {result['smoke']}; tests: {result['tests']}; "
-          f"{len(bench)} benchmark rows -> {target}")
+    shown = ("none" if not isinstance(demo, dict) else
+             f"ok={demo.get('ok')}, overlap {demo.get('ratio') or 0:.2f}x"
+             f" (bound {demo.get('bound') or 0:.2f}x)")
+    print(f"summary: {result['status']}; smoke {result['smoke']}; demo: {shown}; "
+          f"tests: {result['tests']}; {len(bench)} benchmark rows -> {target}")
     return 0
 
 

@@ -231,6 +231,37 @@ def test_inside_trio_the_launch_goes_to_the_launcher_thread() -> None:
     future.result(1)
 
 
+def test_the_walk_is_recorded_in_the_callers_diagnostics_wherever_it_is_issued() -> None:
+    # Inside trio the launch runs on the launcher thread; behind a held lease, on the thread
+    # that releases it. Either way its walk belongs to the context that made the call.
+    a, out, held = fake_cuda((4,)), fake_cuda((4,)), fake_cuda((4,))
+    stream, backend = RecordingStream(), RecordingBackend()
+
+    async def main() -> tuple[list[uni.OpFuture], list[Any]]:
+        with uni.dispatch_diagnostics() as records:
+            first = transform_async(out, a, stream=stream, backend=backend)
+        return [first], records
+
+    futures, records = trio.run(main)
+    deadline = time.monotonic() + 5
+    while not stream.events and time.monotonic() < deadline:
+        time.sleep(0.001)
+    lease = uni.acquire_cuda_write_access_sync(held)
+    with uni.dispatch_diagnostics() as later:
+        futures.append(transform_async(out, held, stream=stream, backend=backend))
+    assert later == []  # not granted yet: nothing walked
+    done = threading.Thread(target=lease.release, name="releaser")
+    done.start()
+    done.join()
+    assert backend.calls[-1][2] == "releaser"
+    for event in stream.events:
+        event.complete()
+    for future in futures:
+        assert future.result(1) == "recording"
+    assert [(r.op, r.selected) for r in records] == [("transform", "recording")]
+    assert [(r.op, r.selected) for r in later] == [("transform", "recording")]
+
+
 def test_copies_between_host_and_cuda_run_on_the_cuda_side() -> None:
     host, dev = uni.zeros((4,)), fake_cuda((4,))
     stream, backend = RecordingStream(), RecordingBackend()

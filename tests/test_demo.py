@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import pathlib
 import sys
 
@@ -11,8 +12,8 @@ import pytest
 from rich.console import Console
 
 import uni
-from uni import _demo, _machine
-from uni._pipeline import CORRUPT_ENV, StreamShape
+from uni import _cuda_pipeline, _demo, _machine
+from uni._pipeline import CORRUPT_ENV, STEPS, PipelineError, StreamShape, sample_blocks
 from uni.cli import main
 
 SMALL = ["demo", "--size", "2MiB", "--blocks", "4"]
@@ -89,19 +90,147 @@ def test_timeline_without_matplotlib_says_what_to_install(
     assert not path.exists()
 
 
-@pytest.mark.skipif(uni.cuda.is_available(), reason="CUDA is usable here")
+@pytest.mark.skipif(_cuda_pipeline.unavailable_reason() is None,
+                    reason="the CUDA stages can run here")
 def test_device_cuda_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
-    reason = uni.cuda.unavailable_reason()
+    reason = _cuda_pipeline.unavailable_reason()
     assert reason is not None and reason in err and "--device host" in err
+    # The driver's own reason, word for word, where CUDA itself is what is missing.
+    assert uni.cuda.is_available() or str(uni.cuda.unavailable_reason()) in err
 
 
-def test_auto_device_runs_on_the_host_without_cuda_stages() -> None:
+NO_NVRTC = "NVRTC cannot compile kernels here: libnvrtc was not found"
+
+
+def test_auto_device_is_cuda_only_where_the_cuda_stages_can_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_cuda_pipeline, "unavailable_reason", lambda: NO_NVRTC)
     assert _demo.resolve_device("auto") == "host"
+    assert _demo.resolve_device("host") == "host"
+    with pytest.raises(_demo.DemoRefused, match=f"--device cuda: {NO_NVRTC}. Run with "
+                                                "--device host"):
+        _demo.resolve_device("cuda")
+    monkeypatch.setattr(_cuda_pipeline, "unavailable_reason", lambda: None)
+    assert _demo.resolve_device("auto") == "cuda"
+    assert _demo.resolve_device("cuda") == "cuda"
     assert _demo.resolve_device("host") == "host"
     with pytest.raises(_demo.DemoRefused, match="--device must be auto, host or cuda"):
         _demo.resolve_device("tpu")
+
+
+def test_device_cuda_without_nvrtc_exits_2_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(_cuda_pipeline, "unavailable_reason", lambda: NO_NVRTC)
+    assert main([*SMALL, "--device", "cuda"]) == 2
+    captured = capsys.readouterr()
+    assert f"uni demo: --device cuda: {NO_NVRTC}. Run with --device host" in captured.err
+    assert captured.out == ""  # refused before anything ran
+
+
+def test_the_header_says_why_the_stages_run_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(uni.cuda, "unavailable_reason", lambda: "no CUDA driver here")
+    assert _demo._where("host") == "host (CUDA: no CUDA driver here)"
+    monkeypatch.setattr(uni.cuda, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(_cuda_pipeline, "unavailable_reason", lambda: NO_NVRTC)
+    assert _demo._where("host") == f"host (CUDA: usable, but {NO_NVRTC})"
+    monkeypatch.setattr(_cuda_pipeline, "unavailable_reason", lambda: None)
+    assert _demo._where("host") == "host (CUDA: usable)"  # --device host on a GPU machine
+
+
+@pytest.mark.skipif(_cuda_pipeline.unavailable_reason() is None,
+                    reason="the CUDA stages can run here: auto picks them")
+def test_auto_falls_back_to_the_host_and_says_why(tmp_path: pathlib.Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "demo.json"
+    assert main([*SMALL, "--device", "auto", "--json", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    reason = uni.cuda.unavailable_reason() or f"usable, but {_cuda_pipeline.unavailable_reason()}"
+    assert out.startswith(f"uni demo: y = square(x @ w + bias) on host (CUDA: {reason}) x: ")
+    data = json.loads(path.read_text())
+    assert (data["requested"], data["device"]) == ("auto", "host")
+    assert data["cuda"] == {"usable": False, "reason": _cuda_pipeline.unavailable_reason()}
+
+
+_JSON_KEYS = {"schema", "ok", "requested", "device", "where", "cuda", "shape", "bytes_moved",
+              "ratio", "bound", "slowest", "runs", "steps", "backends", "checks",
+              "load_average", "cores", "cuda_plan"}
+
+
+def test_json_holds_the_measurement_in_host_mode(tmp_path: pathlib.Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "demo.json"
+    assert main([*SMALL, "--device", "host", "--seed", "3", "--json", str(path)]) == 0
+    assert f"measurement written to {path}" in capsys.readouterr().out
+    data = json.loads(path.read_text())  # strict JSON: no NaN
+    assert set(data) == _JSON_KEYS
+    assert data["schema"] == _demo.JSON_SCHEMA == "uni-demo/1"
+    assert data["ok"] is True and data["requested"] == data["device"] == data["where"] == "host"
+    assert data["cuda"] == _demo.cuda_note()
+    shape = StreamShape.for_size(2 << 20, 4)
+    assert data["shape"] == {"rows": shape.rows, "k": shape.k, "m": shape.m, "blocks": 4,
+                             "dtype": "float64"}
+    assert data["bytes_moved"] == shape.input_bytes + shape.output_bytes
+    runs = data["runs"]
+    assert set(runs) == {"serial", "overlapped"}
+    assert data["ratio"] == pytest.approx(runs["serial"]["wall_s"] / runs["overlapped"]["wall_s"])
+    assert data["steps"] == [list(s) for s in STEPS]
+    for run in runs.values():
+        assert run["throughput_mib_s"] == pytest.approx(
+            data["bytes_moved"] / (1 << 20) / run["wall_s"])
+        assert set(run["stage_s"]) == {"read", "compute", "write"}
+        assert set(run["step_s"]) == {step for step, _ in STEPS}
+        assert sum(run["step_s"].values()) == pytest.approx(sum(run["stage_s"].values()))
+        assert all(v > 0 for v in run["stage_s"].values())
+    slowest = max(runs["serial"]["stage_s"], key=runs["serial"]["stage_s"].get)
+    assert data["slowest"] == slowest
+    assert data["bound"] == pytest.approx(
+        runs["serial"]["wall_s"] / runs["serial"]["stage_s"][slowest])
+    assert data["backends"] == {step: "blas" for step, _ in STEPS}
+    sample = sample_blocks(4, 3)
+    for checks in data["checks"].values():
+        assert [c["block"] for c in checks] == sample
+        assert all(c["ok"] and 0 <= c["error"] <= c["tolerance"] for c in checks)
+    assert data["cores"] >= 1 and data["cuda_plan"] is None
+
+
+def test_json_of_a_wrong_result_says_which_block(tmp_path: pathlib.Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CORRUPT_ENV, "0")
+    path = tmp_path / "demo.json"
+    assert main([*SMALL, "--device", "host", "--json", str(path)]) == 1
+    data = json.loads(path.read_text())
+    assert data["ok"] is False
+    assert [c["block"] for c in data["checks"]["overlapped"] if not c["ok"]] == [0]
+    assert [c["block"] for c in data["checks"]["serial"] if not c["ok"]] == [0]
+
+
+def test_json_of_a_failed_pipeline_names_the_error(tmp_path: pathlib.Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    def failing(*args: object, **kwargs: object) -> None:  # a failure made on purpose
+        raise PipelineError([(1, "gemm", RuntimeError("the backend gave up"))])
+
+    monkeypatch.setattr(_demo, "measure", failing)
+    path = tmp_path / "demo.json"
+    assert main([*SMALL, "--device", "host", "--json", str(path)]) == 1
+    assert "uni demo: the pipeline failed: 1 operation(s) failed; the first: block 1 gemm" in (
+        capsys.readouterr().err)
+    data = json.loads(path.read_text())
+    assert data == {"schema": "uni-demo/1", "ok": False, "requested": "host", "device": "host",
+                    "cuda": _demo.cuda_note(),
+                    "error": "1 operation(s) failed; the first: block 1 gemm: RuntimeError: "
+                             "the backend gave up"}
+
+
+def test_json_to_a_place_that_cannot_be_written_is_refused_first(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for path in (tmp_path / "missing" / "demo.json", tmp_path):
+        assert main([*SMALL, "--json", str(path)]) == 2
+        captured = capsys.readouterr()
+        assert f"--json {path}: expected a file in a writable directory" in captured.err
+        assert captured.out == ""
 
 
 def test_too_small_a_size_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

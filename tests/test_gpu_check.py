@@ -57,14 +57,15 @@ def test_without_a_gpu_it_skips_every_step_and_succeeds(tmp_path: pathlib.Path) 
     done = _run(str(out), env={"UNI_DISABLE_CUDA": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     reason = "CUDA is disabled by UNI_DISABLE_CUDA='1'"
-    for step in ("gpu_smoke.py", "cuda tests", "CUDA benchmarks"):
+    for step in ("gpu_smoke.py", "uni demo --device cuda", "cuda tests", "CUDA benchmarks"):
         assert f"SKIP {step}: no usable CUDA device: {reason}" in done.stdout
     log = (out / "gpu-check.log").read_text()
     assert log == done.stdout
     summary = json.loads((out / "gpu-check.json").read_text())
     assert summary["status"] == "skipped"
     assert summary["cuda"] == {"available": False, "reason": reason, "devices": []}
-    assert summary["exit_codes"] == {"smoke": None, "tests": None, "bench": None}
+    assert summary["exit_codes"] == {"smoke": None, "demo": None, "tests": None, "bench": None}
+    assert summary["demo"] is None
     assert summary["packages"]["numpy"]
     # Only the promised files come back from the device machine's $OUT.
     assert sorted(p.name for p in out.iterdir()) == ["gpu-check.json", "gpu-check.log"]
@@ -78,6 +79,27 @@ def test_on_this_machine_the_answer_matches_detection(tmp_path: pathlib.Path) ->
     # (A reason naming a probe's pid differs between processes only in that pid.)
     reason = str(uni.cuda.unavailable_reason()).split("pid")[0]
     assert f"SKIP cuda tests: no usable CUDA device: {reason}" in done.stdout
+
+
+def test_the_summary_keeps_the_demo_s_result(tmp_path: pathlib.Path) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    (work / "cuda.json").write_text(json.dumps({"available": True, "reason": None,
+                                                "devices": []}))
+    (work / "steps.txt").write_text("smoke 0\ndemo 1\ntests 0\nbench 0\n")
+    demo = {"schema": "uni-demo/1", "ok": False, "where": "cuda:0 (GPU), two streams",
+            "ratio": 1.8, "bound": 2.5, "slowest": "write", "backends": {"gemm": "cublas"},
+            "runs": {"serial": {"wall_s": 0.9}, "overlapped": {"wall_s": 0.5}},
+            "checks": {}, "cuda_plan": {}}
+    (out / "demo.json").write_text(json.dumps(demo))
+    assert _gpu_env().summary(str(work), str(out)) == 0
+    summary = json.loads((out / "gpu-check.json").read_text())
+    assert summary["status"] == "failed"  # the demo found a wrong block
+    assert summary["exit_codes"] == {"smoke": 0, "demo": 1, "tests": 0, "bench": 0}
+    assert summary["demo"] == {"ok": False, "where": "cuda:0 (GPU), two streams", "ratio": 1.8,
+                               "bound": 2.5, "slowest": "write", "backends": {"gemm": "cublas"},
+                               "serial_s": 0.9, "overlapped_s": 0.5}
 
 
 def test_wheels_are_chosen_only_for_unmet_pins() -> None:

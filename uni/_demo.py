@@ -7,13 +7,17 @@ weight matrix (``uni.gemm_async``), add a bias and apply an activation-like op
 ordering (``uni._pipeline`` explains how). The pipeline runs twice, serially (every operation
 awaited before the next is issued) and overlapped (everything issued at once), each into a
 fresh output file; both outputs are checked against numpy on a sample of blocks, read back
-from disk. Exit status: 0 when every check passed, 1 when a result was wrong or an operation
-failed, 2 when the options cannot run here.
+from disk. With CUDA (``--device cuda``, and ``auto`` where CUDA and NVRTC are usable) the
+same pipeline runs on two CUDA streams with pinned staging (``uni._cuda_pipeline``). Exit
+status: 0 when every check passed, 1 when a result was wrong or an operation failed, 2 when
+the options cannot run here.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import math
 import os
 import re
 import shutil
@@ -29,10 +33,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from uni import _machine, _timeline, cuda
+from uni import _cuda_pipeline, _machine, _timeline, cuda
+from uni._cuda_pipeline import CudaStages
 from uni._errors import ShapeError
 from uni._pipeline import (
     CORRUPT_ENV,
+    HOST_OPERATIONS,
+    SLOTS,
     STAGES,
     STEPS,
     BlockCheck,
@@ -53,9 +60,9 @@ MiB = 1 << 20
 DEFAULT_SIZE = "256MiB"
 DEFAULT_BLOCKS = 32
 
-#: Where each device's stages come from. A CUDA mode adds "cuda" here: pinned staging,
-#: device accumulators, copies on one stream and compute on another.
-STAGE_FACTORIES: dict[str, Callable[..., Stages]] = {"host": HostStages}
+#: Where each device's stages come from: the host's workers, or two CUDA streams with pinned
+#: staging (the copy-in on one; the compute, then the copy-out, on the other).
+STAGE_FACTORIES: dict[str, Callable[..., Stages]] = {"host": HostStages, "cuda": CudaStages}
 
 _UNITS = {"": MiB, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MiB, "mib": MiB,
           "g": 1 << 30, "gib": 1 << 30}
@@ -81,6 +88,8 @@ class DemoOptions:
     timeline: str | None = None
     #: BLAS threads per call in both runs; None: ``default_blas_threads()``.
     blas_threads: int | None = None
+    #: Write the measurement as JSON here (``measurement_json``).
+    json_path: str | None = None
 
 
 class DemoRefused(Exception):
@@ -88,22 +97,27 @@ class DemoRefused(Exception):
 
 
 def resolve_device(requested: str) -> str:
-    """``host`` or ``cuda``; ``auto`` is CUDA when it is usable and its stages exist."""
+    """``host`` or ``cuda``; ``auto`` is CUDA when its stages can run here (CUDA and NVRTC)."""
     if requested not in ("auto", "host", "cuda"):
         raise DemoRefused(f"--device must be auto, host or cuda, got {requested!r}")
     if requested == "host":
         return "host"
-    reason = cuda.unavailable_reason()
+    reason = _cuda_pipeline.unavailable_reason()
     if requested == "auto":
-        return "cuda" if reason is None and "cuda" in STAGE_FACTORIES else "host"
+        return "cuda" if reason is None else "host"
     if reason is not None:
-        raise DemoRefused(f"--device cuda: CUDA is not usable here: {reason}. "
-                          "Run with --device host")
-    if "cuda" not in STAGE_FACTORIES:
-        raise DemoRefused("--device cuda: this build of uni has no CUDA streaming stages yet "
-                          "(they need uni.cuda's pinned and device storages). "
-                          "Run with --device host")
+        # e.g. "CUDA is not usable here: <uni.cuda.unavailable_reason()>"
+        raise DemoRefused(f"--device cuda: {reason}. Run with --device host")
     return "cuda"
+
+
+def device_label(device: str) -> str:
+    """How the report names where the stages ran."""
+    if device != "cuda":
+        return device
+    found = cuda.devices()
+    name = f"cuda:0 ({found[0].name})" if found else "cuda:0"
+    return f"{name}, two streams, pinned staging"
 
 
 def _corrupt_block(blocks: int) -> int | None:
@@ -129,6 +143,11 @@ class Measurement:
     #: this process may use: how much else competed for the machine.
     load_average: float | None = None
     cores: int = 1
+    #: (step, stage) of one block and what each step calls: the stages' own.
+    step_stages: tuple[tuple[str, str], ...] = STEPS
+    operations: dict[str, str] = attrs.field(factory=lambda: dict(HOST_OPERATIONS))
+    #: Where the stages ran, for the report.
+    where: str = "host"
 
     @property
     def bytes_moved(self) -> int:
@@ -142,10 +161,26 @@ class Measurement:
     def ok(self) -> bool:
         return all(c.ok for checks in self.checks.values() for c in checks)
 
+    @property
+    def slowest(self) -> str:
+        """The stage whose summed time in the serial run is the largest."""
+        return max(STAGES, key=lambda s: stage_time(self.serial, s))
+
+    @property
+    def bound(self) -> float:
+        """Serial wall time / the slowest stage's summed time: what overlap can reach."""
+        return self.serial.wall_s / max(stage_time(self.serial, self.slowest), 1e-9)
+
 
 def stage_time(run: RunResult, stage: str) -> float:
     """Seconds the run's operations of one stage held their leases, summed over blocks."""
     return sum(s.end - s.start for s in run.spans if s.stage == stage)
+
+
+def step_time(run: RunResult, step: str) -> float:
+    """Seconds one step's operations held their leases (device steps: ran on their stream),
+    summed over blocks."""
+    return sum(s.end - s.start for s in run.spans if s.step == step)
 
 
 def measure(shape: StreamShape, seed: int, directory: str, *, device: str = "host",
@@ -190,8 +225,10 @@ def measure(shape: StreamShape, seed: int, directory: str, *, device: str = "hos
     sample = sample_blocks(shape.blocks, seed)
     checks = {name: check_output(problem, os.path.join(directory, f"y-{name}.bin"), sample)
               for name in runs}
+    first = opened[0]
     return Measurement(shape, device, runs["serial"], runs["overlapped"], checks, load,
-                       _machine.cores()["usable"])
+                       _machine.cores()["usable"], first.step_stages, dict(first.operations),
+                       device_label(device))
 
 
 # -- presentation ------------------------------------------------------------------------------
@@ -209,19 +246,13 @@ def _backends(run: RunResult) -> dict[str, str]:
     return out
 
 
-_OPERATIONS = {
-    "read": "uni.copy_async(x[block], staging[slot])",
-    "gemm": "uni.gemm_async(staging[slot], w, acc[slot])",
-    "bias": "uni.transform_async(acc[slot], uni.ops.add, acc[slot], bias)",
-    "activation": "uni.transform_async(acc[slot], uni.ops.square, acc[slot])",
-    "write": "uni.copy_async(acc[slot], y[block])",
-}
-
-
 def report(console: Console, m: Measurement) -> None:
     shape = m.shape
     runs = {"serial": m.serial, "overlapped": m.overlapped}
-    table = Table(title="uni demo: streamed through MappedFileStorage", title_justify="left")
+    title = "uni demo: streamed through MappedFileStorage"
+    if m.device != "host":
+        title += f" on {m.where}"
+    table = Table(title=title, title_justify="left")
     table.add_column("")
     table.add_column("serial", justify="right")
     table.add_column("overlapped", justify="right")
@@ -234,10 +265,8 @@ def report(console: Console, m: Measurement) -> None:
                       *[f"{stage_time(r, stage):.2f} s" for r in runs.values()])
     table.add_row("overlap ratio (serial / overlapped)", "", f"{m.ratio:.2f}x")
     console.print(table)
-    slowest = max(STAGES, key=lambda s: stage_time(m.serial, s))
-    bound = m.serial.wall_s / max(stage_time(m.serial, slowest), 1e-9)
-    console.print(f"the slowest stage ({slowest}) bounds the overlap at about {bound:.2f}x of "
-                  "the serial run; stages overlap only as far as the cores and the disk allow")
+    console.print(f"the slowest stage ({m.slowest}) bounds the overlap at about {m.bound:.2f}x "
+                  "of the serial run; stages overlap only as far as the cores and the disk allow")
     if m.load_average is not None and m.load_average > 0.5 * m.cores:
         console.print(f"note: the load average was {m.load_average:.1f} on {m.cores} cores: "
                       "other processes competed for them; rerun on a quiet machine for "
@@ -249,9 +278,11 @@ def report(console: Console, m: Measurement) -> None:
     stages.add_column("operation (per block)")
     stages.add_column("backend")
     backends = _backends(m.overlapped)
-    for step, stage in STEPS:
-        stages.add_row(stage if step in ("read", "gemm", "write") else "", escape(_OPERATIONS[step]),
-                       backends[step])
+    shown: set[str] = set()
+    for step, stage in m.step_stages:
+        first = stage not in shown
+        shown.add(stage)
+        stages.add_row(stage if first else "", escape(m.operations[step]), backends[step])
     console.print(stages)
 
     for name, checks in m.checks.items():
@@ -294,6 +325,91 @@ def blas_threads(threads: int) -> Iterator[list[str]]:
                f"thread{'' if b['threads'] == 1 else 's'} per call" for b in used]
 
 
+def _where(device: str) -> str:
+    if device == "cuda":
+        return device_label(device)
+    note = cuda.unavailable_reason()
+    if note is None:
+        # CUDA is there, but the CUDA stages cannot run (no NVRTC for their kernels).
+        missing = _cuda_pipeline.unavailable_reason()
+        note = "usable" if missing is None else f"usable, but {missing}"
+    return f"{device} (CUDA: {note})"
+
+
+#: The ``schema`` value of ``uni demo --json``; a change of the keys below changes it.
+JSON_SCHEMA = "uni-demo/1"
+
+
+def cuda_note() -> dict[str, object]:
+    """Whether the CUDA stages can run here, and why not (``uni demo --json``'s ``cuda``)."""
+    reason = _cuda_pipeline.unavailable_reason()
+    return {"usable": reason is None, "reason": reason}
+
+
+def measurement_json(m: Measurement, requested: str | None = None) -> dict[str, object]:
+    """The measurement as plain data (``uni demo --json FILE``).
+
+    Keys: ``schema`` (``JSON_SCHEMA``), ``ok``, ``requested`` (the ``--device`` asked for),
+    ``device`` (where the stages ran: ``host`` or ``cuda``), ``where`` (the same, in words),
+    ``cuda`` (``usable``, and the ``reason`` when the CUDA stages cannot run here),
+    ``shape`` (rows, k, m, blocks, dtype), ``bytes_moved``, ``ratio`` (serial / overlapped
+    wall time), ``bound`` (what the slowest stage allows), ``slowest``, ``runs`` (per run:
+    ``wall_s``, ``throughput_mib_s``, ``stage_s`` and ``step_s``, seconds summed over
+    blocks), ``steps`` (the step names, in order, with their stage), ``backends`` (per
+    step, from the overlapped run), ``checks`` (per run: block, error, tolerance, ok),
+    ``load_average``, ``cores``, and ``cuda_plan`` (``uni._cuda_pipeline.plan_json``: each
+    step's stream, each buffer's memory and bytes; None in host mode).
+    """
+    shape = m.shape
+    runs = {"serial": m.serial, "overlapped": m.overlapped}
+    return {
+        "schema": JSON_SCHEMA,
+        "ok": m.ok,
+        "requested": requested if requested is not None else m.device,
+        "device": m.device,
+        "where": m.where,
+        "cuda": cuda_note(),
+        "shape": {"rows": shape.rows, "k": shape.k, "m": shape.m, "blocks": shape.blocks,
+                  "dtype": shape.dtype.name},
+        "bytes_moved": m.bytes_moved,
+        "ratio": m.ratio,
+        "bound": m.bound,
+        "slowest": m.slowest,
+        "runs": {name: {"wall_s": r.wall_s,
+                        "throughput_mib_s": m.bytes_moved / MiB / r.wall_s,
+                        "stage_s": {stage: stage_time(r, stage) for stage in STAGES},
+                        "step_s": {step: step_time(r, step) for step, _ in m.step_stages}}
+                 for name, r in runs.items()},
+        "steps": [[step, stage] for step, stage in m.step_stages],
+        "backends": _backends(m.overlapped),
+        "checks": {name: [{"block": c.block, "error": _finite(c.error),
+                           "tolerance": c.tolerance, "ok": c.ok} for c in checks]
+                   for name, checks in m.checks.items()},
+        "load_average": m.load_average,
+        "cores": m.cores,
+        "cuda_plan": _cuda_pipeline.plan_json(shape) if m.device == "cuda" else None,
+    }
+
+
+def _finite(x: float) -> float | None:
+    # Note: a NaN error (a NaN in the output) is written as null: JSON has no NaN.
+    return x if math.isfinite(x) else None
+
+
+def _write_json(path: str, data: dict[str, object]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+
+
+def _check_writable(path: str, flag: str) -> None:
+    """Refuse, before any work, a file that could not be written at the end."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise DemoRefused(f"{flag} {path}: expected a file in a writable directory, but "
+                          f"{'it is a directory' if os.path.isdir(path) else folder + ' is not one'}")
+
+
 def _free_bytes(directory: str) -> int:
     return shutil.disk_usage(directory).free
 
@@ -315,6 +431,8 @@ def run(options: DemoOptions) -> int:
         corrupt = _corrupt_block(shape.blocks)
         if options.blas_threads is not None and options.blas_threads < 1:
             raise DemoRefused(f"--blas-threads must be at least 1, got {options.blas_threads}")
+        if options.json_path is not None:
+            _check_writable(options.json_path, "--json")
     except DemoRefused as err:
         errors.print(f"uni demo: {err}", markup=False)
         return 2
@@ -326,8 +444,7 @@ def run(options: DemoOptions) -> int:
                          f"{_mib(_free_bytes(directory))}; pass a smaller --size or set TMPDIR",
                          markup=False)
             return 2
-        cuda_note = "" if device == "cuda" else f" (CUDA: {cuda.unavailable_reason() or 'usable'})"
-        console.print(f"uni demo: y = square(x @ w + bias) on {device}{cuda_note}", markup=False)
+        console.print(f"uni demo: y = square(x @ w + bias) on {_where(device)}", markup=False)
         console.print(
             f"x: {shape.rows} x {shape.k} {shape.dtype.name} ({_mib(shape.input_bytes)}) in a "
             f"mapped file, {shape.blocks} blocks of {shape.block_rows} rows; w: {shape.k} x "
@@ -337,14 +454,30 @@ def run(options: DemoOptions) -> int:
         try:
             threads = options.blas_threads or default_blas_threads()
             with blas_threads(threads) as libraries, _progress(console) as phase:
-                console.print("BLAS (the blas backend's): " + (", ".join(libraries) or "none found")
-                              + " in both runs (--blas-threads N to change)", markup=False)
+                if device == "cuda":
+                    memory = _cuda_pipeline.memory_bytes(shape)
+                    console.print(
+                        "streams: the copy-in on one CUDA stream; the compute and the copy-out "
+                        f"on another; {SLOTS} pinned staging slots each way, filled and drained "
+                        f"by uni's host workers ({_mib(memory['pinned'])} pinned, "
+                        f"{_mib(memory['cuda'])} on the device)", markup=False)
+                else:
+                    console.print("BLAS (the blas backend's): "
+                                  + (", ".join(libraries) or "none found")
+                                  + " in both runs (--blas-threads N to change)", markup=False)
                 m = measure(shape, options.seed, directory, device=device,
                             corrupt_block=corrupt, progress=phase)
         except PipelineError as err:
             errors.print(f"uni demo: the pipeline failed: {err}", markup=False)
+            if options.json_path is not None:
+                _write_json(options.json_path, {"schema": JSON_SCHEMA, "ok": False,
+                                                "requested": options.device, "device": device,
+                                                "cuda": cuda_note(), "error": str(err)})
             return 1
     report(console, m)
+    if options.json_path is not None:
+        _write_json(options.json_path, measurement_json(m, options.device))
+        console.print(f"measurement written to {options.json_path}", markup=False)
     if options.timeline is not None:
         _timeline.draw(options.timeline, [("serial", m.serial), ("overlapped", m.overlapped)],
                        shape.blocks)

@@ -17,9 +17,11 @@ at once: the read of block i+1 (staging slot 1) does not conflict with the gemm 
 reading slot 0. The serial run makes the very same calls, awaiting each before the next.
 
 Where the stages run is a ``Stages`` object. ``HostStages`` keeps the buffers in host memory
-and runs on uni's worker threads. A CUDA mode slots in as another ``Stages``: pinned staging
-buffers for the reads and writes (``device="pinned"``), device buffers for ``acc`` and the
-weights, the copies on one stream and the compute on another.
+and runs on uni's worker threads. ``uni._cuda_pipeline.CudaStages`` is the CUDA mode: pinned
+staging for the file side, device buffers for the inputs, accumulators and weights, the
+host<->device copies on one stream and the compute on another. Each ``Stages`` names its
+steps and the stage each belongs to (``step_stages``), so a mode may split a stage into
+several steps (CUDA's read is file -> pinned, then pinned -> device).
 
 The staging and accumulator buffers, and the output file, are storages that log when each
 write lease opens and closes (``SpanLog``): that is the measured timeline ``uni demo
@@ -60,9 +62,17 @@ CORRUPT_ENV = "UNI_TEST_DEMO_CORRUPT_BLOCK"
 SLOTS = 2
 #: The stages of one block, in order; ``compute`` is the gemm and both transforms.
 STAGES = ("read", "compute", "write")
-#: The operations of one block, in order, and the stage each belongs to.
+#: The operations of one block on the host, in order, and the stage each belongs to.
 STEPS = (("read", "read"), ("gemm", "compute"), ("bias", "compute"),
          ("activation", "compute"), ("write", "write"))
+#: What each host step calls, per block (the demo's table of backends prints these).
+HOST_OPERATIONS = {
+    "read": "uni.copy_async(x[block], staging[slot])",
+    "gemm": "uni.gemm_async(staging[slot], w, acc[slot])",
+    "bias": "uni.transform_async(acc[slot], uni.ops.add, acc[slot], bias)",
+    "activation": "uni.transform_async(acc[slot], uni.ops.square, acc[slot])",
+    "write": "uni.copy_async(acc[slot], y[block])",
+}
 
 
 @attrs.frozen
@@ -181,13 +191,14 @@ class SpanLog:
 
     The pipeline says, as it registers an operation, which (block, step) the next write lease
     on a range will belong to; grants on one range come in registration order (the FIFO
-    rule), so the storage's hooks can label what they see.
+    rule), so the storage's hooks can label what they see. Spans measured elsewhere (the
+    CUDA steps', from device events) join through :meth:`add`.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._expected: dict[tuple[int, int], deque[tuple[int, str]]] = {}
-        self._open: dict[tuple[int, int], tuple[int, str, float]] = {}
+        self._expected: dict[tuple[int, int], deque[tuple[int, str, str]]] = {}
+        self._open: dict[tuple[int, int], tuple[int, str, str, float]] = {}
         self.spans: list[Span] = []
         self.origin = time.perf_counter()
 
@@ -198,9 +209,13 @@ class SpanLog:
             self.spans = []
             self.origin = time.perf_counter()
 
-    def expect(self, storage: object, lo: int, block: int, step: str) -> None:
+    def expect(self, storage: object, lo: int, block: int, step: str,
+               stage: str | None = None) -> None:
+        """The next write lease on ``storage`` at ``lo`` is ``step`` of ``block`` (its stage:
+        ``stage``, by default the host step's)."""
+        stage = stage if stage is not None else dict(STEPS)[step]
         with self._lock:
-            self._expected.setdefault((id(storage), lo), deque()).append((block, step))
+            self._expected.setdefault((id(storage), lo), deque()).append((block, step, stage))
 
     def opened(self, storage: object, lo: int) -> None:
         now = time.perf_counter()
@@ -208,8 +223,8 @@ class SpanLog:
         with self._lock:
             expected = self._expected.get(key)
             if expected:
-                block, step = expected.popleft()
-                self._open[key] = (block, step, now)
+                block, step, stage = expected.popleft()
+                self._open[key] = (block, step, stage, now)
 
     def closed(self, storage: object, lo: int) -> None:
         now = time.perf_counter()
@@ -217,9 +232,13 @@ class SpanLog:
         with self._lock:
             found = self._open.pop(key, None)
             if found is not None:
-                block, step, start = found
-                stage = dict(STEPS)[step]
+                block, step, stage, start = found
                 self.spans.append(Span(block, step, stage, start - self.origin, now - self.origin))
+
+    def add(self, span: Span) -> None:
+        """A span measured by other means (seconds since ``origin``)."""
+        with self._lock:
+            self.spans.append(span)
 
 
 class _LoggedHostStorage(HostStorage):
@@ -265,6 +284,10 @@ class Stages(Protocol):
 
     device: str
     log: SpanLog
+    #: (step, stage) of one block, in order: the names ``steps`` and ``walks`` use.
+    step_stages: tuple[tuple[str, str], ...]
+    #: What each step calls, per block, for the demo's table.
+    operations: dict[str, str]
 
     def steps(self, i: int) -> list[tuple[str, Step]]:
         """(step name, issue) for block ``i``, in the order they must be issued."""
@@ -278,6 +301,11 @@ class Stages(Protocol):
         """The walks each step made since ``reset_records``, by step name."""
         ...
 
+    async def settle(self) -> None:
+        """After every operation of a run finished: put the spans measured outside the log's
+        hooks into it (nothing to do for host stages)."""
+        ...
+
     def close(self) -> None:
         """Close what the stages opened (idempotent)."""
         ...
@@ -287,6 +315,8 @@ class HostStages:
     """Staging and accumulators in host memory; every stage runs on uni's worker threads."""
 
     device = "host"
+    step_stages: tuple[tuple[str, str], ...] = STEPS
+    operations: dict[str, str] = HOST_OPERATIONS
 
     def __init__(self, shape: StreamShape, problem: Problem, x: Tensor, y: Tensor,
                  log: SpanLog, *, corrupt_block: int | None = None) -> None:
@@ -339,6 +369,9 @@ class HostStages:
     def reset_records(self) -> None:
         self._sinks = []
 
+    async def settle(self) -> None:
+        return None  # every span came through the storages' hooks
+
     def close(self) -> None:
         """Close the files (a storage without ``close`` needs none); idempotent."""
         for storage in (self.x.storage, self.y.storage):
@@ -347,7 +380,7 @@ class HostStages:
                 close()
 
     def walks(self) -> dict[str, list[DispatchRecord]]:
-        out: dict[str, list[DispatchRecord]] = {name: [] for name, _ in STEPS}
+        out: dict[str, list[DispatchRecord]] = {name: [] for name, _ in self.step_stages}
         for step, records in self._sinks:
             out[step].extend(records)
         return out
@@ -407,6 +440,8 @@ async def run_pipeline(stages: Stages, blocks: int, *, overlapped: bool,
                 await settle(i, step, issue())
             on_block(i)
     wall = time.perf_counter() - start
+    # Untimed: reading back spans measured on the device (every operation is over by now).
+    await stages.settle()
     if errors:
         raise PipelineError(errors)
     spans = tuple(sorted(stages.log.spans, key=lambda s: (s.block, s.start)))

@@ -25,13 +25,17 @@ def _demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     demo.add_argument("--blocks", type=int, default=_demo.DEFAULT_BLOCKS,
                       help=f"row blocks to stream (default {_demo.DEFAULT_BLOCKS})")
     demo.add_argument("--device", default="auto", choices=("auto", "host", "cuda"),
-                      help="where the stages run; auto is cuda when usable (default auto)")
+                      help="where the stages run: host (uni's workers) or cuda (two CUDA "
+                           "streams, pinned staging); auto is cuda when usable (default auto)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the generated input")
     demo.add_argument("--blas-threads", type=int, metavar="N",
                       help="BLAS threads per call, in both runs alike (default: the usable "
                            "cores but one, at least 1: that core runs the overlapping stages)")
     demo.add_argument("--timeline", metavar="FILE.png",
                       help="draw each block's read/compute/write spans (needs matplotlib)")
+    demo.add_argument("--json", metavar="FILE",
+                      help="also write the measurement as JSON (wall times, stage and step "
+                           "times, ratio, backends, checks)")
 
 
 def _size(text: str) -> int:
@@ -68,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _demo.run(_demo.DemoOptions(size=args.size, blocks=args.blocks,
                                            device=args.device, seed=args.seed,
                                            timeline=args.timeline,
-                                           blas_threads=args.blas_threads))
+                                           blas_threads=args.blas_threads,
+                                           json_path=args.json))
     if args.command == "bench":
         only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
         return _bench.run(quick=args.quick, json_path=args.json, plot_path=args.plot,

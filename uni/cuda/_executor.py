@@ -29,6 +29,7 @@ fence); an error on the device surfaces on a later CUDA call, as in CUDA itself.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import threading
 from typing import Any
 
@@ -132,6 +133,10 @@ class CudaExecutor:
             access.finish(None, poison=False)
             raise
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        # The launch runs in a copy of the caller's context, as a host worker does, wherever
+        # it is issued (this thread, a releasing one, the launcher): the walk it makes lands
+        # in the caller's dispatch_diagnostics().
+        context = contextvars.copy_context()
         items = _items(access)
         lock = threading.Lock()
         left = [len(items)]
@@ -158,10 +163,10 @@ class CudaExecutor:
                 left[0] -= 1
                 last = not left[0]
             if last:
-                run_soon(launch)
+                run_soon(lambda: context.run(launch))
 
         if not items:
-            run_soon(launch)
+            run_soon(lambda: context.run(launch))
         for item in items:
             item.access.wait_with(StreamWaiter(stream, granted))
         return OpFuture(job.op, future, job.describe())
