@@ -23,7 +23,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
-from uni._access_queue import CURRENT_THREAD, AccessQueue, AccessRequest, Fence, current_owner
+from uni._access_queue import (
+    CURRENT_THREAD,
+    AccessQueue,
+    AccessRequest,
+    Fence,
+    HeldRun,
+    current_owner,
+)
 from uni._errors import LeaseReleasedError, PoisonedError
 from uni.storage._protocol import Region
 
@@ -521,37 +528,44 @@ class PreparedAccess:
 class PreparedGroup:
     """The accesses of one prepared operation, begun and ended together around a call.
 
-    ``run(fn, *args)`` registers every access, calls ``fn(*args)`` only if all were granted
-    at once with no fence and no poison (see :class:`PreparedAccess`), and releases them;
-    a failing ``fn`` poisons what the writes covered. Returns ``fn``'s result, or False when
-    it did not run (nothing touched, nothing held).
+    ``run(fn, *args)`` calls ``fn(*args)`` only if every access can be had at once with no
+    fence and no poison (see :class:`PreparedAccess`), and returns its result, or False
+    when it did not run (nothing touched, nothing held). A failing ``fn`` poisons what the
+    writes covered. A ``small`` group runs ``fn`` inside the queues' critical sections
+    (:class:`~uni._access_queue.HeldRun`: no request is made at all) whenever their locks
+    are free, and otherwise -- and always when not small -- registers a request per access
+    and releases it afterwards.
     """
 
-    __slots__ = ("_flat",)
+    __slots__ = ("_flat", "_held")
 
-    def __init__(self, accesses: tuple[PreparedAccess, ...]) -> None:
+    def __init__(self, accesses: tuple[PreparedAccess, ...], *, small: bool = False) -> None:
         self._flat = tuple((a.queue, a.mode, a.lo, a.hi, a.holder, a.write, a.view)
                            for a in accesses)
+        self._held = HeldRun([(a.queue, a.lo, a.hi, a.write, a.view) for a in accesses]
+                             ) if small else None
 
     def run(self, fn: Callable[..., bool], *args: Any) -> bool:
-        taken: list[tuple[AccessQueue, AccessRequest, int, int, bool, Any]] = []
-        ok = True
-        for queue, mode, lo, hi, holder, write, view in self._flat:
-            request = queue.register(mode, lo, hi, holder=holder)
-            taken.append((queue, request, lo, hi, write, view))
-            if not request.granted or request.fences or queue.has_poison:
-                ok = False
-                break
+        held = self._held
+        if held is not None:
+            done = held.run(fn, args)
+            if done is not None:
+                return done
+        flat = self._flat
+        taken: list[tuple[AccessQueue, AccessRequest]] = []
         try:
-            if not ok:
-                return False
+            for queue, mode, lo, hi, holder, write, _ in flat:
+                request = queue.try_grant(mode, write, lo, hi, holder)
+                if request is None:
+                    return False
+                taken.append((queue, request))
             try:
                 return fn(*args)
             except BaseException as err:
-                for queue, _, lo, hi, write, view in taken:
+                for queue, _, lo, hi, _, write, view in flat:
                     if write:
                         queue.poison(lo, hi, err, view)
                 raise
         finally:
-            for queue, request, *_ in reversed(taken):
+            for queue, request in reversed(taken):
                 queue.release(request)

@@ -77,6 +77,7 @@ __all__ = [
     "AccessQueue",
     "AccessRequest",
     "Fence",
+    "HeldRun",
     "HostFence",
     "Mode",
     "Owner",
@@ -464,6 +465,35 @@ class AccessQueue:
             req.granted = True
             if self._tail:
                 req.fences = self._fences_for_locked(lo, hi, write)
+            entries[req] = None
+        finally:
+            lock.release()
+        return req
+
+    def try_grant(self, mode: Mode, write: bool, lo: int, hi: int, holder: object
+                  ) -> AccessRequest | None:
+        """A request granted now with nothing to wait for, or None with nothing registered.
+
+        For prepared repeats, which never wait: None whenever :meth:`register` would leave
+        the request pending, hand it fences, or the queue holds poison anywhere (the caller
+        then takes its general path, which waits or reports as it should). ``write`` must
+        agree with ``mode``; the range must not be empty. The request has no owner: it
+        lives only while its holder runs, in that very call. Never blocks.
+        """
+        if self.has_poison:
+            return None
+        req = AccessRequest(mode, write, lo, hi, holder, None, self)
+        lock = self._lock
+        lock.acquire()
+        try:
+            entries = self._entries
+            if entries:
+                for q in entries:
+                    if q.lo <= hi and lo <= q.hi and (write or q._write):
+                        return None
+            if self.has_poison or (self._tail and self._fences_for_locked(lo, hi, write)):
+                return None
+            req.granted = True
             entries[req] = None
         finally:
             lock.release()
@@ -994,6 +1024,65 @@ class AccessQueue:
     def _wake(self, woken: list[tuple[AccessRequest, Waiter]]) -> None:
         for req, waiter in woken:
             waiter.wake(self, req)
+
+
+class HeldRun:
+    """A small kernel run inside the critical sections of the queues it touches.
+
+    For prepared repeats of small operations. Instead of registering a request per operand
+    and releasing it afterwards (about a microsecond each), take each queue's lock, never
+    waiting for it; check that nothing is in the way of any operand's range -- no
+    conflicting request, no pending fence it would be granted with, no poison anywhere in
+    the queue -- run the kernel, and let go. Nothing can register on those queues
+    meanwhile, so the kernel is ordered exactly as requests registered, granted and
+    released at that instant would be, and the queues never see it. Other threads wait on
+    the locks for the kernel's duration: only for small work.
+
+    ``items`` are ``(queue, lo, hi, write, view)`` per operand; a queue met twice (two
+    operands in one memory) is locked once. A failing kernel poisons its writes' ranges
+    before the locks are dropped, as a failed writer's release does.
+    """
+
+    __slots__ = ("_queues",)
+
+    def __init__(self, items: list[tuple[AccessQueue, int, int, bool, Any]]) -> None:
+        by_queue: dict[int, tuple[AccessQueue, list[tuple[int, int, bool, Any]]]] = {}
+        for queue, lo, hi, write, view in items:
+            by_queue.setdefault(id(queue), (queue, []))[1].append((lo, hi, write, view))
+        self._queues = tuple((queue, tuple(ranges)) for queue, ranges in by_queue.values())
+
+    def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
+        """``fn(*args)``'s answer; False (not run) when something is in the way; None (not
+        run) when a queue's lock was taken by another thread at that moment."""
+        held: list[_LockType] = []
+        try:
+            for queue, ranges in self._queues:
+                lock = queue._lock
+                if not lock.acquire(False):
+                    return None
+                held.append(lock)
+                if queue.has_poison:
+                    return False
+                entries = queue._entries
+                for lo, hi, write, _ in ranges:
+                    if entries:
+                        for q in entries:
+                            if q.lo <= hi and lo <= q.hi and (write or q._write):
+                                return False
+                    if queue._tail and queue._fences_for_locked(lo, hi, write):
+                        return False
+            try:
+                return fn(*args)
+            except BaseException as err:
+                for queue, ranges in self._queues:
+                    for lo, hi, write, view in ranges:
+                        if write:
+                            queue._poison.append((lo, hi, err, view))
+                            queue.has_poison = True
+                raise
+        finally:
+            for lock in reversed(held):
+                lock.release()
 
 
 def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:

@@ -32,7 +32,7 @@ import trio
 from uni._access import Access, AccessSpec, queue_range
 from uni._access_queue import CURRENT_THREAD, Fence, current_owner
 from uni._accessor import DefaultAccessor
-from uni._dispatch import walk
+from uni._dispatch import SLOW_BACKEND, decided, walk
 from uni._errors import KernelDispatchError, LeaseConflictError
 from uni._eventloop import running_library, unsupported_loop, wait_callback_async
 from uni._handle import HOST, HostHandle
@@ -40,12 +40,15 @@ from uni._mapping import best_mapping, layout_right
 from uni._mdspec import MdSpan
 
 __all__ = [
+    "SMALL_ELEMENTS",
+    "SMALL_MACS",
     "Completion",
     "Executor",
     "Job",
     "OpFuture",
     "OperationAccess",
     "done_future",
+    "failed_future",
     "register_executor",
     "register_stager",
     "run_inline",
@@ -54,6 +57,13 @@ __all__ = [
 ]
 
 _registration_lock = threading.Lock()
+
+#: Small work: at most this many elements written (copy, transform) or multiply-adds
+#: (gemm, gemv), a few microseconds. An ``_async`` operation this small whose leases are all
+#: granted at once runs in the calling thread (SPEC §5), and a prepared repeat this small
+#: runs inside its queues' critical sections instead of registering requests.
+SMALL_ELEMENTS = 1 << 15
+SMALL_MACS = 1 << 18
 
 
 class _Operand:
@@ -340,10 +350,11 @@ class Job:
     output's, except for a copy between host and CUDA memory, which runs on the CUDA side.
     """
 
-    __slots__ = ("access", "backend", "build", "chain", "op", "signature", "where")
+    __slots__ = ("access", "backend", "build", "chain", "op", "signature", "small", "where")
 
     def __init__(self, op: str, access: OperationAccess, build: Callable[[OperationAccess], Any],
-                 signature: Any, chain: tuple[Any, ...], where: Any = None) -> None:
+                 signature: Any, chain: tuple[Any, ...], where: Any = None, *,
+                 small: bool = False) -> None:
         self.op = op
         self.access = access
         self.build = build
@@ -351,6 +362,8 @@ class Job:
         self.chain = chain
         self.where = where if where is not None else access.writes[0].tensor.storage
         self.backend: Any = None  # the backend that ran it, once it has
+        #: Small enough to run in the submitting thread when nothing is in its way.
+        self.small = small
 
     def __call__(self) -> str:
         """Run it here; return the name of the backend that ran it (also kept in
@@ -481,8 +494,14 @@ class OpFuture:
                  ) -> None:
         self.op = op
         self._completion = completion
-        self._what = what or op
+        self._what = what  # the operation in words; built from the job only when needed
         self._job = job
+
+    @property
+    def _described(self) -> str:
+        if not self._what:
+            self._what = self._job.describe() if self._job is not None else self.op
+        return self._what
 
     def done(self) -> bool:
         """True once the operation has finished, successfully or not."""
@@ -500,14 +519,14 @@ class OpFuture:
             blocker = job.access.owned_blocker()
             if blocker is not None:
                 raise LeaseConflictError(
-                    f"uni.{self.op}_async ({self._what}) can never finish while this thread "
+                    f"uni.{self.op}_async ({self._described}) can never finish while this thread "
                     f"waits for it: it waits for {blocker.holder}, which this thread holds; "
                     "release that first")
         try:
             return self._completion.result(timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(
-                f"uni.{self.op}_async did not finish within {timeout} s: {self._what} is still "
+                f"uni.{self.op}_async did not finish within {timeout} s: {self._described} is still "
                 "waiting for its leases or running"
             ) from None
 
@@ -537,11 +556,73 @@ async def _await_completion(completion: Completion, op: str) -> Any:
     return completion.result()
 
 
-def done_future(op: str) -> OpFuture:
-    """An OpFuture that has already succeeded (an operation with nothing to do)."""
-    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    future.set_result(None)
-    return OpFuture(op, future)
+class _Finished:
+    """The completion of an operation that is over already (nothing to do, or run in the
+    calling thread): ``result()`` returns or raises at once."""
+
+    __slots__ = ("_error", "_value")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value = value
+        self._error = error
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        fn(self)
+
+
+def done_future(op: str, result: Any = None) -> OpFuture:
+    """An OpFuture that has already succeeded (nothing to do, or run here already):
+    ``result`` is what it returns (the name of the backend that ran it, if one did)."""
+    return OpFuture(op, _Finished(result))
+
+
+def failed_future(op: str, error: BaseException) -> OpFuture:
+    """An OpFuture that has already failed with ``error`` (its outputs are poisoned)."""
+    return OpFuture(op, _Finished(None, error))
+
+
+def _ready_now(job: Job) -> bool:
+    """Every request of ``job`` is granted, with no fence to wait for."""
+    for item in job.access.reads:
+        access = item.access
+        if access is not None and (not access.request.granted or access.request.fences):
+            return False
+    for item in job.access.writes:
+        access = item.access
+        if access is not None and (not access.request.granted or access.request.fences):
+            return False
+    return True
+
+
+def _runs_here(job: Job) -> bool:
+    """Whether an async host job runs in the submitting thread (SPEC §5: a small host
+    operation whose leases are granted at once may run inline): it is small, nothing is in
+    its way, and the walk already knows a vectorised backend for it -- never the
+    per-element oracle, which would hold the caller (an event loop) for milliseconds."""
+    if not job.small or not _ready_now(job):
+        return False
+    name = decided(job.op, job.signature, job.chain)
+    return name is not None and name != SLOW_BACKEND
+
+
+def _run_here(job: Job) -> OpFuture:
+    try:
+        result = job()
+    except Exception as err:
+        job.fail(err)  # no-op when the job already poisoned and released
+        return OpFuture(job.op, _Finished(None, err), "", job)
+    except BaseException as err:  # KeyboardInterrupt and the like: the caller hears it now
+        job.fail(err)
+        raise
+    return OpFuture(job.op, _Finished(result), "", job)
 
 
 _submitting = threading.local()  # .active: this thread is inside dispatch's submit
@@ -554,6 +635,8 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
     other = _other_executor(job)
     if other is not None:
         return other.submit(job, stream)
+    if _runs_here(job):
+        return _run_here(job)
     context = contextvars.copy_context()
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
@@ -586,4 +669,4 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
             _submitting.active = False
 
     job.access.when_ready(dispatch)
-    return OpFuture(job.op, future, job.describe(), job)
+    return OpFuture(job.op, future, "", job)
