@@ -40,10 +40,14 @@ __all__ = [
     "Access",
     "AccessShare",
     "AccessSpec",
+    "LEASE_REMEDY",
     "Mode",
     "PreparedAccess",
     "PreparedGroup",
     "StorageView",
+    "inner_queue_range",
+    "poison_of_view",
+    "poisoned_error",
     "queue_range",
     "release_from_finalizer",
 ]
@@ -131,10 +135,19 @@ class AccessSpec(Region):
     def describe(self) -> str:
         return (f"shape={self.mapping.extents.shape}, dtype={self.accessor.element_type.name}")
 
-    def view_key(self) -> tuple[int, tuple[int, tuple[int, ...], tuple[int, ...]]]:
-        """``(storage key, (offset, shape, strides))``: this view, for per-view poison."""
+    def view_key(self) -> tuple[tuple[int, int], tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        """``(element space, (offset, shape, strides))``: this view, for per-view poison.
+
+        The element space is ``(queue_offset, itemsize)``: where element 0 sits in the queue
+        and how wide an element is. Views with the same space index the same bytes the same
+        way, whichever storage object they come through -- unlike ``id(storage)``, which a
+        storage made later may reuse at another offset while a poison entry outlives the
+        storage that made it.
+        """
+        storage = self.storage
         mapping = self.mapping
-        return (id(self.storage), (self.offset, mapping.extents.shape, tuple(mapping.strides)))
+        return ((getattr(storage, "queue_offset", 0), storage.dtype.itemsize),
+                (self.offset, mapping.extents.shape, tuple(mapping.strides)))
 
     def what(self) -> str:
         """The data in words: ``Tensor(shape=(3, 4), dtype=float64)``."""
@@ -165,6 +178,47 @@ def queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
     if lo > hi:
         return 1, 0
     return (base + lo * itemsize) // unit, (base + hi * itemsize + itemsize - 1) // unit
+
+
+def inner_queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
+    """The queue units that lie wholly inside elements ``lo..hi`` of ``storage``: what a
+    write of every one of those elements is sure to have overwritten (``queue_range`` rounded
+    inward; empty, ``lo > hi``, when no whole unit is inside)."""
+    queue = storage.access_queue
+    base = getattr(storage, "queue_offset", 0)
+    itemsize = storage.dtype.itemsize
+    unit = queue.unit
+    if base == 0 and unit == itemsize:
+        return lo, hi
+    if lo > hi:
+        return 1, 0
+    return -(-(base + lo * itemsize) // unit), (base + (hi + 1) * itemsize) // unit - 1
+
+
+#: What to do about poisoned data, for a lease (the default of ``check_poison``).
+LEASE_REMEDY: Final = ("pass allow_poisoned=True to read it anyway, or rewrite it with "
+                       "overwrite=True")
+
+
+def poisoned_error(what: str, cause: BaseException, remedy: str = LEASE_REMEDY) -> PoisonedError:
+    """The PoisonedError for ``what`` (the data in words), left poisoned by ``cause``."""
+    error = PoisonedError(
+        f"{what} was poisoned by a failed writer ({type(cause).__name__}: {cause}); {remedy}")
+    error.__cause__ = cause
+    return error
+
+
+def poison_of_view(spec: AccessSpec) -> BaseException | None:
+    """The failure that left some element of ``spec``'s view poisoned, or None (a query).
+
+    For data read under another access's request (an operation's input folded into the
+    write of another storage over the same memory): it has no request of its own to ask."""
+    storage = spec.storage
+    queue: AccessQueue = storage.access_queue
+    if not queue.has_poison:
+        return None
+    lo, hi = queue_range(storage, spec.lo, spec.hi)
+    return queue.poison_of(lo, hi, spec.view_key())
 
 
 _OPEN: Final = 1
@@ -277,32 +331,34 @@ class Access:
 
     # ------------------------------------------------------------------ opening
 
-    def check_poison(self, what: Callable[[], str], *, allow_poisoned: bool = False) -> None:
+    def check_poison(self, what: Callable[[], str], *, allow_poisoned: bool = False,
+                     remedy: str = LEASE_REMEDY) -> None:
         """Raise PoisonedError (withdrawing the request) if a failed writer left this data
         half-written; a write with the overwrite promise and ``allow_poisoned`` skip it.
-        ``what()`` names the data in the message (called only when it is needed)."""
-        spec = self.spec
-        queue = self.queue
-        if not queue.has_poison or allow_poisoned or (spec.mode == "write" and spec.overwrite):
+        ``what()`` names the data in the message (called only when it is needed), ``remedy``
+        says what to do about it.
+
+        The data is the view written (``written``): a write widened over inputs it overlaps
+        answers for the output's own view only (each input's view is checked on its own)."""
+        written = self.written
+        if (not self.queue.has_poison or allow_poisoned
+                or (written.mode == "write" and written.overwrite)):
             return
-        request = self.request
-        cause = queue.poison_of(request.lo, request.hi, spec.view_key())
+        cause = self.poison_cause()
         if cause is None:
             return
-        queue.release(request)
+        self.queue.release(self.request)
         self._state = _ENDED
         self._primary_done = True
-        raise PoisonedError(
-            f"{what()} was poisoned by a failed writer ({type(cause).__name__}: {cause}); pass "
-            "allow_poisoned=True to read it anyway, or rewrite it with overwrite=True"
-        ) from cause
+        raise poisoned_error(what(), cause, remedy)
 
     def poison_cause(self) -> BaseException | None:
         """The failure that left this data poisoned, or None (a query: nothing is withdrawn)."""
         queue = self.queue
         if not queue.has_poison:
             return None
-        return queue.poison_of(self.request.lo, self.request.hi, self.spec.view_key())
+        lo, hi = self.poison_range or (self.request.lo, self.request.hi)
+        return queue.poison_of(lo, hi, self.written.view_key())
 
     def open(self) -> Any:
         """Call the storage's acquire hook (the request must be granted and ready)."""
@@ -445,9 +501,16 @@ class Access:
             if failure is not None and poison:
                 lo, hi = self.poison_range or (request.lo, request.hi)
                 queue.poison(lo, hi, failure, self.written.view_key())
-            elif failure is None and spec.overwrite and opened and queue.has_poison:
-                queue.clear_poison(request.lo, request.hi, spec.view_key(),
-                                   exhaustive=spec.covers_exactly())
+            elif failure is None and opened and queue.has_poison and self.written.overwrite:
+                # Only what was written is vouched for: the output's own view (not the
+                # inputs a widened write covers), and of another element space only the
+                # queue units wholly inside it.
+                written = self.written
+                lo, hi = self.poison_range or (request.lo, request.hi)
+                queue.clear_poison(lo, hi, written.view_key(),
+                                   exhaustive=written.covers_exactly(),
+                                   inner=inner_queue_range(written.storage, written.lo,
+                                                           written.hi))
         queue.release(request, fence)
         return release_error
 

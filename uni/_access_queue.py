@@ -902,19 +902,21 @@ class AccessQueue:
                 return exc
         return None
 
-    def clear_poison(self, lo: int, hi: int, view: Any = None, *, exhaustive: bool = True
-                     ) -> None:
+    def clear_poison(self, lo: int, hi: int, view: Any = None, *, exhaustive: bool = True,
+                     inner: tuple[int, int] | None = None) -> None:
         """A successful overwrite of ``[lo, hi]`` (``view``): drop the poison it overwrote.
 
-        An entry goes when it lies inside the range and the overwrite reached every element
-        the failed writer did: the same storage's view covering it, or (``exhaustive``) an
-        overwrite of every element of the range.
+        An entry goes when the overwrite reached every element the failed writer did: a view
+        of the same element space covering the entry's view, or (``exhaustive``: every element
+        of the view was written) an entry lying inside ``inner``, the units wholly written
+        (default ``[lo, hi]``; less when the range was rounded outward to whole units).
         """
         if lo > hi or not self.has_poison:
             return
+        ilo, ihi = (lo, hi) if inner is None else inner
         with self._lock:
             self._poison = [p for p in self._poison
-                            if not (lo <= p[0] and p[1] <= hi and _covered(view, p[3], exhaustive))]
+                            if not _cleared(p, lo, hi, view, exhaustive, ilo, ihi)]
             self.has_poison = bool(self._poison)
 
     # ------------------------------------------------------------------ diagnostics
@@ -1155,10 +1157,16 @@ def _views_meet(poisoned: Any, view: Any) -> bool:
     return views_overlap(poisoned[1], view[1])
 
 
-def _covered(view: Any, poisoned: Any, exhaustive: bool) -> bool:
+def _cleared(entry: tuple[int, int, BaseException, Any], lo: int, hi: int, view: Any,
+             exhaustive: bool, ilo: int, ihi: int) -> bool:
+    """Whether an overwrite of ``[lo, hi]`` through ``view`` (``ilo..ihi``: the units it
+    wrote wholly) overwrote every element of the poison ``entry``."""
+    plo, phi, _, poisoned = entry
     if view is not None and poisoned is not None and view[0] == poisoned[0]:
-        return view_covers(view[1], poisoned[1])
-    return exhaustive
+        # One element space: the views say exactly which elements each reached.
+        return lo <= plo and phi <= hi and view_covers(view[1], poisoned[1])
+    # Another element space (another dtype, another offset): only whole units count.
+    return exhaustive and ilo <= plo and phi <= ihi
 
 
 def normalize_timeout(timeout: float | None) -> float | None:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
-from uni._access import Access, AccessSpec, queue_range
+from uni._access import Access, AccessSpec, poison_of_view, poisoned_error, queue_range
 from uni._access_queue import CURRENT_THREAD, Fence, current_owner
 from uni._accessor import DefaultAccessor
 from uni._dispatch import SLOW_BACKEND, decided, walk
@@ -69,8 +69,8 @@ SMALL_MACS = 1 << 18
 class _Operand:
     """One operand of an operation: its tensor, its access (or the write it is folded into)."""
 
-    __slots__ = ("access", "cover", "handle", "mode", "overwrite", "queued", "separate", "spec",
-                 "tensor", "writer")
+    __slots__ = ("access", "cover", "handle", "mode", "overwrite", "own", "queued", "separate",
+                 "spec", "tensor", "writer")
 
     def __init__(self, tensor: Any, mode: str, overwrite: bool) -> None:
         self.tensor = tensor
@@ -80,9 +80,10 @@ class _Operand:
         self.access: Access | None = None
         self.cover: AccessSpec | None = None  # a write widened over inputs: what is leased
         self.writer: _Operand | None = None  # an input folded into a write: that write
-        # The queue range the request covers (a write widened over inputs of other storages
-        # over the same memory covers them in the queue's units).
-        self.queued = queue_range(self.spec.storage, self.spec.lo, self.spec.hi)
+        # The operand's own queue range, and the one its request covers (a write widened over
+        # inputs of other storages over the same memory covers them in the queue's units).
+        self.own = queue_range(self.spec.storage, self.spec.lo, self.spec.hi)
+        self.queued = self.own
         # An input folded into a write of another storage over the same memory: it is read
         # through its own storage (opened without a request of its own), then staged.
         self.separate = False
@@ -120,10 +121,9 @@ class OperationAccess:
                 if item.writer is not None:
                     continue
                 spec = item.leased()
-                # A widened write poisons only what the output reaches: the rest was only read.
-                poison_range = None if item.queued == queue_range(
-                    item.spec.storage, item.spec.lo, item.spec.hi) else queue_range(
-                    item.spec.storage, item.spec.lo, item.spec.hi)
+                # A widened write poisons, checks and clears only what the output reaches:
+                # the rest was only read.
+                poison_range = None if item.queued == item.own else item.own
                 item.access = Access(spec, holder=_Holder(op, item.mode, item.tensor.shape),
                                      owner=owner, poison_range=poison_range,
                                      written=item.spec, cover=item.queued)
@@ -191,15 +191,35 @@ class OperationAccess:
             access.when_ready(one)
         one()
 
+    def check_poison(self) -> None:
+        """Raise PoisonedError when an operand the operation reads was left half-written.
+
+        Every operand answers for its own view: an input, also one folded into an output's
+        widened write; an output that is not overwritten fully (gemm with beta != 0). An
+        output the operation overwrites fully is not checked (its success clears it), and a
+        widened write never vouches for the inputs it covers. Call once every request is
+        granted; the error withdraws (ends) every access.
+        """
+        for item in [*self.reads, *self.writes]:
+            access = item.access
+            named = _Named(self.op, item)
+            if access is not None:
+                access.check_poison(named.what, remedy=named.remedy())
+                continue
+            cause = poison_of_view(item.spec)  # folded: its writer's request covers it
+            if cause is not None:
+                for other in self._accesses():
+                    other.withdraw()
+                raise poisoned_error(named.what(), cause, named.remedy())
+
     def acquire(self) -> None:
         """Wait for every grant and fence (this thread), check poisoning, open the storages."""
         try:
-            for item in [*self.reads, *self.writes]:
-                access = item.access
-                if access is None:
-                    continue
+            accesses = self._accesses()
+            for access in accesses:
                 access.wait_sync(async_hint=f"uni.{self.op}_async")
-                access.check_poison(_Named(self.op, item).what)
+            self.check_poison()
+            for access in accesses:
                 access.open()
             for item in self.reads:
                 if item.separate:
@@ -290,6 +310,15 @@ class _Named:
 
     def what(self) -> str:
         return f"{self.op}: {self.item.what()}"
+
+    def remedy(self) -> str:
+        """What to do about this operand's poison, in an operation's terms."""
+        if self.item.mode == "read":
+            return ("rewrite it fully first (uni.copy into all of it, or a write lease with "
+                    "overwrite=True), or read it through a lease with allow_poisoned=True")
+        return (f"{self.op} reads its old contents (it does not overwrite it fully): rewrite "
+                "it fully first (uni.copy into all of it, or a write lease with "
+                "overwrite=True), or repair it through a lease with allow_poisoned=True")
 
 
 class _Holder:
