@@ -322,3 +322,15 @@ def test_a_poisoned_output_that_gemm_reads_names_the_operation_remedy() -> None:
     assert "gemm reads its old contents" in str(info.value)
     uni.gemm(a, b, c)  # beta=0 overwrites it fully: allowed, and it clears the poison
     assert not _poisoned(c)
+
+
+def test_an_async_operation_refused_for_a_folded_poisoned_input_poisons_its_output() -> None:
+    raw = np.frombuffer(bytearray(8 * 8), dtype=np.float64)
+    a, b = uni.from_numpy(raw[0:4]), uni.from_numpy(raw[4:8])
+    _poison(b[0:2])
+    out = uni.from_numpy(raw[2:6])  # another storage overlapping b: b is folded into it
+    future = uni.copy_async(b, out)
+    with pytest.raises(uni.PoisonedError, match="copy: the input"):
+        future.result(timeout=10)
+    # Operations queued after it must not compute from stale data.
+    assert _poisoned(out) and not _poisoned(a[0:2])

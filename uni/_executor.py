@@ -198,7 +198,8 @@ class OperationAccess:
         widened write; an output that is not overwritten fully (gemm with beta != 0). An
         output the operation overwrites fully is not checked (its success clears it), and a
         widened write never vouches for the inputs it covers. Call once every request is
-        granted; the error withdraws (ends) every access.
+        granted, before opening; on the error, :meth:`finish` what is left (an async
+        operation poisons its outputs with it, as with any failure).
         """
         for item in [*self.reads, *self.writes]:
             access = item.access
@@ -208,8 +209,6 @@ class OperationAccess:
                 continue
             cause = poison_of_view(item.spec)  # folded: its writer's request covers it
             if cause is not None:
-                for other in self._accesses():
-                    other.withdraw()
                 raise poisoned_error(named.what(), cause, named.remedy())
 
     def acquire(self) -> None:
