@@ -1016,3 +1016,52 @@ def test_fenced_grants_match_a_reference_model(seed: int) -> None:
         complete(f)
     assert q.fenced_count() == 0
     assert_idle(q)
+
+
+class _SpyFence:
+    """A pending fence that records, whenever the queue asks it, whether ``watched`` looks
+    granted yet: a lock-free reader could look at exactly those moments."""
+
+    def __init__(self) -> None:
+        self.watched: AccessRequest | None = None
+        self.seen: list[tuple[bool, int]] = []
+
+    def done(self) -> bool:
+        if self.watched is not None:
+            self.seen.append((self.watched.granted, len(self.watched.fences)))
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return False
+
+
+def test_a_grant_publishes_its_fences_before_it_is_granted() -> None:
+    q = AccessQueue("q")
+    w = q.register("write", 0, 9, holder="writer")
+    r = q.register("read", 0, 9, holder="reader")  # pending behind w
+    spy = _SpyFence()
+    spy.watched = r
+    q.release(w, spy)  # grants r, handing it the spy
+    assert r.granted and r.fences == [spy]
+    # Whenever r looked granted, its fences were already there (readers look without the lock).
+    assert spy.seen and all(n == 1 for granted, n in spy.seen if granted)
+    assert not any(granted for granted, _ in spy.seen)
+    q.release(r)
+
+
+def test_wait_sync_bounds_the_grant_and_the_fences_by_one_timeout() -> None:
+    q = AccessQueue("q")
+    w = q.register("write", 0, 9, holder="writer", owner_thread=None)
+    r = q.register("read", 0, 9, holder="reader")
+    fence = HostFence("writer's work")
+    timer = threading.Timer(0.4, lambda: q.release(w, fence))  # grant at 0.4 s, work runs on
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(LeaseTimeoutError, match="writer's work"):
+            q.wait_sync(r, timeout=0.6)
+        assert time.monotonic() - start < 0.95  # one deadline, not 0.6 s for each part
+    finally:
+        timer.join(10)
+        fence.set()
+    assert q.snapshot() == []

@@ -29,6 +29,7 @@ from uni._access_queue import (
     AccessRequest,
     Fence,
     HeldRun,
+    RetiredQueue,
     current_owner,
 )
 from uni._errors import LeaseReleasedError, PoisonedError
@@ -162,14 +163,18 @@ class AccessSpec(Region):
                 f"elements {self.lo}..{self.hi})")
 
 
-def queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
+def queue_range(storage: Any, lo: int, hi: int, queue: Any = None) -> tuple[int, int]:
     """The element range ``lo..hi`` of ``storage`` in its access queue's units.
 
     A storage that owns its queue counts in its own elements (the identity); one that shares
     a queue with other ways into the same memory (views with another dtype, byte ranges of one
     file) sits at ``queue_offset`` bytes into it, and its range covers every byte it reaches.
+    ``queue``: the storage's ``access_queue`` as the caller read it (it reads the queue first,
+    then the offset: a storage moved to another queue meanwhile is caught when registering
+    on the old, retired one).
     """
-    queue = storage.access_queue
+    if queue is None:
+        queue = storage.access_queue
     base = getattr(storage, "queue_offset", 0)
     itemsize = storage.dtype.itemsize
     unit = queue.unit
@@ -243,19 +248,37 @@ class Access:
     def __init__(self, spec: AccessSpec, *, holder: object = None, owner: Any = CURRENT_THREAD,
                  poison_range: tuple[int, int] | None = None,
                  written: AccessSpec | None = None,
-                 cover: tuple[int, int] | None = None) -> None:
+                 cover: tuple[int, int] | None = None, queue: AccessQueue | None = None
+                 ) -> None:
         self.spec = spec
         storage = spec.storage
-        queue = storage.access_queue
-        self.queue: AccessQueue = queue
-        if cover is not None:
-            lo, hi = cover  # already in queue units (an operation's widened write)
-        elif queue.unit == storage.dtype.itemsize and not getattr(storage, "queue_offset", 0):
-            lo, hi = spec.lo, spec.hi  # the storage's own queue counts in its elements
+        holder = spec if holder is None else holder
+        if queue is not None:
+            # The caller worked out the range (``cover``) in this queue's units: registered
+            # there or nowhere (RetiredQueue: the caller works it out again).
+            assert cover is not None
+            self.request: AccessRequest = queue.register(spec.mode, *cover, holder=holder,
+                                                         owner_thread=owner)
         else:
-            lo, hi = queue_range(storage, spec.lo, spec.hi)
-        self.request: AccessRequest = queue.register(
-            spec.mode, lo, hi, holder=spec if holder is None else holder, owner_thread=owner)
+            while True:
+                # The queue first, then the offset (see queue_range): a storage moved to
+                # another memory's queue meanwhile is refused by the old, retired queue.
+                queue = storage.access_queue
+                if cover is not None:
+                    lo, hi = cover  # already in queue units (an operation's widened write)
+                elif queue.unit == storage.dtype.itemsize and not getattr(
+                        storage, "queue_offset", 0):
+                    lo, hi = spec.lo, spec.hi  # the storage's own queue counts in its elements
+                else:
+                    lo, hi = queue_range(storage, spec.lo, spec.hi, queue)
+                try:
+                    self.request = queue.register(spec.mode, lo, hi, holder=holder,
+                                                  owner_thread=owner)
+                    break
+                except RetiredQueue:
+                    if cover is not None:
+                        raise
+        self.queue: AccessQueue = queue
         self.poison_range = poison_range
         # What a failure poisons and a successful overwrite clears: the view written, which
         # is less than what is leased for an output widened over an input it overlaps.

@@ -81,12 +81,18 @@ __all__ = [
     "HostFence",
     "Mode",
     "Owner",
+    "RetiredQueue",
     "Waiter",
     "current_owner",
     "normalize_timeout",
     "wait_fences_async",
     "wait_fences_sync",
 ]
+
+
+class RetiredQueue(Exception):
+    """Raised by :meth:`AccessQueue.register` on a retired queue: register on the storage's
+    current ``access_queue`` instead (never reaches users)."""
 
 
 class _Sentinel(enum.Enum):
@@ -393,7 +399,7 @@ class AccessQueue:
     """The thread-safe FIFO/epoch access queue of one memory; see the module docstring."""
 
     __slots__ = ("_entries", "_lock", "_pending", "_poison", "_tail", "has_poison", "label",
-                 "unit")
+                 "retired", "unit")
 
     def __init__(self, label: str, *, unit: int = 1) -> None:
         self.label = label
@@ -408,6 +414,9 @@ class AccessQueue:
         self._poison: list[tuple[int, int, BaseException, Any]] = []
         #: False while no failed writer left poison here: lets the hot path skip the check.
         self.has_poison = False
+        #: True once the memory's storages moved to another queue (:meth:`retire`): nothing
+        #: registers here any more.
+        self.retired = False
 
     def __repr__(self) -> str:
         with self._lock:
@@ -431,7 +440,8 @@ class AccessQueue:
         when the request is handed to a worker, so the caller's later waits do not count it
         as its own.
         An empty range (``lo > hi``) conflicts with nothing: it is granted at once and not
-        kept in the queue. Never blocks.
+        kept in the queue. Never blocks. Raises :class:`RetiredQueue` once the queue is
+        retired: the caller reads its storage's ``access_queue`` again and registers there.
         """
         if mode == "write":
             write = True
@@ -455,6 +465,8 @@ class AccessQueue:
         lock = self._lock
         lock.acquire()
         try:
+            if self.retired:
+                raise RetiredQueue(self.label)
             entries = self._entries
             if entries:
                 for q in entries:
@@ -462,9 +474,11 @@ class AccessQueue:
                         entries[req] = None
                         self._pending += 1
                         return req
-            req.granted = True
+            # Fences before the grant: a waiter reads both without the lock, and must never
+            # see a request granted before it sees what the grant has to wait for.
             if self._tail:
                 req.fences = self._fences_for_locked(lo, hi, write)
+            req.granted = True
             entries[req] = None
         finally:
             lock.release()
@@ -475,7 +489,8 @@ class AccessQueue:
         """A request granted now with nothing to wait for, or None with nothing registered.
 
         For prepared repeats, which never wait: None whenever :meth:`register` would leave
-        the request pending, hand it fences, or the queue holds poison anywhere (the caller
+        the request pending, hand it fences, the queue holds poison anywhere or is retired
+        (the caller
         then takes its general path, which waits or reports as it should). ``write`` must
         agree with ``mode``; the range must not be empty. The request has no owner: it
         lives only while its holder runs, in that very call. Never blocks.
@@ -491,7 +506,8 @@ class AccessQueue:
                 for q in entries:
                     if q.lo <= hi and lo <= q.hi and (write or q._write):
                         return None
-            if self.has_poison or (self._tail and self._fences_for_locked(lo, hi, write)):
+            if (self.has_poison or self.retired
+                    or (self._tail and self._fences_for_locked(lo, hi, write))):
                 return None
             req.granted = True
             entries[req] = None
@@ -517,7 +533,16 @@ class AccessQueue:
         """
         timeout = normalize_timeout(timeout)
         if not req.granted:
-            self._wait_grant_sync(req, timeout, async_hint)
+            if timeout is None or not timeout:
+                self._wait_grant_sync(req, timeout, async_hint)
+            else:
+                # One deadline for both parts: what the grant took is not left for fences.
+                deadline = time.monotonic() + timeout
+                self._wait_grant_sync(req, timeout, async_hint)
+                if req.fences:
+                    self._wait_fences_sync(req, timeout, async_hint,
+                                           max(deadline - time.monotonic(), 0.0))
+                return
         if req.fences:
             self._wait_fences_sync(req, timeout, async_hint)
 
@@ -575,7 +600,9 @@ class AccessQueue:
         )
 
     def _wait_fences_sync(self, req: AccessRequest, timeout: float | None,
-                          async_hint: str) -> None:
+                          async_hint: str, left: float | None = None) -> None:
+        """Wait for the grant's fences; ``timeout`` as the caller gave it (for messages),
+        ``left`` what is left of it (default: all of it)."""
         pending = [f for f in req.fences if not f.done()]
         if not pending:
             return
@@ -588,7 +615,7 @@ class AccessQueue:
                 f"`await {async_hint}(...)` instead"
             )
         try:
-            late = wait_fences_sync(pending, timeout)
+            late = wait_fences_sync(pending, timeout if left is None else left)
         except BaseException:
             self.release(req)
             raise
@@ -919,6 +946,43 @@ class AccessQueue:
                             if not _cleared(p, lo, hi, view, exhaustive, ilo, ihi)]
             self.has_poison = bool(self._poison)
 
+    # ------------------------------------------------------------------ retiring
+
+    def retire(self) -> str | None:
+        """Stop taking registrations, if the queue is idle; else why not, in words.
+
+        For a memory joined into another memory's queue: checked and retired under the lock,
+        so no request can slip in between the check and the move (a thread that read a
+        storage's ``access_queue`` before the move and registers after it is refused with
+        :class:`RetiredQueue`, and registers on the new queue instead). Idle: nothing
+        held or pending, no pending fence, no poison.
+        """
+        with self._lock:
+            reason = self._busy_locked()
+            if reason is None:
+                self.retired = True
+            return reason
+
+    def busy_reason(self) -> str | None:
+        """Why the queue is in use, in words (leases, running work, poison); None when idle."""
+        with self._lock:
+            return self._busy_locked()
+
+    def _busy_locked(self) -> str | None:
+        self._prune_locked()
+        if self._entries:
+            return "leases are held or waited for"
+        if self._tail:
+            return "work released is still running"
+        if self._poison:
+            return "data is poisoned (a failed writer left it half-written)"
+        return None
+
+    def unretire(self) -> None:
+        """Take registrations again (a join that retired this queue was given up)."""
+        with self._lock:
+            self.retired = False
+
     # ------------------------------------------------------------------ diagnostics
 
     def busy(self) -> bool:
@@ -1009,9 +1073,9 @@ class AccessQueue:
                     if q.lo <= hi and lo <= q.hi and (write or q._write):
                         break
                 else:
-                    r.granted = True
-                    if tail:
+                    if tail:  # fences first: see register
                         r.fences = self._fences_for_locked(lo, hi, write)
+                    r.granted = True
                     self._pending -= 1
                     waiter = r._waiter
                     if waiter is not None:
@@ -1063,7 +1127,7 @@ class HeldRun:
                 if not lock.acquire(False):
                     return None
                 held.append(lock)
-                if queue.has_poison:
+                if queue.has_poison or queue.retired:
                     return False
                 entries = queue._entries
                 for lo, hi, write, _ in ranges:

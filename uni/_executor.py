@@ -30,7 +30,7 @@ import numpy as np
 import trio
 
 from uni._access import Access, AccessSpec, poison_of_view, poisoned_error, queue_range
-from uni._access_queue import CURRENT_THREAD, Fence, current_owner
+from uni._access_queue import CURRENT_THREAD, Fence, RetiredQueue, current_owner
 from uni._accessor import DefaultAccessor
 from uni._dispatch import SLOW_BACKEND, decided, walk
 from uni._errors import KernelDispatchError, LeaseConflictError
@@ -69,8 +69,8 @@ SMALL_MACS = 1 << 18
 class _Operand:
     """One operand of an operation: its tensor, its access (or the write it is folded into)."""
 
-    __slots__ = ("access", "cover", "handle", "mode", "overwrite", "own", "queued", "separate",
-                 "spec", "tensor", "writer")
+    __slots__ = ("access", "cover", "handle", "mode", "overwrite", "own", "queue", "queued",
+                 "separate", "spec", "tensor", "writer")
 
     def __init__(self, tensor: Any, mode: str, overwrite: bool) -> None:
         self.tensor = tensor
@@ -80,9 +80,11 @@ class _Operand:
         self.access: Access | None = None
         self.cover: AccessSpec | None = None  # a write widened over inputs: what is leased
         self.writer: _Operand | None = None  # an input folded into a write: that write
-        # The operand's own queue range, and the one its request covers (a write widened over
+        # The queue as read now (then the ranges in its units: see queue_range), the
+        # operand's own queue range, and the one its request covers (a write widened over
         # inputs of other storages over the same memory covers them in the queue's units).
-        self.own = queue_range(self.spec.storage, self.spec.lo, self.spec.hi)
+        self.queue = self.spec.storage.access_queue
+        self.own = queue_range(self.spec.storage, self.spec.lo, self.spec.hi, self.queue)
         self.queued = self.own
         # An input folded into a write of another storage over the same memory: it is read
         # through its own storage (opened without a request of its own), then staged.
@@ -111,28 +113,40 @@ class OperationAccess:
     def __init__(self, op: str, reads: list[Any], writes: list[Any], overwrite: list[bool],
                  *, owner: Any = CURRENT_THREAD) -> None:
         self.op = op
-        self.writes = [_Operand(t, "write", ow) for t, ow in zip(writes, overwrite, strict=True)]
-        self.reads = [_Operand(t, "read", False) for t in reads]
-        self._fold()
         self.finished = False
         self.detached = owner is not CURRENT_THREAD  # run by a worker for an _async call
-        with _registration_lock:
-            for item in [*self.reads, *self.writes]:
-                if item.writer is not None:
-                    continue
-                spec = item.leased()
-                # A widened write poisons, checks and clears only what the output reaches:
-                # the rest was only read.
-                poison_range = None if item.queued == item.own else item.own
-                item.access = Access(spec, holder=_Holder(op, item.mode, item.tensor.shape),
-                                     owner=owner, poison_range=poison_range,
-                                     written=item.spec, cover=item.queued)
+        while True:
+            self.writes = [_Operand(t, "write", ow)
+                           for t, ow in zip(writes, overwrite, strict=True)]
+            self.reads = [_Operand(t, "read", False) for t in reads]
+            self._fold()
+            try:
+                self._register(owner)
+                break
+            except RetiredQueue:
+                # An operand's memory joined another memory's queue after its ranges were
+                # worked out: give back what was registered, and work everything out again.
+                for access in self._accesses():
+                    access.withdraw()
         if self.detached:
             # An async operation runs only once all of its requests are granted: linked, a
             # thread that waits behind one of them can see what the others wait for.
             group = tuple(a.request for a in self._accesses())
             for request in group:
                 request.group = group
+
+    def _register(self, owner: Any) -> None:
+        with _registration_lock:
+            for item in [*self.reads, *self.writes]:
+                if item.writer is not None:
+                    continue
+                # A widened write poisons, checks and clears only what the output reaches:
+                # the rest was only read.
+                poison_range = None if item.queued == item.own else item.own
+                item.access = Access(item.leased(),
+                                     holder=_Holder(self.op, item.mode, item.tensor.shape),
+                                     owner=owner, poison_range=poison_range,
+                                     written=item.spec, cover=item.queued, queue=item.queue)
 
     def _fold(self) -> None:
         # Fold until nothing changes: widening a write over one input can make it overlap
@@ -147,8 +161,7 @@ class OperationAccess:
                 for w in self.writes:
                     # Overlap is decided by memory: the queue, and ranges in its units (two
                     # storages over the same bytes share one queue, whatever their dtypes).
-                    if (w.spec.storage.access_queue is not item.spec.storage.access_queue
-                            or not _overlaps(w.queued, item.queued)):
+                    if w.queue is not item.queue or not _overlaps(w.queued, item.queued):
                         continue
                     item.writer = w
                     w.overwrite = False  # it reads what it writes: the old contents matter
@@ -164,7 +177,7 @@ class OperationAccess:
                     w.queued = (min(w.queued[0], item.queued[0]),
                                 max(w.queued[1], item.queued[1]))
                     if w.cover is not None:
-                        covered = queue_range(w.spec.storage, w.cover.lo, w.cover.hi)
+                        covered = queue_range(w.spec.storage, w.cover.lo, w.cover.hi, w.queue)
                         w.queued = (min(w.queued[0], covered[0]), max(w.queued[1], covered[1]))
                     changed = True
                     break
