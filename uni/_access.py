@@ -57,7 +57,8 @@ __all__ = [
 FINALIZER_WAIT = 1.0
 
 
-def release_from_finalizer(release: Callable[[], object]) -> None:
+def release_from_finalizer(release: Callable[[], object], queue: AccessQueue | None = None
+                           ) -> None:
     """Run ``release`` (which must not raise) on behalf of a ``__del__``, without deadlocking.
 
     The garbage collector runs finalizers wherever it happens to fire: possibly inside this
@@ -65,7 +66,9 @@ def release_from_finalizer(release: Callable[[], object]) -> None:
     ``release`` needs. Called inline, it would wait for itself forever. So it runs in a fresh
     low-level thread (``_thread``: no ``threading`` locks either), and the finalizer waits a
     moment for it, which keeps the release synchronous whenever no lock of this thread is in
-    the way; otherwise it completes as soon as the interrupted section lets go.
+    the way; otherwise it completes as soon as the interrupted section lets go. ``queue``:
+    the queue ``release`` needs; while its lock is held (by this thread, perhaps: then waiting
+    would only stall it, lock held, for the whole moment) the finalizer does not wait.
     """
     done = _thread.allocate_lock()
     done.acquire()
@@ -80,6 +83,8 @@ def release_from_finalizer(release: Callable[[], object]) -> None:
         _thread.start_new_thread(run, ())
     except RuntimeError:  # interpreter shutdown: no new threads, and nothing left to wait for
         release()
+        return
+    if queue is not None and queue.busy():
         return
     done.acquire(timeout=FINALIZER_WAIT)
 

@@ -85,6 +85,7 @@ __all__ = [
     "Waiter",
     "current_owner",
     "normalize_timeout",
+    "run_in_helper_thread",
     "wait_fences_async",
     "wait_fences_sync",
 ]
@@ -687,7 +688,7 @@ class AccessQueue:
                 await wait_fences_async(req.fences, orphaned=lambda: self.release(req),
                                         library=library)
             except BaseException:
-                self.release(req)
+                self.release_soon(req)  # possibly a coroutine closed by the collector
                 raise
 
     async def wait_grant_async(self, req: AccessRequest, *, library: Library | None = None
@@ -733,24 +734,47 @@ class AccessQueue:
             # Cancelled (or the coroutine was closed). asyncio delivers the cancellation
             # after the fact, so decide here, under the lock, as trio's abort does: a wake-up
             # nobody claimed will never come, and withdrawing is final; a claimed one means
-            # the request was granted (or withdrawn) meanwhile: give the grant back. A claim
-            # is never undone, so a claimed request needs no lock: that is the case of a
-            # coroutine abandoned on a closed loop and closed by the garbage collector, which
-            # may fire inside this thread's own critical section of this very queue (and
-            # its waker already released the grant).
-            woken = None
-            if req._waiter is park:
-                with self._lock:
-                    if req._waiter is park:
-                        req._waiter = None
-                        woken = self._remove_locked(req)
-            if woken is None:
-                self.release(req)
+            # the request was granted (or withdrawn) meanwhile: give the grant back. A
+            # coroutine abandoned on a stopped or closed loop is closed by the garbage
+            # collector, which may fire inside this thread's own critical section of this
+            # very queue: then the lock is held (by this thread, perhaps), and the decision
+            # goes to a helper thread (a claimed request already released by its waker, when
+            # the loop is closed, needs nothing).
+            if req._waiter is not park and req.released:
+                raise
+            if self._lock.locked():
+                run_in_helper_thread(lambda: self._abandon(req, park))
             else:
-                self._wake(woken)
+                self._abandon(req, park)
             raise
         if not req.granted:
             raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn while waiting")
+
+    def _abandon(self, req: AccessRequest, park: Waiter) -> None:
+        """Give up ``req``, waited for by ``park`` which will never take it: withdraw it
+        while the wake-up is unclaimed, else release the grant the wake-up claimed."""
+        woken = None
+        if req._waiter is park:
+            with self._lock:
+                if req._waiter is park:
+                    req._waiter = None
+                    woken = self._remove_locked(req)
+        if woken is None:
+            self.release(req)
+        else:
+            self._wake(woken)
+
+    def release_soon(self, req: AccessRequest) -> None:
+        """:meth:`release`, from cleanup code that may run inside this thread's own critical
+        section of this queue (a coroutine the garbage collector closes): while the lock is
+        held, a helper thread releases once it is free, instead of this thread waiting for
+        itself."""
+        if req.released:
+            return
+        if self._lock.locked():
+            run_in_helper_thread(lambda: self.release(req))
+        else:
+            self.release(req)
 
     async def _wait_grant_async(self, req: AccessRequest) -> None:
         park = _TrioWaiter(trio.lowlevel.current_task(), trio.lowlevel.current_trio_token())
@@ -1149,6 +1173,20 @@ class HeldRun:
         finally:
             for lock in reversed(held):
                 lock.release()
+
+
+def run_in_helper_thread(fn: Callable[[], None]) -> None:
+    """Run ``fn`` (which must not raise) in a fresh low-level thread, without waiting.
+
+    For cleanup that may have interrupted this very thread inside a queue's critical section
+    (a garbage collection): the helper takes the lock once that section lets go. ``_thread``
+    rather than ``threading``: no ``threading`` lock of this thread is needed either. At
+    interpreter shutdown (no new threads) ``fn`` runs here, as a last resort.
+    """
+    try:
+        _thread.start_new_thread(run_quietly, (fn,))
+    except RuntimeError:
+        fn()
 
 
 def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:

@@ -201,7 +201,7 @@ class PendingAcquisition:
         if getattr(self, "_state", None) == "registered":
             self._state = "dropped"
             access = self._access
-            release_from_finalizer(access.withdraw)
+            release_from_finalizer(access.withdraw, access.queue)
             warnings.warn(
                 f"an acquisition of {access.spec.what()} was never "
                 "awaited; its request was withdrawn. Await it (`await acquire_...(x)`) or use "
