@@ -39,6 +39,7 @@ wait.
 from __future__ import annotations
 
 import _thread
+import collections
 import contextvars
 import enum
 import threading
@@ -571,7 +572,8 @@ class AccessQueue:
         if woken is None:
             # Other queues are looked at only now, with this queue's lock dropped: an
             # operation's request granted here may wait, in another queue, for this thread.
-            mine = _owned_through_groups(blockers, me)
+            found = _owned_in_wait_graph(blockers, me)
+            mine = [] if found is None else [found]
             if mine:
                 with self._lock:
                     withdrawn = not req.granted and req._waiter is waiter
@@ -1051,9 +1053,9 @@ class AccessQueue:
             mine = [b for b in blockers if b.owner_thread is me]
             if not mine:
                 mine = self._owned_upstream_locked(blockers, me)
-        if not mine:
-            mine = _owned_through_groups(blockers, me)
-        return mine[0] if mine else None
+        if mine:
+            return mine[0]
+        return _owned_in_wait_graph(blockers, me)  # across queues, this lock dropped
 
     def _blockers_snapshot(self, req: AccessRequest) -> list[AccessRequest]:
         """``_blockers_locked`` taken under this queue's own lock (another queue's caller)."""
@@ -1225,32 +1227,41 @@ def _who(req: AccessRequest) -> str:
     return text
 
 
-def _owned_through_groups(blockers: list[AccessRequest], me: Owner, depth: int = 0
-                          ) -> list[AccessRequest]:
-    """A request of ``me`` that a granted blocker's operation still waits for.
+def _owned_in_wait_graph(start: list[AccessRequest], me: Owner, limit: int = 10_000
+                         ) -> AccessRequest | None:
+    """A request of ``me`` that waiting for ``start`` would wait for, however indirectly.
 
-    An async operation registers all its requests together and runs only when every one is
-    granted: a granted request whose siblings (in other queues) wait behind ``me``'s own lease
-    will never be released while ``me`` waits for it. Read lock-free across queues (a
-    snapshot): it only decides whether waiting would be forever, never a grant.
+    One breadth-first search of the wait graph across queues, each node visited once: a
+    pending request waits for the earlier conflicting requests of its queue (a chain inside
+    it); a granted request of an operation (``group``: an async operation runs only once
+    every one of its requests is granted) waits for its pending siblings, in other queues.
+    Found: a request ``me`` holds or has requested, which will never be released while
+    ``me`` waits. Each queue is asked under its own lock, one at a time (never two locks at
+    once), so the graph is a snapshot: it only decides whether waiting would be forever,
+    never a grant. ``limit`` bounds the work on huge graphs (then: nothing found).
     """
-    if depth > 8:
-        return []
-    for b in blockers:
-        group = b.group
-        if group is None or not b.granted:
+    queue: collections.deque[AccessRequest] = collections.deque(start)
+    seen = set(start)
+    while queue:
+        b = queue.popleft()
+        if b.owner_thread is me and not b.released:
+            return b
+        if b.released:
             continue
-        for sibling in group:
-            if sibling.granted or sibling.released or sibling.queue is None:
-                continue
-            upstream = sibling.queue._blockers_snapshot(sibling)
-            for u in upstream:
-                if u.owner_thread is me:
-                    return [u]
-            found = _owned_through_groups(upstream, me, depth + 1)
-            if found:
-                return found
-    return []
+        if not b.granted:
+            owner_queue = b.queue
+            following = [] if owner_queue is None else owner_queue._blockers_snapshot(b)
+        elif b.group is not None:
+            following = [s for s in b.group if not (s.granted or s.released)]
+        else:
+            continue
+        for n in following:
+            if n not in seen:
+                seen.add(n)
+                queue.append(n)
+        if len(seen) > limit:
+            return None
+    return None
 
 
 def _views_meet(poisoned: Any, view: Any) -> bool:
