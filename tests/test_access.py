@@ -94,6 +94,32 @@ def test_finish_with_a_fence_orders_the_next_access_behind_the_work() -> None:
     assert t.storage.access_queue.outstanding_fences() == []
 
 
+@pytest.mark.parametrize("last", ["consumer", "holder"])
+def test_a_shared_access_ends_behind_every_holders_fence(last: str) -> None:
+    t = uni.from_numpy(np.zeros(4))
+    access = Access(spec(t, "write"))
+    access.open()
+    share = access.share()
+    holders, consumers = HostFence("holder's work"), HostFence("consumer's work")
+    if last == "consumer":
+        access.finish(None, holders)
+        share.finish(None, consumers)
+    else:
+        share.finish(None, consumers)
+        access.finish(None, holders)
+    reader = Access(spec(t))
+    assert reader.granted
+    # Whichever finished first, its work still runs: the next access waits for both.
+    consumers.set()
+    with pytest.raises(uni.LeaseTimeoutError, match="holder's work"):
+        reader.wait_sync(timeout=0.01)
+    reader = Access(spec(t))
+    holders.set()
+    reader.wait_sync(timeout=10)
+    reader.withdraw()
+    assert t.storage.access_queue.outstanding_fences() == []
+
+
 def test_a_failing_open_hook_withdraws_the_request() -> None:
     class Failing(HostStorage):
         def acquire_read(self, region: uni.storage.Region) -> uni.HostHandle:

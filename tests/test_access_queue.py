@@ -12,7 +12,15 @@ import pytest
 import trio
 import trio.testing
 
-from uni._access_queue import AccessQueue, AccessRequest, HostFence, Mode
+from uni._access_queue import (
+    AccessQueue,
+    AccessRequest,
+    AllFences,
+    HostFence,
+    Mode,
+    all_fences,
+    wait_fences_async,
+)
 from uni._errors import (
     LeaseConflictError,
     LeaseError,
@@ -1065,3 +1073,50 @@ def test_wait_sync_bounds_the_grant_and_the_fences_by_one_timeout() -> None:
         timer.join(10)
         fence.set()
     assert q.snapshot() == []
+
+
+def test_all_fences_is_done_when_every_part_is() -> None:
+    a, b = HostFence("a"), HostFence("b")
+    both = all_fences([a, b])
+    assert isinstance(both, AllFences) and not both.done() and both.label == "a and b"
+    called: list[int] = []
+    both.add_done_callback(lambda: called.append(1))  # type: ignore[attr-defined]
+    a.set()
+    assert not both.done() and not both.wait(0.01) and called == []
+    b.set()
+    assert both.done() and both.wait(0) and called == [1]
+    assert all_fences([a]) is a  # one fence stands for itself
+    c = HostFence("c")
+    assert all_fences([a, c]) is c  # done ones are left out
+    nested = AllFences([all_fences([c, HostFence("d")]), HostFence("e")])
+    assert [f.label for f in nested.fences] == ["c", "d", "e"]  # flattened
+
+
+def test_all_fences_offers_callbacks_only_when_every_part_does() -> None:
+    class Polled:
+        label = "polled"
+
+        def __init__(self) -> None:
+            self.is_done = False
+
+        def done(self) -> bool:
+            return self.is_done
+
+        def wait(self, timeout: float | None = None) -> bool:
+            return self.is_done
+
+    polled = Polled()
+    mixed = all_fences([HostFence("x"), polled])
+    assert getattr(mixed, "add_done_callback", None) is None  # polled by async waiters
+
+    async def main() -> None:
+        h = HostFence("h")
+        fence = all_fences([h, polled])
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_fences_async, [fence])
+                await trio.sleep(0.01)
+                h.set()
+                polled.is_done = True
+
+    trio.run(main)

@@ -30,6 +30,7 @@ from uni._access_queue import (
     Fence,
     HeldRun,
     RetiredQueue,
+    all_fences,
     current_owner,
 )
 from uni._errors import LeaseReleasedError, PoisonedError
@@ -490,7 +491,9 @@ class Access:
                 if failure is not None and self.failure is None:
                     self.failure = failure
                 if fence is not None:
-                    self.fence = fence
+                    # Every holder's work must be over before the data is free again.
+                    self.fence = fence if self.fence is None else all_fences(
+                        [self.fence, fence])
                 self._holders -= 1
                 left = self._holders
             if left:

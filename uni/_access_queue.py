@@ -44,7 +44,7 @@ import contextvars
 import enum
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, Protocol, runtime_checkable
 
 import trio
@@ -76,6 +76,7 @@ Mode = Literal["read", "write"]
 __all__ = [
     "CURRENT_THREAD",
     "AccessQueue",
+    "AllFences",
     "AccessRequest",
     "Fence",
     "HeldRun",
@@ -84,6 +85,7 @@ __all__ = [
     "Owner",
     "RetiredQueue",
     "Waiter",
+    "all_fences",
     "current_owner",
     "normalize_timeout",
     "run_in_helper_thread",
@@ -200,6 +202,64 @@ class HostFence:
 
     def __repr__(self) -> str:
         return f"<HostFence {self.label}: {'done' if self.done() else 'pending'}>"
+
+
+class AllFences:
+    """A fence that is done when every one of ``fences`` is: one fence standing for several
+    (the ends of a shared access's holders, a foreign fence and the earlier ones it covers).
+
+    ``done()`` and ``wait()`` as for any :class:`Fence`; it has no ``add_done_callback``
+    (made by :func:`all_fences`, which gives one with it where every part offers one), and
+    ``is_device_fence`` when every part is a device fence. A CUDA stream waits for its
+    parts, not for it (``uni.cuda._fences.split_fences``).
+    """
+
+    __slots__ = ("fences", "label")
+
+    fences: list[Fence]
+
+    def __init__(self, fences: Sequence[Fence], label: str = "") -> None:
+        parts: list[Fence] = []
+        for fence in fences:  # flattened: a fence standing for others is its parts
+            parts += fence.fences if isinstance(fence, AllFences) else [fence]
+        self.fences = parts
+        self.label = label or " and ".join(_describe_fence(f) for f in parts)
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.fences)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return wait_fences_sync(self.fences, timeout) is None
+
+    @property
+    def is_device_fence(self) -> bool:
+        return all(getattr(f, "is_device_fence", False) for f in self.fences)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label}: {'done' if self.done() else 'pending'}>"
+
+
+class _ChainedFences(AllFences):
+    """:class:`AllFences` whose every part offers ``add_done_callback``: so does it."""
+
+    __slots__ = ()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        _after_fences(self.fences, fn)
+
+
+def all_fences(fences: Sequence[Fence]) -> Fence:
+    """One fence done when every one of ``fences`` (at least one) is: the one still pending
+    if there is only one, else an :class:`AllFences` of those pending (with
+    ``add_done_callback`` when each of them offers it)."""
+    pending = [f for f in fences if not f.done()]
+    if not pending:
+        return fences[0]
+    if len(pending) == 1:
+        return pending[0]
+    if all(getattr(f, "add_done_callback", None) is not None for f in pending):
+        return _ChainedFences(pending)
+    return AllFences(pending)
 
 
 def _describe_fence(fence: object) -> str:
