@@ -1120,3 +1120,29 @@ def test_all_fences_offers_callbacks_only_when_every_part_does() -> None:
                 polled.is_done = True
 
     trio.run(main)
+
+
+def test_a_waiter_that_raises_does_not_keep_the_others_asleep() -> None:
+    q = AccessQueue("q")
+    w = q.register("write", 0, 9, holder="writer")
+    first = q.register("read", 0, 4, holder="first reader")
+    second = q.register("read", 5, 9, holder="second reader")
+
+    class Broken:
+        def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+            raise RuntimeError("a broken waiter")
+
+    woken: list[AccessRequest] = []
+
+    class Noting:
+        def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+            woken.append(request)
+
+    q.wait_with(first, Broken())
+    q.wait_with(second, Noting())
+    with pytest.raises(RuntimeError, match="a broken waiter"):
+        q.release(w)  # the bug is heard, after every waiter was woken
+    assert first.granted and second.granted and woken == [second]
+    q.release(first)
+    q.release(second)
+    assert q.snapshot() == []

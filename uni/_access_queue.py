@@ -1174,8 +1174,18 @@ class AccessQueue:
         return woken
 
     def _wake(self, woken: list[tuple[AccessRequest, Waiter]]) -> None:
+        """Wake every waiter, each once, even when one of them raises (a bug in a waiter, or
+        an interrupt arriving meanwhile): the others' grants must still land, or they would
+        wait forever. The first error is raised after all of them were woken."""
+        error: BaseException | None = None
         for req, waiter in woken:
-            waiter.wake(self, req)
+            try:
+                waiter.wake(self, req)
+            except BaseException as err:
+                if error is None:
+                    error = err
+        if error is not None:
+            raise error
 
 
 class HeldRun:
