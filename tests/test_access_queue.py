@@ -19,6 +19,7 @@ from uni._access_queue import (
     HostFence,
     Mode,
     all_fences,
+    countdown,
     wait_fences_async,
 )
 from uni._errors import (
@@ -1146,3 +1147,17 @@ def test_a_waiter_that_raises_does_not_keep_the_others_asleep() -> None:
     q.release(first)
     q.release(second)
     assert q.snapshot() == []
+
+
+def test_countdown_calls_once_on_the_last_of_its_calls_from_any_thread() -> None:
+    calls: list[int] = []
+    one = countdown(40, lambda: calls.append(1))
+    threads = [threading.Thread(target=lambda: [one() for _ in range(10)]) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert calls == []  # 30 of 40
+    for _ in range(10):
+        one()
+    assert calls == [1]

@@ -587,11 +587,9 @@ class PreparedAccess:
     """One access made again and again with the same description: a prepared repeat.
 
     For a small operation repeated on the same data, everything an :class:`Access` works out
-    (the queue range, the holder text) is worked out once; each repeat only ``begin()``s and
-    ``end()``s. ``begin`` never waits: it returns None (having withdrawn its request) unless
-    the request is granted at once with no fence to wait for and no poison anywhere in the
-    queue, and then the caller takes its general path, which waits, or reports poisoning, as
-    it should. The storage must need no hooks (``immediate`` plain memory).
+    (the queue range, the holder text, the view key) is worked out once; a
+    :class:`PreparedGroup` of them runs each repeat. The storage must need no hooks
+    (``immediate`` plain memory).
     """
 
     __slots__ = ("hi", "holder", "lo", "mode", "queue", "view", "write")
@@ -599,32 +597,21 @@ class PreparedAccess:
     def __init__(self, spec: AccessSpec, holder: object) -> None:
         storage = spec.storage
         self.queue: AccessQueue = storage.access_queue
-        self.lo, self.hi = queue_range(storage, spec.lo, spec.hi)
+        self.lo, self.hi = queue_range(storage, spec.lo, spec.hi, self.queue)
         self.mode: Mode = spec.mode
         self.write = spec.mode == "write"
         self.holder = holder
         self.view = spec.view_key()
 
-    def begin(self) -> AccessRequest | None:
-        queue = self.queue
-        request = queue.register(self.mode, self.lo, self.hi, holder=self.holder)
-        if request.granted and not request.fences and not queue.has_poison:
-            return request
-        queue.release(request)
-        return None
-
-    def end(self, request: AccessRequest, failure: BaseException | None = None) -> None:
-        if failure is not None and self.write:
-            self.queue.poison(self.lo, self.hi, failure, self.view)
-        self.queue.release(request)
-
 
 class PreparedGroup:
     """The accesses of one prepared operation, begun and ended together around a call.
 
-    ``run(fn, *args)`` calls ``fn(*args)`` only if every access can be had at once with no
-    fence and no poison (see :class:`PreparedAccess`), and returns its result, or False
-    when it did not run (nothing touched, nothing held). A failing ``fn`` poisons what the
+    ``run(fn, *args)`` calls ``fn(*args)`` only if every access can be had at once (nothing
+    in the way, no fence, no poison anywhere in the queue, the queue not retired), and
+    returns its result, or False when it did not run (nothing touched, nothing held); the
+    caller then takes its general path, which waits, or reports poisoning, as it should.
+    A failing ``fn`` poisons what the
     writes covered. A ``small`` group runs ``fn`` inside the queues' critical sections
     (:class:`~uni._access_queue.HeldRun`: no request is made at all) whenever their locks
     are free, and otherwise -- and always when not small -- registers a request per access

@@ -86,6 +86,7 @@ __all__ = [
     "RetiredQueue",
     "Waiter",
     "all_fences",
+    "countdown",
     "current_owner",
     "normalize_timeout",
     "run_in_helper_thread",
@@ -1261,22 +1262,29 @@ def run_in_helper_thread(fn: Callable[[], None]) -> None:
         fn()
 
 
-def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
-    """Run ``callback`` once every fence is done, chaining done-callbacks where offered."""
-    pending = [f for f in fences if not f.done()]
-    if not pending or any(getattr(f, "add_done_callback", None) is None for f in pending):
-        run_quietly(callback)
-        return
+def countdown(count: int, then: Callable[[], None]) -> Callable[[], None]:
+    """A function that calls ``then()`` on its ``count``-th call, from whichever thread makes
+    it (each call counts once: the callback of one of ``count`` things that must all happen)."""
     lock = threading.Lock()
-    left = [len(pending)]
+    left = [count]
 
     def one() -> None:
         with lock:
             left[0] -= 1
             last = not left[0]
         if last:
-            run_quietly(callback)
+            then()
 
+    return one
+
+
+def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
+    """Run ``callback`` once every fence is done, chaining done-callbacks where offered."""
+    pending = [f for f in fences if not f.done()]
+    if not pending or any(getattr(f, "add_done_callback", None) is None for f in pending):
+        run_quietly(callback)
+        return
+    one = countdown(len(pending), lambda: run_quietly(callback))
     for fence in pending:
         fence.add_done_callback(one)  # type: ignore[attr-defined]
 

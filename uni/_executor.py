@@ -30,7 +30,7 @@ import numpy as np
 import trio
 
 from uni._access import Access, AccessSpec, poison_of_view, poisoned_error, queue_range
-from uni._access_queue import CURRENT_THREAD, Fence, RetiredQueue, current_owner
+from uni._access_queue import CURRENT_THREAD, Fence, RetiredQueue, countdown, current_owner
 from uni._accessor import DefaultAccessor
 from uni._dispatch import SLOW_BACKEND, decided, walk
 from uni._errors import KernelDispatchError, LeaseConflictError
@@ -190,16 +190,7 @@ class OperationAccess:
         as they can be chained; see AccessQueue.when_ready): at once, in this thread, if all
         already are. Never blocks."""
         accesses = self._accesses()
-        lock = threading.Lock()
-        left = [len(accesses) + 1]  # +1: not before every access has its callback
-
-        def one() -> None:
-            with lock:
-                left[0] -= 1
-                last = not left[0]
-            if last:
-                callback()
-
+        one = countdown(len(accesses) + 1, callback)  # +1: not before every access has its own
         for access in accesses:
             access.when_ready(one)
         one()

@@ -25,12 +25,11 @@ and a buffer is freed only after it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from uni._access import Access, AccessSpec
-from uni._access_queue import AccessQueue, AccessRequest, Fence, wait_fences_sync
+from uni._access_queue import AccessQueue, AccessRequest, Fence, countdown, wait_fences_sync
 from uni._access_queue import AllFences as _AllFences
 from uni._mapping import layout_right
 from uni.cuda._poller import thread_poller
@@ -88,16 +87,7 @@ def when_done(fences: Sequence[Fence], then: Callable[[], None]) -> None:
     if not pending:
         then()
         return
-    lock = threading.Lock()
-    left = [len(pending)]
-
-    def one() -> None:
-        with lock:
-            left[0] -= 1
-            last = not left[0]
-        if last:
-            then()
-
+    one = countdown(len(pending), then)
     for fence in pending:
         add = getattr(fence, "add_done_callback", None)
         if add is not None:
