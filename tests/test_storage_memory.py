@@ -16,6 +16,7 @@ import uni
 from uni._access import Access, AccessSpec
 from uni._access_queue import RetiredQueue
 from uni._executor import OperationAccess
+from uni._mapping import layout_right
 from uni.storage import _memory
 
 
@@ -302,3 +303,15 @@ def test_bridging_poisoned_regions_is_refused_naming_the_poison() -> None:
     assert whole.storage.access_queue is left.storage.access_queue is right.storage.access_queue
     with pytest.raises(uni.PoisonedError):
         uni.acquire_host_read_access_sync(left, timeout=10)
+
+
+def test_a_storage_left_on_a_retired_queue_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("uni._access.RETIRED_WAIT", 0.05)
+    mem, _, right = _bridged()
+    stray = uni.storage.HostStorage(4, np.float64)
+    stray.access_queue = right.storage.access_queue  # shared by hand: not a member of it
+    uni.from_numpy(mem)  # the join moves its members, not the stray storage
+    assert stray.access_queue.retired
+    spec = AccessSpec(stray, layout_right((4,)), uni.DefaultAccessor(np.float64), 0, "read")
+    with pytest.raises(uni.LeaseError, match="retired when its memory joined"):
+        Access(spec)

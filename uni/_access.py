@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import _thread
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
@@ -33,7 +34,7 @@ from uni._access_queue import (
     all_fences,
     current_owner,
 )
-from uni._errors import LeaseReleasedError, PoisonedError
+from uni._errors import LeaseError, LeaseReleasedError, PoisonedError
 from uni.storage._protocol import Region
 
 Mode = Literal["read", "write"]
@@ -232,6 +233,19 @@ def poison_of_view(spec: AccessSpec) -> BaseException | None:
     return queue.poison_of(lo, hi, spec.view_key())
 
 
+#: How long a registration waits for a joining memory to move its storage (seconds).
+RETIRED_WAIT = 2.0
+
+
+def _stranded(storage: Any, queue: AccessQueue) -> LeaseError:
+    return LeaseError(
+        f"{type(storage).__name__} still orders its accesses through {queue.label}, a queue "
+        "retired when its memory joined another memory's queue: the storage shares that "
+        "queue without being registered with the memory (uni.storage._memory), so it was not "
+        "moved; make storages over the same host memory register their buffer instead of "
+        "passing another storage's queue")
+
+
 _OPEN: Final = 1
 _ENDED: Final = 2
 
@@ -266,6 +280,7 @@ class Access:
             self.request: AccessRequest = queue.register(spec.mode, *cover, holder=holder,
                                                          owner_thread=owner)
         else:
+            deadline = 0.0
             while True:
                 # The queue first, then the offset (see queue_range): a storage moved to
                 # another memory's queue meanwhile is refused by the old, retired queue.
@@ -284,6 +299,10 @@ class Access:
                 except RetiredQueue:
                     if cover is not None:
                         raise
+                    deadline = deadline or time.monotonic() + RETIRED_WAIT
+                    if time.monotonic() > deadline:
+                        raise _stranded(storage, queue) from None
+                    time.sleep(0)  # the join moves the storage in a moment: let it run
         self.queue: AccessQueue = queue
         self.poison_range = poison_range
         # What a failure poisons and a successful overwrite clears: the view written, which
@@ -611,11 +630,10 @@ class PreparedGroup:
     in the way, no fence, no poison anywhere in the queue, the queue not retired), and
     returns its result, or False when it did not run (nothing touched, nothing held); the
     caller then takes its general path, which waits, or reports poisoning, as it should.
-    A failing ``fn`` poisons what the
-    writes covered. A ``small`` group runs ``fn`` inside the queues' critical sections
-    (:class:`~uni._access_queue.HeldRun`: no request is made at all) whenever their locks
-    are free, and otherwise -- and always when not small -- registers a request per access
-    and releases it afterwards.
+    A failing ``fn`` poisons what the writes covered. A ``small`` group runs ``fn`` inside
+    the queues' critical sections (:class:`~uni._access_queue.HeldRun`: no request is made
+    at all) whenever their locks are free, and otherwise -- and always when not small --
+    registers a request per access and releases it afterwards.
     """
 
     __slots__ = ("_flat", "_held")

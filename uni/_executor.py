@@ -207,12 +207,14 @@ class OperationAccess:
         """
         for item in [*self.reads, *self.writes]:
             access = item.access
-            named = _Named(self.op, item)
             if access is not None:
-                access.check_poison(named.what, remedy=named.remedy())
+                if access.queue.has_poison:  # the messages are built only when needed
+                    named = _Named(self.op, item)
+                    access.check_poison(named.what, remedy=named.remedy())
                 continue
             cause = poison_of_view(item.spec)  # folded: its writer's request covers it
             if cause is not None:
+                named = _Named(self.op, item)
                 raise poisoned_error(named.what(), cause, named.remedy())
 
     def acquire(self) -> None:
