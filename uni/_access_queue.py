@@ -76,8 +76,8 @@ Mode = Literal["read", "write"]
 __all__ = [
     "CURRENT_THREAD",
     "AccessQueue",
-    "AllFences",
     "AccessRequest",
+    "AllFences",
     "Fence",
     "HeldRun",
     "HostFence",
@@ -553,10 +553,9 @@ class AccessQueue:
 
         For prepared repeats, which never wait: None whenever :meth:`register` would leave
         the request pending, hand it fences, the queue holds poison anywhere or is retired
-        (the caller
-        then takes its general path, which waits or reports as it should). ``write`` must
-        agree with ``mode``; the range must not be empty. The request has no owner: it
-        lives only while its holder runs, in that very call. Never blocks.
+        (the caller then takes its general path, which waits or reports as it should).
+        ``write`` must agree with ``mode``; the range must not be empty. The request has no
+        owner: it lives only while its holder runs, in that very call. Never blocks.
         """
         if self.has_poison:
             return None
