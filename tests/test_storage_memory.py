@@ -315,3 +315,17 @@ def test_a_storage_left_on_a_retired_queue_is_told_why(monkeypatch: pytest.Monke
     spec = AccessSpec(stray, layout_right((4,)), uni.DefaultAccessor(np.float64), 0, "read")
     with pytest.raises(uni.LeaseError, match="retired when its memory joined"):
         Access(spec)
+
+
+@pytest.mark.parametrize("busy", ["left", "right"])
+def test_a_join_keeps_the_one_queue_in_use_whichever_it_is(busy: str) -> None:
+    mem, left, right = _bridged()
+    held = left if busy == "left" else right
+    kept = held.storage.access_queue
+    with uni.acquire_host_write_access_sync(held, timeout=10):
+        whole = uni.from_numpy(mem)
+        assert whole.storage.access_queue is kept
+        assert left.storage.access_queue is kept and right.storage.access_queue is kept
+        assert not kept.retired
+        with pytest.raises(uni.LeaseConflictError):  # ordered behind the lease it holds
+            uni.acquire_host_read_access_sync(whole)

@@ -111,24 +111,22 @@ def _merge(touched: list[_Region], first: int, last: int) -> _Region:
     one (see ``uni._access.Access``), so two requests on the same bytes can never sit in two
     queues.
     """
-    # The region in use, if any, is kept: its requests stay where they are.
-    keep = next((r for r in touched if r.queue.busy_reason() is not None), touched[0])
+    # Every queue that is idle is retired; the one in use, if any, is kept (its requests
+    # stay where they are), else the first, which takes registrations again at once.
     retired: list[_Region] = []
     refused: list[tuple[_Region, str]] = []
     for region in touched:
-        if region is keep:
-            continue
         reason = region.queue.retire()
         if reason is None:
             retired.append(region)
         else:
             refused.append((region, reason))
-    if refused:
+    if len(refused) <= 1:
+        keep = refused[0][0] if refused else retired.pop(0)
+        keep.queue.unretire()  # (a no-op for the one in use)
+    else:
         for region in retired:
             region.queue.unretire()
-        kept = keep.queue.busy_reason()
-        if kept is not None:
-            refused.insert(0, (keep, kept))
         whys = " ".join(why for _, why in refused)
         todo = [fix for word, fix in (("leases", "release those leases"),
                                       ("running", "wait for that work to finish"),
