@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 import uni
-from uni._access import Access, AccessSpec, PreparedAccess, PreparedGroup, queue_range
+from uni._access import (
+    Access,
+    AccessSpec,
+    PreparedAccess,
+    PreparedGroup,
+    inner_queue_range,
+    queue_range,
+)
 from uni._access_queue import HostFence
 from uni.storage import HostStorage
 
@@ -87,6 +94,32 @@ def test_finish_with_a_fence_orders_the_next_access_behind_the_work() -> None:
     assert t.storage.access_queue.outstanding_fences() == []
 
 
+@pytest.mark.parametrize("last", ["consumer", "holder"])
+def test_a_shared_access_ends_behind_every_holders_fence(last: str) -> None:
+    t = uni.from_numpy(np.zeros(4))
+    access = Access(spec(t, "write"))
+    access.open()
+    share = access.share()
+    holders, consumers = HostFence("holder's work"), HostFence("consumer's work")
+    if last == "consumer":
+        access.finish(None, holders)
+        share.finish(None, consumers)
+    else:
+        share.finish(None, consumers)
+        access.finish(None, holders)
+    reader = Access(spec(t))
+    assert reader.granted
+    # Whichever finished first, its work still runs: the next access waits for both.
+    consumers.set()
+    with pytest.raises(uni.LeaseTimeoutError, match="holder's work"):
+        reader.wait_sync(timeout=0.01)
+    reader = Access(spec(t))
+    holders.set()
+    reader.wait_sync(timeout=10)
+    reader.withdraw()
+    assert t.storage.access_queue.outstanding_fences() == []
+
+
 def test_a_failing_open_hook_withdraws_the_request() -> None:
     class Failing(HostStorage):
         def acquire_read(self, region: uni.storage.Region) -> uni.HostHandle:
@@ -112,6 +145,70 @@ def test_queue_ranges_count_bytes_of_a_shared_queue() -> None:
     assert queue_range(view, 1, 3) == (1, 2)
     assert queue_range(view, 0, 0) == (0, 0)  # bytes 4..7 fall in unit 0
     assert queue_range(view, 3, 2) == (1, 0)  # empty stays empty
+
+
+def test_inner_queue_ranges_are_the_units_wholly_inside() -> None:
+    owner = HostStorage(8, np.float64)
+    assert inner_queue_range(owner, 2, 5) == (2, 5)
+    view = HostStorage(16, np.int32)
+    view.access_queue = owner.access_queue
+    view.queue_offset = 4
+    assert inner_queue_range(view, 1, 2) == (1, 1)  # bytes 8..15: unit 1 exactly
+    assert inner_queue_range(view, 1, 3) == (1, 1)  # bytes 8..19: unit 2 only in part
+    assert inner_queue_range(view, 0, 0)[0] > inner_queue_range(view, 0, 0)[1]  # 4..7: none
+    assert inner_queue_range(view, 0, 2) == (1, 1)
+    assert inner_queue_range(view, 3, 2) == (1, 0)
+
+
+def _poison(t: uni.Tensor) -> None:
+    with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(t, timeout=10):
+        raise RuntimeError("failed writer")
+
+
+def _poisoned(t: uni.Tensor) -> bool:
+    try:
+        uni.acquire_host_read_access_sync(t, timeout=10).release()
+    except uni.PoisonedError:
+        return True
+    return False
+
+
+def test_a_narrower_dtype_overwrite_clears_only_whole_units() -> None:
+    buf = np.zeros(4)  # float64: the queue's unit is 8 bytes
+    t64 = uni.from_numpy(buf)
+    t32 = uni.from_numpy(buf.view(np.float32))
+    assert t64.storage.access_queue is t32.storage.access_queue
+    _poison(t64[0:1])  # bytes 0..7
+    with uni.acquire_host_write_access_sync(t32[1:2], overwrite=True) as lease:  # bytes 4..7
+        np.asarray(lease.mdspan())[...] = 1.0
+    assert _poisoned(t64[0:1]) and _poisoned(t32[0:1])  # bytes 0..3 were never rewritten
+    with uni.acquire_host_write_access_sync(t32[0:2], overwrite=True) as lease:  # bytes 0..7
+        np.asarray(lease.mdspan())[...] = 1.0
+    assert not _poisoned(t64[0:1]) and not _poisoned(t32)
+
+
+def test_a_narrower_view_overwritten_again_through_its_own_dtype_clears() -> None:
+    buf = np.zeros(4)
+    t32 = uni.from_numpy(buf.view(np.float32))
+    uni.from_numpy(buf)  # the float64 way in: unit 8, so t32's elements are half units
+    _poison(t32[1:2])
+    with uni.acquire_host_write_access_sync(t32[1:2], overwrite=True):
+        pass
+    assert not _poisoned(t32)  # the same element space: the view itself is vouched for
+
+
+def test_poison_keys_views_by_their_element_space_not_the_storage_object() -> None:
+    raw = np.frombuffer(bytearray(8 * 16), dtype=np.float64)
+    keep = uni.from_numpy(raw)  # holds the memory's queue
+    a = uni.from_numpy(raw[4:8])
+    b = uni.from_numpy(raw[3:])
+    # Another storage at another offset: the same view numbers name other bytes.
+    assert spec(a[0:1]).view_key() != spec(b[0:1]).view_key()
+    # One at the same offset and element size indexes the same bytes the same way.
+    assert spec(a[0:1]).view_key() == spec(uni.from_numpy(raw[4:6])[0:1]).view_key()
+    _poison(a[0:1])  # memory element 4
+    assert _poisoned(b[1:2]) and _poisoned(keep[4:5])  # memory element 4 again
+    assert not _poisoned(a[1:2])  # a's other elements: exact in its own space
 
 
 def test_a_prepared_group_begins_only_when_nothing_is_in_the_way() -> None:

@@ -12,7 +12,16 @@ import pytest
 import trio
 import trio.testing
 
-from uni._access_queue import AccessQueue, AccessRequest, HostFence, Mode
+from uni._access_queue import (
+    AccessQueue,
+    AccessRequest,
+    AllFences,
+    HostFence,
+    Mode,
+    all_fences,
+    countdown,
+    wait_fences_async,
+)
 from uni._errors import (
     LeaseConflictError,
     LeaseError,
@@ -1016,3 +1025,139 @@ def test_fenced_grants_match_a_reference_model(seed: int) -> None:
         complete(f)
     assert q.fenced_count() == 0
     assert_idle(q)
+
+
+class _SpyFence:
+    """A pending fence that records, whenever the queue asks it, whether ``watched`` looks
+    granted yet: a lock-free reader could look at exactly those moments."""
+
+    def __init__(self) -> None:
+        self.watched: AccessRequest | None = None
+        self.seen: list[tuple[bool, int]] = []
+
+    def done(self) -> bool:
+        if self.watched is not None:
+            self.seen.append((self.watched.granted, len(self.watched.fences)))
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return False
+
+
+def test_a_grant_publishes_its_fences_before_it_is_granted() -> None:
+    q = AccessQueue("q")
+    w = q.register("write", 0, 9, holder="writer")
+    r = q.register("read", 0, 9, holder="reader")  # pending behind w
+    spy = _SpyFence()
+    spy.watched = r
+    q.release(w, spy)  # grants r, handing it the spy
+    assert r.granted and r.fences == [spy]
+    # Whenever r looked granted, its fences were already there (readers look without the lock).
+    assert spy.seen and all(n == 1 for granted, n in spy.seen if granted)
+    assert not any(granted for granted, _ in spy.seen)
+    q.release(r)
+
+
+def test_wait_sync_bounds_the_grant_and_the_fences_by_one_timeout() -> None:
+    q = AccessQueue("q")
+    w = q.register("write", 0, 9, holder="writer", owner_thread=None)
+    r = q.register("read", 0, 9, holder="reader")
+    fence = HostFence("writer's work")
+    timer = threading.Timer(0.4, lambda: q.release(w, fence))  # grant at 0.4 s, work runs on
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(LeaseTimeoutError, match="writer's work"):
+            q.wait_sync(r, timeout=0.6)
+        assert time.monotonic() - start < 0.95  # one deadline, not 0.6 s for each part
+    finally:
+        timer.join(10)
+        fence.set()
+    assert q.snapshot() == []
+
+
+def test_all_fences_is_done_when_every_part_is() -> None:
+    a, b = HostFence("a"), HostFence("b")
+    both = all_fences([a, b])
+    assert isinstance(both, AllFences) and not both.done() and both.label == "a and b"
+    called: list[int] = []
+    both.add_done_callback(lambda: called.append(1))  # type: ignore[attr-defined]
+    a.set()
+    assert not both.done() and not both.wait(0.01) and called == []
+    b.set()
+    assert both.done() and both.wait(0) and called == [1]
+    assert all_fences([a]) is a  # one fence stands for itself
+    c = HostFence("c")
+    assert all_fences([a, c]) is c  # done ones are left out
+    nested = AllFences([all_fences([c, HostFence("d")]), HostFence("e")])
+    assert [f.label for f in nested.fences] == ["c", "d", "e"]  # flattened
+
+
+def test_all_fences_offers_callbacks_only_when_every_part_does() -> None:
+    class Polled:
+        label = "polled"
+
+        def __init__(self) -> None:
+            self.is_done = False
+
+        def done(self) -> bool:
+            return self.is_done
+
+        def wait(self, timeout: float | None = None) -> bool:
+            return self.is_done
+
+    polled = Polled()
+    mixed = all_fences([HostFence("x"), polled])
+    assert getattr(mixed, "add_done_callback", None) is None  # polled by async waiters
+
+    async def main() -> None:
+        h = HostFence("h")
+        fence = all_fences([h, polled])
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_fences_async, [fence])
+                await trio.sleep(0.01)
+                h.set()
+                polled.is_done = True
+
+    trio.run(main)
+
+
+def test_a_waiter_that_raises_does_not_keep_the_others_asleep() -> None:
+    q = AccessQueue("q")
+    w = q.register("write", 0, 9, holder="writer")
+    first = q.register("read", 0, 4, holder="first reader")
+    second = q.register("read", 5, 9, holder="second reader")
+
+    class Broken:
+        def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+            raise RuntimeError("a broken waiter")
+
+    woken: list[AccessRequest] = []
+
+    class Noting:
+        def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+            woken.append(request)
+
+    q.wait_with(first, Broken())
+    q.wait_with(second, Noting())
+    with pytest.raises(RuntimeError, match="a broken waiter"):
+        q.release(w)  # the bug is heard, after every waiter was woken
+    assert first.granted and second.granted and woken == [second]
+    q.release(first)
+    q.release(second)
+    assert q.snapshot() == []
+
+
+def test_countdown_calls_once_on_the_last_of_its_calls_from_any_thread() -> None:
+    calls: list[int] = []
+    one = countdown(40, lambda: calls.append(1))
+    threads = [threading.Thread(target=lambda: [one() for _ in range(10)]) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert calls == []  # 30 of 40
+    for _ in range(10):
+        one()
+    assert calls == [1]

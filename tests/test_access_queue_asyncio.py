@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from aio import drive_by_hand, run, settle, until
@@ -577,3 +581,52 @@ def test_a_thread_and_an_asyncio_task_wait_for_the_same_fence() -> None:
         assert_idle(q)
 
     run(main)
+
+
+_CLOSED_BY_THE_COLLECTOR = r"""
+import asyncio, faulthandler, gc, sys, threading, time, warnings
+import numpy as np, uni
+warnings.simplefilter("ignore")
+faulthandler.dump_traceback_later(30, exit=True)   # a deadlock ends the process, and says where
+
+def once(threshold):
+    t = uni.from_numpy(np.zeros(4))
+    w = uni.acquire_host_write_access_sync(t)
+    loop = asyncio.new_event_loop()
+
+    async def taker():
+        lease = await uni.acquire_host_read_access_async(t)   # parks behind w
+        lease.release()
+
+    loop.create_task(taker())
+    loop.run_until_complete(asyncio.sleep(0.01))   # the task parks; the loop stops, not closed
+    w.release()              # grants the task's read; its wake-up is queued on the stopped loop
+    r1 = uni.acquire_host_read_access_sync(t)
+    writer = threading.Thread(target=lambda: uni.acquire_host_write_access_sync(t).release(),
+                              daemon=True)
+    writer.start()
+    while t.storage.access_queue.pending_count() == 0:
+        time.sleep(0.001)   # a writer pending behind both readers: r1's release grants it
+    del loop                # the loop, its task and the granted coroutine: cyclic garbage
+    gc.disable(); gc.set_threshold(threshold, 1, 1); gc.enable()
+    r1.release()            # the collection fires inside the queue's critical section
+    gc.set_threshold(700, 10, 10)
+    writer.join(10)
+    assert not writer.is_alive(), "the writer was never granted"
+
+for threshold in range(1, 16):
+    once(threshold)
+print("no deadlock")
+"""
+
+
+def test_a_granted_coroutine_closed_by_the_collector_inside_the_queue_does_not_deadlock(
+        tmp_path: Any) -> None:
+    # The garbage collector closes an abandoned task's coroutine (GeneratorExit at its wait)
+    # inside this thread's own critical section of the queue: its cleanup must not wait for
+    # the lock this very thread holds. Run apart: a deadlock ends that process, not the suite.
+    script = tmp_path / "closed_by_the_collector.py"
+    script.write_text(_CLOSED_BY_THE_COLLECTOR)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0 and "no deadlock" in done.stdout, done.stderr[-3000:]

@@ -580,6 +580,28 @@ def test_waiting_behind_an_op_that_waits_for_this_thread_raises_conflict() -> No
     assert_idle(x)
 
 
+def test_waiting_for_an_op_whose_sibling_waits_in_a_chain_behind_this_thread_raises() -> None:
+    # This thread writes a[0:2]. Operation P writes a[0:4]: pending behind the lease.
+    # Operation S reads a[2:6] (pending behind P, a chain inside a's queue) and writes b
+    # (granted, but S runs only once its read is granted). A write on b waits for S, which
+    # waits for P, which waits for this thread: forever.
+    a, b, c = uni.from_numpy(np.zeros(8)), uni.zeros((4,)), uni.zeros((4,))
+    lease = uni.acquire_host_write_access_sync(a[0:2])
+    first = uni.copy_async(c, a[0:4])
+    second = uni.copy_async(a[2:6], b)
+    start = time.monotonic()
+    with pytest.raises(uni.LeaseConflictError, match="this thread holds"):
+        uni.acquire_host_write_access_sync(b, timeout=BOUND)
+    with pytest.raises(uni.LeaseConflictError):
+        second.result(timeout=BOUND)
+    assert time.monotonic() - start < BOUND  # refused at once, not timed out
+    lease.release()
+    first.result(timeout=BOUND)
+    second.result(timeout=BOUND)
+    assert_idle(a)
+    assert_idle(b)
+
+
 def test_another_thread_waiting_behind_the_op_is_not_a_conflict() -> None:
     x, y = vec(value=1.0), vec(value=2.0)
     lease = read_sync(x)

@@ -299,6 +299,36 @@ class Cycle:
         self.itself = self
 
 
+def test_lease_collected_inside_a_queue_critical_section_does_not_stall_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A finalizer that fires while the queue's lock is held (here: by this very thread) hands
+    # the release to a helper and returns at once: waiting for the helper, which needs that
+    # lock, would only stall the section -- lock held -- for the whole FINALIZER_WAIT.
+    monkeypatch.setattr("uni._access.FINALIZER_WAIT", 5.0)
+    t = uni.zeros((4,))
+    queue = t.storage.access_queue
+    took: list[float] = []
+
+    def collect_while_holding_the_queue_lock() -> None:
+        leaked = Cycle(uni.acquire_host_read_access_sync(t))
+        del leaked
+        with queue._lock:
+            start = time.monotonic()
+            gc.collect()
+            took.append(time.monotonic() - start)
+
+    with pytest.warns(ResourceWarning, match="garbage-collected"):
+        thread = threading.Thread(target=collect_while_holding_the_queue_lock, daemon=True)
+        thread.start()
+        thread.join(20)
+    assert not thread.is_alive() and took and took[0] < 2.5
+    deadline = time.monotonic() + 10
+    while queue.active_count() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert queue.active_count() == 0  # released by the helper once the lock was free
+
+
 def test_lease_collected_inside_a_queue_critical_section_does_not_deadlock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -4,6 +4,7 @@ one access queue, whatever its dtype or its way in, and operations see the overl
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 from typing import Any
@@ -12,6 +13,10 @@ import numpy as np
 import pytest
 
 import uni
+from uni._access import Access, AccessSpec
+from uni._access_queue import RetiredQueue
+from uni._executor import OperationAccess
+from uni._mapping import layout_right
 from uni.storage import _memory
 
 
@@ -162,6 +167,165 @@ def test_a_range_bridging_busy_regions_is_refused_clearly() -> None:
     left = uni.from_dlpack(x[:5].__dlpack__(), writable=True)
     right = uni.from_dlpack(x[5:].__dlpack__(), writable=True)
     with uni.acquire_host_read_access_sync(left), uni.acquire_host_read_access_sync(right):
-        with pytest.raises(uni.StorageError, match="separate queues that are in use"):
+        with pytest.raises(uni.StorageError, match=r"separate queues.*leases are held"):
             uni.from_numpy(x)
     uni.from_numpy(x)  # once they are idle, it joins them
+
+
+def _bridged() -> tuple[np.ndarray[Any, Any], uni.Tensor, uni.Tensor]:
+    """Foreign memory wrapped as two regions (two queues), not yet bridged."""
+    mem = np.frombuffer(bytearray(8 * 32), dtype=np.float64)
+    left, right = uni.from_numpy(mem[0:16]), uni.from_numpy(mem[16:32])
+    assert left.storage.access_queue is not right.storage.access_queue
+    return mem, left, right
+
+
+def test_a_joined_queue_is_retired_and_refuses_registration() -> None:
+    mem, left, right = _bridged()
+    old = right.storage.access_queue
+    uni.from_numpy(mem)  # bridges both: one is kept, the other retired
+    retired = [q for q in (old, left.storage.access_queue) if q.retired]
+    assert retired == [old] and right.storage.access_queue is left.storage.access_queue
+    with pytest.raises(RetiredQueue):
+        old.register("write", 0, 3, holder="a thread that read the old queue earlier")
+    assert old.try_grant("write", True, 0, 3, "prepared") is None
+
+
+class _StaleQueueOnce:
+    """A storage whose first ``access_queue`` read returns the queue of before a join: the
+    moment a racing thread read it (a test double that makes the race happen on purpose)."""
+
+    def __init__(self, storage: Any, stale: Any) -> None:
+        self._storage = storage
+        self._stale = [stale]
+
+    @property
+    def access_queue(self) -> Any:
+        return self._stale.pop() if self._stale else self._storage.access_queue
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+
+def test_an_access_that_read_the_old_queue_registers_on_the_new_one() -> None:
+    mem, _, right = _bridged()
+    old = right.storage.access_queue
+    whole = uni.from_numpy(mem)
+    with uni.acquire_host_write_access_sync(whole, timeout=10):
+        spec = AccessSpec.of_view(right, "write")
+        stale = AccessSpec(_StaleQueueOnce(right.storage, old), spec.mapping, spec.accessor,
+                           spec.offset, "write")
+        access = Access(stale, owner=None)
+        # Ordered behind the whole memory's write lease, not granted beside it.
+        assert access.queue is whole.storage.access_queue and not access.granted
+        assert old.snapshot() == []
+    access.wait_sync(timeout=10)
+    access.withdraw()
+
+
+def test_an_operation_whose_memory_was_joined_while_registering_starts_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    mem, left, right = _bridged()
+    src = uni.from_numpy(np.arange(16.0))
+    fold = OperationAccess._fold
+    joined: list[uni.Tensor] = []
+
+    def fold_then_join(self: OperationAccess) -> None:
+        fold(self)
+        if not joined:  # after the ranges were worked out, before registering
+            joined.append(uni.from_numpy(mem))
+
+    monkeypatch.setattr(OperationAccess, "_fold", fold_then_join)
+    with uni.acquire_host_write_access_sync(left, timeout=10):
+        access = OperationAccess("copy", [src], [right], [True])
+        write = access.writes[0].access
+        assert write is not None and write.queue is left.storage.access_queue
+        assert joined and joined[0].storage.access_queue is write.queue
+        # Its range worked out again in the joined queue: right's elements sit at 16..31.
+        assert (write.request.lo, write.request.hi) == (16, 31)
+        assert write.granted  # disjoint from this thread's lease on left (0..15)
+    access.acquire()
+    access.finish(None)
+
+
+def test_leases_taken_while_memory_is_joined_never_overlap() -> None:
+    # A thread takes write leases on one region while this thread bridges it with another;
+    # each time a lease granted on the old queue after the join would overlap the new one.
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            mem, _, right = _bridged()
+            old = right.storage.access_queue
+            stop = threading.Event()
+            stale: list[Any] = []
+
+            def taker(right: uni.Tensor = right, old: Any = old, stop: threading.Event = stop,
+                      stale: list[Any] = stale) -> None:
+                while not stop.is_set():
+                    lease = uni.acquire_host_write_access_sync(right, timeout=10)
+                    if lease._access.queue is old and right.storage.access_queue is not old:
+                        stale.append(lease)
+                        stop.wait(10)
+                    lease.release()
+
+            thread = threading.Thread(target=taker)
+            thread.start()
+            try:
+                whole = uni.from_numpy(mem)
+            except uni.StorageError:  # the taker held its lease at that moment: fine
+                whole = None
+            if whole is not None:
+                try:
+                    uni.acquire_host_write_access_sync(whole, timeout=0.05).release()
+                except uni.LeaseTimeoutError:
+                    pass
+            stop.set()
+            thread.join(10)
+            assert not stale, "a write lease was granted on a retired queue"
+    finally:
+        sys.setswitchinterval(old_interval)
+
+
+def test_bridging_poisoned_regions_is_refused_naming_the_poison() -> None:
+    mem, left, right = _bridged()
+    for t in (left, right):
+        with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(t, timeout=10):
+            raise RuntimeError("failed writer")
+    with pytest.raises(uni.StorageError, match="poisoned") as info:
+        uni.from_numpy(mem)
+    assert "release" not in str(info.value).lower()  # no lease is to blame
+    assert "overwrite=True" in str(info.value)
+    with uni.acquire_host_write_access_sync(right, overwrite=True, timeout=10):
+        pass
+    whole = uni.from_numpy(mem)  # one poisoned region is kept, with its poison
+    assert whole.storage.access_queue is left.storage.access_queue is right.storage.access_queue
+    with pytest.raises(uni.PoisonedError):
+        uni.acquire_host_read_access_sync(left, timeout=10)
+
+
+def test_a_storage_left_on_a_retired_queue_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("uni._access.RETIRED_WAIT", 0.05)
+    mem, _, right = _bridged()
+    stray = uni.storage.HostStorage(4, np.float64)
+    stray.access_queue = right.storage.access_queue  # shared by hand: not a member of it
+    uni.from_numpy(mem)  # the join moves its members, not the stray storage
+    assert stray.access_queue.retired
+    spec = AccessSpec(stray, layout_right((4,)), uni.DefaultAccessor(np.float64), 0, "read")
+    with pytest.raises(uni.LeaseError, match="retired when its memory joined"):
+        Access(spec)
+
+
+@pytest.mark.parametrize("busy", ["left", "right"])
+def test_a_join_keeps_the_one_queue_in_use_whichever_it_is(busy: str) -> None:
+    mem, left, right = _bridged()
+    held = left if busy == "left" else right
+    kept = held.storage.access_queue
+    with uni.acquire_host_write_access_sync(held, timeout=10):
+        whole = uni.from_numpy(mem)
+        assert whole.storage.access_queue is kept
+        assert left.storage.access_queue is kept and right.storage.access_queue is kept
+        assert not kept.retired
+        with pytest.raises(uni.LeaseConflictError):  # ordered behind the lease it holds
+            uni.acquire_host_read_access_sync(whole)

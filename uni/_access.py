@@ -20,11 +20,21 @@ from __future__ import annotations
 
 import _thread
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
-from uni._access_queue import CURRENT_THREAD, AccessQueue, AccessRequest, Fence, current_owner
-from uni._errors import LeaseReleasedError, PoisonedError
+from uni._access_queue import (
+    CURRENT_THREAD,
+    AccessQueue,
+    AccessRequest,
+    Fence,
+    HeldRun,
+    RetiredQueue,
+    all_fences,
+    current_owner,
+)
+from uni._errors import LeaseError, LeaseReleasedError, PoisonedError
 from uni.storage._protocol import Region
 
 Mode = Literal["read", "write"]
@@ -33,10 +43,14 @@ __all__ = [
     "Access",
     "AccessShare",
     "AccessSpec",
+    "LEASE_REMEDY",
     "Mode",
     "PreparedAccess",
     "PreparedGroup",
     "StorageView",
+    "inner_queue_range",
+    "poison_of_view",
+    "poisoned_error",
     "queue_range",
     "release_from_finalizer",
 ]
@@ -45,7 +59,8 @@ __all__ = [
 FINALIZER_WAIT = 1.0
 
 
-def release_from_finalizer(release: Callable[[], object]) -> None:
+def release_from_finalizer(release: Callable[[], object], queue: AccessQueue | None = None
+                           ) -> None:
     """Run ``release`` (which must not raise) on behalf of a ``__del__``, without deadlocking.
 
     The garbage collector runs finalizers wherever it happens to fire: possibly inside this
@@ -53,7 +68,9 @@ def release_from_finalizer(release: Callable[[], object]) -> None:
     ``release`` needs. Called inline, it would wait for itself forever. So it runs in a fresh
     low-level thread (``_thread``: no ``threading`` locks either), and the finalizer waits a
     moment for it, which keeps the release synchronous whenever no lock of this thread is in
-    the way; otherwise it completes as soon as the interrupted section lets go.
+    the way; otherwise it completes as soon as the interrupted section lets go. ``queue``:
+    the queue ``release`` needs; while its lock is held (by this thread, perhaps: then waiting
+    would only stall it, lock held, for the whole moment) the finalizer does not wait.
     """
     done = _thread.allocate_lock()
     done.acquire()
@@ -68,6 +85,8 @@ def release_from_finalizer(release: Callable[[], object]) -> None:
         _thread.start_new_thread(run, ())
     except RuntimeError:  # interpreter shutdown: no new threads, and nothing left to wait for
         release()
+        return
+    if queue is not None and queue.busy():
         return
     done.acquire(timeout=FINALIZER_WAIT)
 
@@ -124,10 +143,19 @@ class AccessSpec(Region):
     def describe(self) -> str:
         return (f"shape={self.mapping.extents.shape}, dtype={self.accessor.element_type.name}")
 
-    def view_key(self) -> tuple[int, tuple[int, tuple[int, ...], tuple[int, ...]]]:
-        """``(storage key, (offset, shape, strides))``: this view, for per-view poison."""
+    def view_key(self) -> tuple[tuple[int, int], tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        """``(element space, (offset, shape, strides))``: this view, for per-view poison.
+
+        The element space is ``(queue_offset, itemsize)``: where element 0 sits in the queue
+        and how wide an element is. Views with the same space index the same bytes the same
+        way, whichever storage object they come through -- unlike ``id(storage)``, which a
+        storage made later may reuse at another offset while a poison entry outlives the
+        storage that made it.
+        """
+        storage = self.storage
         mapping = self.mapping
-        return (id(self.storage), (self.offset, mapping.extents.shape, tuple(mapping.strides)))
+        return ((getattr(storage, "queue_offset", 0), storage.dtype.itemsize),
+                (self.offset, mapping.extents.shape, tuple(mapping.strides)))
 
     def what(self) -> str:
         """The data in words: ``Tensor(shape=(3, 4), dtype=float64)``."""
@@ -142,14 +170,18 @@ class AccessSpec(Region):
                 f"elements {self.lo}..{self.hi})")
 
 
-def queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
+def queue_range(storage: Any, lo: int, hi: int, queue: Any = None) -> tuple[int, int]:
     """The element range ``lo..hi`` of ``storage`` in its access queue's units.
 
     A storage that owns its queue counts in its own elements (the identity); one that shares
     a queue with other ways into the same memory (views with another dtype, byte ranges of one
     file) sits at ``queue_offset`` bytes into it, and its range covers every byte it reaches.
+    ``queue``: the storage's ``access_queue`` as the caller read it (it reads the queue first,
+    then the offset: a storage moved to another queue meanwhile is caught when registering
+    on the old, retired one).
     """
-    queue = storage.access_queue
+    if queue is None:
+        queue = storage.access_queue
     base = getattr(storage, "queue_offset", 0)
     itemsize = storage.dtype.itemsize
     unit = queue.unit
@@ -158,6 +190,60 @@ def queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
     if lo > hi:
         return 1, 0
     return (base + lo * itemsize) // unit, (base + hi * itemsize + itemsize - 1) // unit
+
+
+def inner_queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
+    """The queue units that lie wholly inside elements ``lo..hi`` of ``storage``: what a
+    write of every one of those elements is sure to have overwritten (``queue_range`` rounded
+    inward; empty, ``lo > hi``, when no whole unit is inside)."""
+    queue = storage.access_queue
+    base = getattr(storage, "queue_offset", 0)
+    itemsize = storage.dtype.itemsize
+    unit = queue.unit
+    if base == 0 and unit == itemsize:
+        return lo, hi
+    if lo > hi:
+        return 1, 0
+    return -(-(base + lo * itemsize) // unit), (base + (hi + 1) * itemsize) // unit - 1
+
+
+#: What to do about poisoned data, for a lease (the default of ``check_poison``).
+LEASE_REMEDY: Final = ("pass allow_poisoned=True to read it anyway, or rewrite it with "
+                       "overwrite=True")
+
+
+def poisoned_error(what: str, cause: BaseException, remedy: str = LEASE_REMEDY) -> PoisonedError:
+    """The PoisonedError for ``what`` (the data in words), left poisoned by ``cause``."""
+    error = PoisonedError(
+        f"{what} was poisoned by a failed writer ({type(cause).__name__}: {cause}); {remedy}")
+    error.__cause__ = cause
+    return error
+
+
+def poison_of_view(spec: AccessSpec) -> BaseException | None:
+    """The failure that left some element of ``spec``'s view poisoned, or None (a query).
+
+    For data read under another access's request (an operation's input folded into the
+    write of another storage over the same memory): it has no request of its own to ask."""
+    storage = spec.storage
+    queue: AccessQueue = storage.access_queue
+    if not queue.has_poison:
+        return None
+    lo, hi = queue_range(storage, spec.lo, spec.hi)
+    return queue.poison_of(lo, hi, spec.view_key())
+
+
+#: How long a registration waits for a joining memory to move its storage (seconds).
+RETIRED_WAIT = 2.0
+
+
+def _stranded(storage: Any, queue: AccessQueue) -> LeaseError:
+    return LeaseError(
+        f"{type(storage).__name__} still orders its accesses through {queue.label}, a queue "
+        "retired when its memory joined another memory's queue: the storage shares that "
+        "queue without being registered with the memory (uni.storage._memory), so it was not "
+        "moved; make storages over the same host memory register their buffer instead of "
+        "passing another storage's queue")
 
 
 _OPEN: Final = 1
@@ -182,19 +268,42 @@ class Access:
     def __init__(self, spec: AccessSpec, *, holder: object = None, owner: Any = CURRENT_THREAD,
                  poison_range: tuple[int, int] | None = None,
                  written: AccessSpec | None = None,
-                 cover: tuple[int, int] | None = None) -> None:
+                 cover: tuple[int, int] | None = None, queue: AccessQueue | None = None
+                 ) -> None:
         self.spec = spec
         storage = spec.storage
-        queue = storage.access_queue
-        self.queue: AccessQueue = queue
-        if cover is not None:
-            lo, hi = cover  # already in queue units (an operation's widened write)
-        elif queue.unit == storage.dtype.itemsize and not getattr(storage, "queue_offset", 0):
-            lo, hi = spec.lo, spec.hi  # the storage's own queue counts in its elements
+        holder = spec if holder is None else holder
+        if queue is not None:
+            # The caller worked out the range (``cover``) in this queue's units: registered
+            # there or nowhere (RetiredQueue: the caller works it out again).
+            assert cover is not None
+            self.request: AccessRequest = queue.register(spec.mode, *cover, holder=holder,
+                                                         owner_thread=owner)
         else:
-            lo, hi = queue_range(storage, spec.lo, spec.hi)
-        self.request: AccessRequest = queue.register(
-            spec.mode, lo, hi, holder=spec if holder is None else holder, owner_thread=owner)
+            deadline = 0.0
+            while True:
+                # The queue first, then the offset (see queue_range): a storage moved to
+                # another memory's queue meanwhile is refused by the old, retired queue.
+                queue = storage.access_queue
+                if cover is not None:
+                    lo, hi = cover  # already in queue units (an operation's widened write)
+                elif queue.unit == storage.dtype.itemsize and not getattr(
+                        storage, "queue_offset", 0):
+                    lo, hi = spec.lo, spec.hi  # the storage's own queue counts in its elements
+                else:
+                    lo, hi = queue_range(storage, spec.lo, spec.hi, queue)
+                try:
+                    self.request = queue.register(spec.mode, lo, hi, holder=holder,
+                                                  owner_thread=owner)
+                    break
+                except RetiredQueue:
+                    if cover is not None:
+                        raise
+                    deadline = deadline or time.monotonic() + RETIRED_WAIT
+                    if time.monotonic() > deadline:
+                        raise _stranded(storage, queue) from None
+                    time.sleep(0)  # the join moves the storage in a moment: let it run
+        self.queue: AccessQueue = queue
         self.poison_range = poison_range
         # What a failure poisons and a successful overwrite clears: the view written, which
         # is less than what is leased for an output widened over an input it overlaps.
@@ -270,32 +379,34 @@ class Access:
 
     # ------------------------------------------------------------------ opening
 
-    def check_poison(self, what: Callable[[], str], *, allow_poisoned: bool = False) -> None:
+    def check_poison(self, what: Callable[[], str], *, allow_poisoned: bool = False,
+                     remedy: str = LEASE_REMEDY) -> None:
         """Raise PoisonedError (withdrawing the request) if a failed writer left this data
         half-written; a write with the overwrite promise and ``allow_poisoned`` skip it.
-        ``what()`` names the data in the message (called only when it is needed)."""
-        spec = self.spec
-        queue = self.queue
-        if not queue.has_poison or allow_poisoned or (spec.mode == "write" and spec.overwrite):
+        ``what()`` names the data in the message (called only when it is needed), ``remedy``
+        says what to do about it.
+
+        The data is the view written (``written``): a write widened over inputs it overlaps
+        answers for the output's own view only (each input's view is checked on its own)."""
+        written = self.written
+        if (not self.queue.has_poison or allow_poisoned
+                or (written.mode == "write" and written.overwrite)):
             return
-        request = self.request
-        cause = queue.poison_of(request.lo, request.hi, spec.view_key())
+        cause = self.poison_cause()
         if cause is None:
             return
-        queue.release(request)
+        self.queue.release(self.request)
         self._state = _ENDED
         self._primary_done = True
-        raise PoisonedError(
-            f"{what()} was poisoned by a failed writer ({type(cause).__name__}: {cause}); pass "
-            "allow_poisoned=True to read it anyway, or rewrite it with overwrite=True"
-        ) from cause
+        raise poisoned_error(what(), cause, remedy)
 
     def poison_cause(self) -> BaseException | None:
         """The failure that left this data poisoned, or None (a query: nothing is withdrawn)."""
         queue = self.queue
         if not queue.has_poison:
             return None
-        return queue.poison_of(self.request.lo, self.request.hi, self.spec.view_key())
+        lo, hi = self.poison_range or (self.request.lo, self.request.hi)
+        return queue.poison_of(lo, hi, self.written.view_key())
 
     def open(self) -> Any:
         """Call the storage's acquire hook (the request must be granted and ready)."""
@@ -399,7 +510,9 @@ class Access:
                 if failure is not None and self.failure is None:
                     self.failure = failure
                 if fence is not None:
-                    self.fence = fence
+                    # Every holder's work must be over before the data is free again.
+                    self.fence = fence if self.fence is None else all_fences(
+                        [self.fence, fence])
                 self._holders -= 1
                 left = self._holders
             if left:
@@ -438,9 +551,16 @@ class Access:
             if failure is not None and poison:
                 lo, hi = self.poison_range or (request.lo, request.hi)
                 queue.poison(lo, hi, failure, self.written.view_key())
-            elif failure is None and spec.overwrite and opened and queue.has_poison:
-                queue.clear_poison(request.lo, request.hi, spec.view_key(),
-                                   exhaustive=spec.covers_exactly())
+            elif failure is None and opened and queue.has_poison and self.written.overwrite:
+                # Only what was written is vouched for: the output's own view (not the
+                # inputs a widened write covers), and of another element space only the
+                # queue units wholly inside it.
+                written = self.written
+                lo, hi = self.poison_range or (request.lo, request.hi)
+                queue.clear_poison(lo, hi, written.view_key(),
+                                   exhaustive=written.covers_exactly(),
+                                   inner=inner_queue_range(written.storage, written.lo,
+                                                           written.hi))
         queue.release(request, fence)
         return release_error
 
@@ -486,11 +606,9 @@ class PreparedAccess:
     """One access made again and again with the same description: a prepared repeat.
 
     For a small operation repeated on the same data, everything an :class:`Access` works out
-    (the queue range, the holder text) is worked out once; each repeat only ``begin()``s and
-    ``end()``s. ``begin`` never waits: it returns None (having withdrawn its request) unless
-    the request is granted at once with no fence to wait for and no poison anywhere in the
-    queue, and then the caller takes its general path, which waits, or reports poisoning, as
-    it should. The storage must need no hooks (``immediate`` plain memory).
+    (the queue range, the holder text, the view key) is worked out once; a
+    :class:`PreparedGroup` of them runs each repeat. The storage must need no hooks
+    (``immediate`` plain memory).
     """
 
     __slots__ = ("hi", "holder", "lo", "mode", "queue", "view", "write")
@@ -498,60 +616,55 @@ class PreparedAccess:
     def __init__(self, spec: AccessSpec, holder: object) -> None:
         storage = spec.storage
         self.queue: AccessQueue = storage.access_queue
-        self.lo, self.hi = queue_range(storage, spec.lo, spec.hi)
+        self.lo, self.hi = queue_range(storage, spec.lo, spec.hi, self.queue)
         self.mode: Mode = spec.mode
         self.write = spec.mode == "write"
         self.holder = holder
         self.view = spec.view_key()
 
-    def begin(self) -> AccessRequest | None:
-        queue = self.queue
-        request = queue.register(self.mode, self.lo, self.hi, holder=self.holder)
-        if request.granted and not request.fences and not queue.has_poison:
-            return request
-        queue.release(request)
-        return None
-
-    def end(self, request: AccessRequest, failure: BaseException | None = None) -> None:
-        if failure is not None and self.write:
-            self.queue.poison(self.lo, self.hi, failure, self.view)
-        self.queue.release(request)
-
 
 class PreparedGroup:
     """The accesses of one prepared operation, begun and ended together around a call.
 
-    ``run(fn, *args)`` registers every access, calls ``fn(*args)`` only if all were granted
-    at once with no fence and no poison (see :class:`PreparedAccess`), and releases them;
-    a failing ``fn`` poisons what the writes covered. Returns ``fn``'s result, or False when
-    it did not run (nothing touched, nothing held).
+    ``run(fn, *args)`` calls ``fn(*args)`` only if every access can be had at once (nothing
+    in the way, no fence, no poison anywhere in the queue, the queue not retired), and
+    returns its result, or False when it did not run (nothing touched, nothing held); the
+    caller then takes its general path, which waits, or reports poisoning, as it should.
+    A failing ``fn`` poisons what the writes covered. A ``small`` group runs ``fn`` inside
+    the queues' critical sections (:class:`~uni._access_queue.HeldRun`: no request is made
+    at all) whenever their locks are free, and otherwise -- and always when not small --
+    registers a request per access and releases it afterwards.
     """
 
-    __slots__ = ("_flat",)
+    __slots__ = ("_flat", "_held")
 
-    def __init__(self, accesses: tuple[PreparedAccess, ...]) -> None:
+    def __init__(self, accesses: tuple[PreparedAccess, ...], *, small: bool = False) -> None:
         self._flat = tuple((a.queue, a.mode, a.lo, a.hi, a.holder, a.write, a.view)
                            for a in accesses)
+        self._held = HeldRun([(a.queue, a.lo, a.hi, a.write, a.view) for a in accesses]
+                             ) if small else None
 
     def run(self, fn: Callable[..., bool], *args: Any) -> bool:
-        taken: list[tuple[AccessQueue, AccessRequest, int, int, bool, Any]] = []
-        ok = True
-        for queue, mode, lo, hi, holder, write, view in self._flat:
-            request = queue.register(mode, lo, hi, holder=holder)
-            taken.append((queue, request, lo, hi, write, view))
-            if not request.granted or request.fences or queue.has_poison:
-                ok = False
-                break
+        held = self._held
+        if held is not None:
+            done = held.run(fn, args)
+            if done is not None:
+                return done
+        flat = self._flat
+        taken: list[tuple[AccessQueue, AccessRequest]] = []
         try:
-            if not ok:
-                return False
+            for queue, mode, lo, hi, holder, write, _ in flat:
+                request = queue.try_grant(mode, write, lo, hi, holder)
+                if request is None:
+                    return False
+                taken.append((queue, request))
             try:
                 return fn(*args)
             except BaseException as err:
-                for queue, _, lo, hi, write, view in taken:
+                for queue, _, lo, hi, _, write, view in flat:
                     if write:
                         queue.poison(lo, hi, err, view)
                 raise
         finally:
-            for queue, request, *_ in reversed(taken):
+            for queue, request in reversed(taken):
                 queue.release(request)

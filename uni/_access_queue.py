@@ -39,11 +39,12 @@ wait.
 from __future__ import annotations
 
 import _thread
+import collections
 import contextvars
 import enum
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, Protocol, runtime_checkable
 
 import trio
@@ -76,16 +77,27 @@ __all__ = [
     "CURRENT_THREAD",
     "AccessQueue",
     "AccessRequest",
+    "AllFences",
     "Fence",
+    "HeldRun",
     "HostFence",
     "Mode",
     "Owner",
+    "RetiredQueue",
     "Waiter",
+    "all_fences",
+    "countdown",
     "current_owner",
     "normalize_timeout",
+    "run_in_helper_thread",
     "wait_fences_async",
     "wait_fences_sync",
 ]
+
+
+class RetiredQueue(Exception):
+    """Raised by :meth:`AccessQueue.register` on a retired queue: register on the storage's
+    current ``access_queue`` instead (never reaches users)."""
 
 
 class _Sentinel(enum.Enum):
@@ -191,6 +203,64 @@ class HostFence:
 
     def __repr__(self) -> str:
         return f"<HostFence {self.label}: {'done' if self.done() else 'pending'}>"
+
+
+class AllFences:
+    """A fence that is done when every one of ``fences`` is: one fence standing for several
+    (the ends of a shared access's holders, a foreign fence and the earlier ones it covers).
+
+    ``done()`` and ``wait()`` as for any :class:`Fence`; it has no ``add_done_callback``
+    (made by :func:`all_fences`, which gives one with it where every part offers one), and
+    ``is_device_fence`` when every part is a device fence. A CUDA stream waits for its
+    parts, not for it (``uni.cuda._fences.split_fences``).
+    """
+
+    __slots__ = ("fences", "label")
+
+    fences: list[Fence]
+
+    def __init__(self, fences: Sequence[Fence], label: str = "") -> None:
+        parts: list[Fence] = []
+        for fence in fences:  # flattened: a fence standing for others is its parts
+            parts += fence.fences if isinstance(fence, AllFences) else [fence]
+        self.fences = parts
+        self.label = label or " and ".join(_describe_fence(f) for f in parts)
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.fences)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return wait_fences_sync(self.fences, timeout) is None
+
+    @property
+    def is_device_fence(self) -> bool:
+        return all(getattr(f, "is_device_fence", False) for f in self.fences)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label}: {'done' if self.done() else 'pending'}>"
+
+
+class _ChainedFences(AllFences):
+    """:class:`AllFences` whose every part offers ``add_done_callback``: so does it."""
+
+    __slots__ = ()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        _after_fences(self.fences, fn)
+
+
+def all_fences(fences: Sequence[Fence]) -> Fence:
+    """One fence done when every one of ``fences`` (at least one) is: the one still pending
+    if there is only one, else an :class:`AllFences` of those pending (with
+    ``add_done_callback`` when each of them offers it)."""
+    pending = [f for f in fences if not f.done()]
+    if not pending:
+        return fences[0]
+    if len(pending) == 1:
+        return pending[0]
+    if all(getattr(f, "add_done_callback", None) is not None for f in pending):
+        return _ChainedFences(pending)
+    return AllFences(pending)
 
 
 def _describe_fence(fence: object) -> str:
@@ -392,7 +462,7 @@ class AccessQueue:
     """The thread-safe FIFO/epoch access queue of one memory; see the module docstring."""
 
     __slots__ = ("_entries", "_lock", "_pending", "_poison", "_tail", "has_poison", "label",
-                 "unit")
+                 "retired", "unit")
 
     def __init__(self, label: str, *, unit: int = 1) -> None:
         self.label = label
@@ -407,6 +477,9 @@ class AccessQueue:
         self._poison: list[tuple[int, int, BaseException, Any]] = []
         #: False while no failed writer left poison here: lets the hot path skip the check.
         self.has_poison = False
+        #: True once the memory's storages moved to another queue (:meth:`retire`): nothing
+        #: registers here any more.
+        self.retired = False
 
     def __repr__(self) -> str:
         with self._lock:
@@ -430,7 +503,8 @@ class AccessQueue:
         when the request is handed to a worker, so the caller's later waits do not count it
         as its own.
         An empty range (``lo > hi``) conflicts with nothing: it is granted at once and not
-        kept in the queue. Never blocks.
+        kept in the queue. Never blocks. Raises :class:`RetiredQueue` once the queue is
+        retired: the caller reads its storage's ``access_queue`` again and registers there.
         """
         if mode == "write":
             write = True
@@ -454,6 +528,8 @@ class AccessQueue:
         lock = self._lock
         lock.acquire()
         try:
+            if self.retired:
+                raise RetiredQueue(self.label)
             entries = self._entries
             if entries:
                 for q in entries:
@@ -461,9 +537,41 @@ class AccessQueue:
                         entries[req] = None
                         self._pending += 1
                         return req
-            req.granted = True
+            # Fences before the grant: a waiter reads both without the lock, and must never
+            # see a request granted before it sees what the grant has to wait for.
             if self._tail:
                 req.fences = self._fences_for_locked(lo, hi, write)
+            req.granted = True
+            entries[req] = None
+        finally:
+            lock.release()
+        return req
+
+    def try_grant(self, mode: Mode, write: bool, lo: int, hi: int, holder: object
+                  ) -> AccessRequest | None:
+        """A request granted now with nothing to wait for, or None with nothing registered.
+
+        For prepared repeats, which never wait: None whenever :meth:`register` would leave
+        the request pending, hand it fences, the queue holds poison anywhere or is retired
+        (the caller then takes its general path, which waits or reports as it should).
+        ``write`` must agree with ``mode``; the range must not be empty. The request has no
+        owner: it lives only while its holder runs, in that very call. Never blocks.
+        """
+        if self.has_poison:
+            return None
+        req = AccessRequest(mode, write, lo, hi, holder, None, self)
+        lock = self._lock
+        lock.acquire()
+        try:
+            entries = self._entries
+            if entries:
+                for q in entries:
+                    if q.lo <= hi and lo <= q.hi and (write or q._write):
+                        return None
+            if (self.has_poison or self.retired
+                    or (self._tail and self._fences_for_locked(lo, hi, write))):
+                return None
+            req.granted = True
             entries[req] = None
         finally:
             lock.release()
@@ -487,7 +595,16 @@ class AccessQueue:
         """
         timeout = normalize_timeout(timeout)
         if not req.granted:
-            self._wait_grant_sync(req, timeout, async_hint)
+            if timeout is None or not timeout:
+                self._wait_grant_sync(req, timeout, async_hint)
+            else:
+                # One deadline for both parts: what the grant took is not left for fences.
+                deadline = time.monotonic() + timeout
+                self._wait_grant_sync(req, timeout, async_hint)
+                if req.fences:
+                    self._wait_fences_sync(req, timeout, async_hint,
+                                           max(deadline - time.monotonic(), 0.0))
+                return
         if req.fences:
             self._wait_fences_sync(req, timeout, async_hint)
 
@@ -515,7 +632,8 @@ class AccessQueue:
         if woken is None:
             # Other queues are looked at only now, with this queue's lock dropped: an
             # operation's request granted here may wait, in another queue, for this thread.
-            mine = _owned_through_groups(blockers, me)
+            found = _owned_in_wait_graph(blockers, me)
+            mine = [] if found is None else [found]
             if mine:
                 with self._lock:
                     withdrawn = not req.granted and req._waiter is waiter
@@ -545,7 +663,9 @@ class AccessQueue:
         )
 
     def _wait_fences_sync(self, req: AccessRequest, timeout: float | None,
-                          async_hint: str) -> None:
+                          async_hint: str, left: float | None = None) -> None:
+        """Wait for the grant's fences; ``timeout`` as the caller gave it (for messages),
+        ``left`` what is left of it (default: all of it)."""
         pending = [f for f in req.fences if not f.done()]
         if not pending:
             return
@@ -558,7 +678,7 @@ class AccessQueue:
                 f"`await {async_hint}(...)` instead"
             )
         try:
-            late = wait_fences_sync(pending, timeout)
+            late = wait_fences_sync(pending, timeout if left is None else left)
         except BaseException:
             self.release(req)
             raise
@@ -630,7 +750,7 @@ class AccessQueue:
                 await wait_fences_async(req.fences, orphaned=lambda: self.release(req),
                                         library=library)
             except BaseException:
-                self.release(req)
+                self.release_soon(req)  # possibly a coroutine closed by the collector
                 raise
 
     async def wait_grant_async(self, req: AccessRequest, *, library: Library | None = None
@@ -676,24 +796,47 @@ class AccessQueue:
             # Cancelled (or the coroutine was closed). asyncio delivers the cancellation
             # after the fact, so decide here, under the lock, as trio's abort does: a wake-up
             # nobody claimed will never come, and withdrawing is final; a claimed one means
-            # the request was granted (or withdrawn) meanwhile: give the grant back. A claim
-            # is never undone, so a claimed request needs no lock: that is the case of a
-            # coroutine abandoned on a closed loop and closed by the garbage collector, which
-            # may fire inside this thread's own critical section of this very queue (and
-            # its waker already released the grant).
-            woken = None
-            if req._waiter is park:
-                with self._lock:
-                    if req._waiter is park:
-                        req._waiter = None
-                        woken = self._remove_locked(req)
-            if woken is None:
-                self.release(req)
+            # the request was granted (or withdrawn) meanwhile: give the grant back. A
+            # coroutine abandoned on a stopped or closed loop is closed by the garbage
+            # collector, which may fire inside this thread's own critical section of this
+            # very queue: then the lock is held (by this thread, perhaps), and the decision
+            # goes to a helper thread (a claimed request already released by its waker, when
+            # the loop is closed, needs nothing).
+            if req._waiter is not park and req.released:
+                raise
+            if self._lock.locked():
+                run_in_helper_thread(lambda: self._abandon(req, park))
             else:
-                self._wake(woken)
+                self._abandon(req, park)
             raise
         if not req.granted:
             raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn while waiting")
+
+    def _abandon(self, req: AccessRequest, park: Waiter) -> None:
+        """Give up ``req``, waited for by ``park`` which will never take it: withdraw it
+        while the wake-up is unclaimed, else release the grant the wake-up claimed."""
+        woken = None
+        if req._waiter is park:
+            with self._lock:
+                if req._waiter is park:
+                    req._waiter = None
+                    woken = self._remove_locked(req)
+        if woken is None:
+            self.release(req)
+        else:
+            self._wake(woken)
+
+    def release_soon(self, req: AccessRequest) -> None:
+        """:meth:`release`, from cleanup code that may run inside this thread's own critical
+        section of this queue (a coroutine the garbage collector closes): while the lock is
+        held, a helper thread releases once it is free, instead of this thread waiting for
+        itself."""
+        if req.released:
+            return
+        if self._lock.locked():
+            run_in_helper_thread(lambda: self.release(req))
+        else:
+            self.release(req)
 
     async def _wait_grant_async(self, req: AccessRequest) -> None:
         park = _TrioWaiter(trio.lowlevel.current_task(), trio.lowlevel.current_trio_token())
@@ -872,20 +1015,59 @@ class AccessQueue:
                 return exc
         return None
 
-    def clear_poison(self, lo: int, hi: int, view: Any = None, *, exhaustive: bool = True
-                     ) -> None:
+    def clear_poison(self, lo: int, hi: int, view: Any = None, *, exhaustive: bool = True,
+                     inner: tuple[int, int] | None = None) -> None:
         """A successful overwrite of ``[lo, hi]`` (``view``): drop the poison it overwrote.
 
-        An entry goes when it lies inside the range and the overwrite reached every element
-        the failed writer did: the same storage's view covering it, or (``exhaustive``) an
-        overwrite of every element of the range.
+        An entry goes when the overwrite reached every element the failed writer did: a view
+        of the same element space covering the entry's view, or (``exhaustive``: every element
+        of the view was written) an entry lying inside ``inner``, the units wholly written
+        (default ``[lo, hi]``; less when the range was rounded outward to whole units).
         """
         if lo > hi or not self.has_poison:
             return
+        ilo, ihi = (lo, hi) if inner is None else inner
         with self._lock:
             self._poison = [p for p in self._poison
-                            if not (lo <= p[0] and p[1] <= hi and _covered(view, p[3], exhaustive))]
+                            if not _cleared(p, lo, hi, view, exhaustive, ilo, ihi)]
             self.has_poison = bool(self._poison)
+
+    # ------------------------------------------------------------------ retiring
+
+    def retire(self) -> str | None:
+        """Stop taking registrations, if the queue is idle; else why not, in words.
+
+        For a memory joined into another memory's queue: checked and retired under the lock,
+        so no request can slip in between the check and the move (a thread that read a
+        storage's ``access_queue`` before the move and registers after it is refused with
+        :class:`RetiredQueue`, and registers on the new queue instead). Idle: nothing
+        held or pending, no pending fence, no poison.
+        """
+        with self._lock:
+            reason = self._busy_locked()
+            if reason is None:
+                self.retired = True
+            return reason
+
+    def busy_reason(self) -> str | None:
+        """Why the queue is in use, in words (leases, running work, poison); None when idle."""
+        with self._lock:
+            return self._busy_locked()
+
+    def _busy_locked(self) -> str | None:
+        self._prune_locked()
+        if self._entries:
+            return "leases are held or waited for"
+        if self._tail:
+            return "work released is still running"
+        if self._poison:
+            return "data is poisoned (a failed writer left it half-written)"
+        return None
+
+    def unretire(self) -> None:
+        """Take registrations again (a join that retired this queue was given up)."""
+        with self._lock:
+            self.retired = False
 
     # ------------------------------------------------------------------ diagnostics
 
@@ -931,9 +1113,9 @@ class AccessQueue:
             mine = [b for b in blockers if b.owner_thread is me]
             if not mine:
                 mine = self._owned_upstream_locked(blockers, me)
-        if not mine:
-            mine = _owned_through_groups(blockers, me)
-        return mine[0] if mine else None
+        if mine:
+            return mine[0]
+        return _owned_in_wait_graph(blockers, me)  # across queues, this lock dropped
 
     def _blockers_snapshot(self, req: AccessRequest) -> list[AccessRequest]:
         """``_blockers_locked`` taken under this queue's own lock (another queue's caller)."""
@@ -977,9 +1159,9 @@ class AccessQueue:
                     if q.lo <= hi and lo <= q.hi and (write or q._write):
                         break
                 else:
-                    r.granted = True
-                    if tail:
+                    if tail:  # fences first: see register
                         r.fences = self._fences_for_locked(lo, hi, write)
+                    r.granted = True
                     self._pending -= 1
                     waiter = r._waiter
                     if waiter is not None:
@@ -992,8 +1174,107 @@ class AccessQueue:
         return woken
 
     def _wake(self, woken: list[tuple[AccessRequest, Waiter]]) -> None:
+        """Wake every waiter, each once, even when one of them raises (a bug in a waiter, or
+        an interrupt arriving meanwhile): the others' grants must still land, or they would
+        wait forever. The first error is raised after all of them were woken."""
+        error: BaseException | None = None
         for req, waiter in woken:
-            waiter.wake(self, req)
+            try:
+                waiter.wake(self, req)
+            except BaseException as err:
+                if error is None:
+                    error = err
+        if error is not None:
+            raise error
+
+
+class HeldRun:
+    """A small kernel run inside the critical sections of the queues it touches.
+
+    For prepared repeats of small operations. Instead of registering a request per operand
+    and releasing it afterwards (about a microsecond each), take each queue's lock, never
+    waiting for it; check that nothing is in the way of any operand's range -- no
+    conflicting request, no pending fence it would be granted with, no poison anywhere in
+    the queue -- run the kernel, and let go. Nothing can register on those queues
+    meanwhile, so the kernel is ordered exactly as requests registered, granted and
+    released at that instant would be, and the queues never see it. Other threads wait on
+    the locks for the kernel's duration: only for small work.
+
+    ``items`` are ``(queue, lo, hi, write, view)`` per operand; a queue met twice (two
+    operands in one memory) is locked once. A failing kernel poisons its writes' ranges
+    before the locks are dropped, as a failed writer's release does.
+    """
+
+    __slots__ = ("_queues",)
+
+    def __init__(self, items: list[tuple[AccessQueue, int, int, bool, Any]]) -> None:
+        by_queue: dict[int, tuple[AccessQueue, list[tuple[int, int, bool, Any]]]] = {}
+        for queue, lo, hi, write, view in items:
+            by_queue.setdefault(id(queue), (queue, []))[1].append((lo, hi, write, view))
+        self._queues = tuple((queue, tuple(ranges)) for queue, ranges in by_queue.values())
+
+    def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
+        """``fn(*args)``'s answer; False (not run) when something is in the way; None (not
+        run) when a queue's lock was taken by another thread at that moment."""
+        held: list[_LockType] = []
+        try:
+            for queue, ranges in self._queues:
+                lock = queue._lock
+                if not lock.acquire(False):
+                    return None
+                held.append(lock)
+                if queue.has_poison or queue.retired:
+                    return False
+                entries = queue._entries
+                for lo, hi, write, _ in ranges:
+                    if entries:
+                        for q in entries:
+                            if q.lo <= hi and lo <= q.hi and (write or q._write):
+                                return False
+                    if queue._tail and queue._fences_for_locked(lo, hi, write):
+                        return False
+            try:
+                return fn(*args)
+            except BaseException as err:
+                for queue, ranges in self._queues:
+                    for lo, hi, write, view in ranges:
+                        if write:
+                            queue._poison.append((lo, hi, err, view))
+                            queue.has_poison = True
+                raise
+        finally:
+            for lock in reversed(held):
+                lock.release()
+
+
+def run_in_helper_thread(fn: Callable[[], None]) -> None:
+    """Run ``fn`` (which must not raise) in a fresh low-level thread, without waiting.
+
+    For cleanup that may have interrupted this very thread inside a queue's critical section
+    (a garbage collection): the helper takes the lock once that section lets go. ``_thread``
+    rather than ``threading``: no ``threading`` lock of this thread is needed either. At
+    interpreter shutdown (no new threads) ``fn`` runs here, as a last resort.
+    """
+    try:
+        _thread.start_new_thread(run_quietly, (fn,))
+    except RuntimeError:
+        fn()
+
+
+def countdown(count: int, then: Callable[[], None]) -> Callable[[], None]:
+    """A function that calls ``then()`` on its ``count``-th call, from whichever thread makes
+    it (each call counts once: the callback of one of ``count`` things that must all happen)."""
+    lock = threading.Lock()
+    left = [count]
+
+    def one() -> None:
+        with lock:
+            left[0] -= 1
+            last = not left[0]
+        if last:
+            then()
+
+    return one
 
 
 def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
@@ -1002,16 +1283,7 @@ def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
     if not pending or any(getattr(f, "add_done_callback", None) is None for f in pending):
         run_quietly(callback)
         return
-    lock = threading.Lock()
-    left = [len(pending)]
-
-    def one() -> None:
-        with lock:
-            left[0] -= 1
-            last = not left[0]
-        if last:
-            run_quietly(callback)
-
+    one = countdown(len(pending), lambda: run_quietly(callback))
     for fence in pending:
         fence.add_done_callback(one)  # type: ignore[attr-defined]
 
@@ -1032,32 +1304,41 @@ def _who(req: AccessRequest) -> str:
     return text
 
 
-def _owned_through_groups(blockers: list[AccessRequest], me: Owner, depth: int = 0
-                          ) -> list[AccessRequest]:
-    """A request of ``me`` that a granted blocker's operation still waits for.
+def _owned_in_wait_graph(start: list[AccessRequest], me: Owner, limit: int = 10_000
+                         ) -> AccessRequest | None:
+    """A request of ``me`` that waiting for ``start`` would wait for, however indirectly.
 
-    An async operation registers all its requests together and runs only when every one is
-    granted: a granted request whose siblings (in other queues) wait behind ``me``'s own lease
-    will never be released while ``me`` waits for it. Read lock-free across queues (a
-    snapshot): it only decides whether waiting would be forever, never a grant.
+    One breadth-first search of the wait graph across queues, each node visited once: a
+    pending request waits for the earlier conflicting requests of its queue (a chain inside
+    it); a granted request of an operation (``group``: an async operation runs only once
+    every one of its requests is granted) waits for its pending siblings, in other queues.
+    Found: a request ``me`` holds or has requested, which will never be released while
+    ``me`` waits. Each queue is asked under its own lock, one at a time (never two locks at
+    once), so the graph is a snapshot: it only decides whether waiting would be forever,
+    never a grant. ``limit`` bounds the work on huge graphs (then: nothing found).
     """
-    if depth > 8:
-        return []
-    for b in blockers:
-        group = b.group
-        if group is None or not b.granted:
+    queue: collections.deque[AccessRequest] = collections.deque(start)
+    seen = set(start)
+    while queue:
+        b = queue.popleft()
+        if b.owner_thread is me and not b.released:
+            return b
+        if b.released:
             continue
-        for sibling in group:
-            if sibling.granted or sibling.released or sibling.queue is None:
-                continue
-            upstream = sibling.queue._blockers_snapshot(sibling)
-            for u in upstream:
-                if u.owner_thread is me:
-                    return [u]
-            found = _owned_through_groups(upstream, me, depth + 1)
-            if found:
-                return found
-    return []
+        if not b.granted:
+            owner_queue = b.queue
+            following = [] if owner_queue is None else owner_queue._blockers_snapshot(b)
+        elif b.group is not None:
+            following = [s for s in b.group if not (s.granted or s.released)]
+        else:
+            continue
+        for n in following:
+            if n not in seen:
+                seen.add(n)
+                queue.append(n)
+        if len(seen) > limit:
+            return None
+    return None
 
 
 def _views_meet(poisoned: Any, view: Any) -> bool:
@@ -1066,10 +1347,16 @@ def _views_meet(poisoned: Any, view: Any) -> bool:
     return views_overlap(poisoned[1], view[1])
 
 
-def _covered(view: Any, poisoned: Any, exhaustive: bool) -> bool:
+def _cleared(entry: tuple[int, int, BaseException, Any], lo: int, hi: int, view: Any,
+             exhaustive: bool, ilo: int, ihi: int) -> bool:
+    """Whether an overwrite of ``[lo, hi]`` through ``view`` (``ilo..ihi``: the units it
+    wrote wholly) overwrote every element of the poison ``entry``."""
+    plo, phi, _, poisoned = entry
     if view is not None and poisoned is not None and view[0] == poisoned[0]:
-        return view_covers(view[1], poisoned[1])
-    return exhaustive
+        # One element space: the views say exactly which elements each reached.
+        return lo <= plo and phi <= hi and view_covers(view[1], poisoned[1])
+    # Another element space (another dtype, another offset): only whole units count.
+    return exhaustive and ilo <= plo and phi <= ihi
 
 
 def normalize_timeout(timeout: float | None) -> float | None:

@@ -105,8 +105,8 @@ def _from_mdspec(spec: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
         return AccessSpec(handle.owner, spec.mapping, spec.accessor, handle.offset, mode,
                           overwrite)
     if isinstance(handle, HostHandle):
-        # A bare buffer nobody owns: wrap it so it too gets a queue (unshared, since there is
-        # no storage to find it by).
+        # A bare buffer no storage owns: wrap it. The wrapper registers its address range,
+        # so it joins the queue of any memory uni already orders that it overlaps.
         storage = HostStorage.wrap(handle.buffer)
         _check_layout(spec.mapping, handle.offset, storage, fn)
         return AccessSpec(storage, spec.mapping, spec.accessor, handle.offset, mode, overwrite)
@@ -201,7 +201,7 @@ class PendingAcquisition:
         if getattr(self, "_state", None) == "registered":
             self._state = "dropped"
             access = self._access
-            release_from_finalizer(access.withdraw)
+            release_from_finalizer(access.withdraw, access.queue)
             warnings.warn(
                 f"an acquisition of {access.spec.what()} was never "
                 "awaited; its request was withdrawn. Await it (`await acquire_...(x)`) or use "

@@ -44,11 +44,13 @@ __all__ = [
     "DispatchRecord",
     "backend_list",
     "clear_caches",
+    "decided",
     "describe_call",
     "diagnostics_active",
     "dispatch_diagnostics",
     "override_backends",
     "overridden",
+    "plain",
     "walk",
 ]
 
@@ -159,6 +161,12 @@ def override_backends(op: str, storage_type: type, backends: Sequence[Any] | Non
 def overridden(op: str) -> bool:
     """Whether an override for ``op`` is in effect in this context."""
     return any(key[0] == op for key, _ in _overrides.get())
+
+
+def plain() -> bool:
+    """Whether this context has no override and no diagnostics block: a prepared call may
+    stand in for the walk (its backend is the one the default list chose)."""
+    return not _overrides.get() and not _diagnostics.get()
 
 
 def backend_list(op: str, storage: Any, backends: Sequence[Any] | None) -> tuple[Any, ...]:
@@ -323,6 +331,12 @@ def _slow_path(op: str, call: Any, signature: Any, attempts: list[Attempt] | tup
             f"{op} not run: {SLOW_BACKEND} would have run it, and uni.PerformanceWarning is an "
             f"error here:\n{message}", op=op, attempts=list(attempts)) from err
     _remember(_warned, key, None)
+
+
+def decided(op: str, signature: Any, chain: tuple[Any, ...]) -> str | None:
+    """The name of the backend a walk of ``chain`` remembers for ``signature``, or None."""
+    remembered = _decisions.get((op, signature, tuple(id(b) for b in chain)))
+    return None if remembered is None else str(remembered[0].name)
 
 
 def walk(op: str, call: Any, signature: Any, chain: tuple[Any, ...]) -> Any:

@@ -29,10 +29,10 @@ from typing import Any, Protocol
 import numpy as np
 import trio
 
-from uni._access import Access, AccessSpec, queue_range
-from uni._access_queue import CURRENT_THREAD, Fence, current_owner
+from uni._access import Access, AccessSpec, poison_of_view, poisoned_error, queue_range
+from uni._access_queue import CURRENT_THREAD, Fence, RetiredQueue, countdown, current_owner
 from uni._accessor import DefaultAccessor
-from uni._dispatch import walk
+from uni._dispatch import SLOW_BACKEND, decided, walk
 from uni._errors import KernelDispatchError, LeaseConflictError
 from uni._eventloop import running_library, unsupported_loop, wait_callback_async
 from uni._handle import HOST, HostHandle
@@ -40,12 +40,15 @@ from uni._mapping import best_mapping, layout_right
 from uni._mdspec import MdSpan
 
 __all__ = [
+    "SMALL_ELEMENTS",
+    "SMALL_MACS",
     "Completion",
     "Executor",
     "Job",
     "OpFuture",
     "OperationAccess",
     "done_future",
+    "failed_future",
     "register_executor",
     "register_stager",
     "run_inline",
@@ -55,12 +58,19 @@ __all__ = [
 
 _registration_lock = threading.Lock()
 
+#: Small work: at most this many elements written (copy, transform) or multiply-adds
+#: (gemm, gemv), a few microseconds. An ``_async`` operation this small whose leases are all
+#: granted at once runs in the calling thread (SPEC §5), and a prepared repeat this small
+#: runs inside its queues' critical sections instead of registering requests.
+SMALL_ELEMENTS = 1 << 15
+SMALL_MACS = 1 << 18
+
 
 class _Operand:
     """One operand of an operation: its tensor, its access (or the write it is folded into)."""
 
-    __slots__ = ("access", "cover", "handle", "mode", "overwrite", "queued", "separate", "spec",
-                 "tensor", "writer")
+    __slots__ = ("access", "cover", "handle", "mode", "overwrite", "own", "queue", "queued",
+                 "separate", "spec", "tensor", "writer")
 
     def __init__(self, tensor: Any, mode: str, overwrite: bool) -> None:
         self.tensor = tensor
@@ -70,9 +80,12 @@ class _Operand:
         self.access: Access | None = None
         self.cover: AccessSpec | None = None  # a write widened over inputs: what is leased
         self.writer: _Operand | None = None  # an input folded into a write: that write
-        # The queue range the request covers (a write widened over inputs of other storages
-        # over the same memory covers them in the queue's units).
-        self.queued = queue_range(self.spec.storage, self.spec.lo, self.spec.hi)
+        # The queue as read now (then the ranges in its units: see queue_range), the
+        # operand's own queue range, and the one its request covers (a write widened over
+        # inputs of other storages over the same memory covers them in the queue's units).
+        self.queue = self.spec.storage.access_queue
+        self.own = queue_range(self.spec.storage, self.spec.lo, self.spec.hi, self.queue)
+        self.queued = self.own
         # An input folded into a write of another storage over the same memory: it is read
         # through its own storage (opened without a request of its own), then staged.
         self.separate = False
@@ -100,29 +113,40 @@ class OperationAccess:
     def __init__(self, op: str, reads: list[Any], writes: list[Any], overwrite: list[bool],
                  *, owner: Any = CURRENT_THREAD) -> None:
         self.op = op
-        self.writes = [_Operand(t, "write", ow) for t, ow in zip(writes, overwrite, strict=True)]
-        self.reads = [_Operand(t, "read", False) for t in reads]
-        self._fold()
         self.finished = False
         self.detached = owner is not CURRENT_THREAD  # run by a worker for an _async call
-        with _registration_lock:
-            for item in [*self.reads, *self.writes]:
-                if item.writer is not None:
-                    continue
-                spec = item.leased()
-                # A widened write poisons only what the output reaches: the rest was only read.
-                poison_range = None if item.queued == queue_range(
-                    item.spec.storage, item.spec.lo, item.spec.hi) else queue_range(
-                    item.spec.storage, item.spec.lo, item.spec.hi)
-                item.access = Access(spec, holder=_Holder(op, item.mode, item.tensor.shape),
-                                     owner=owner, poison_range=poison_range,
-                                     written=item.spec, cover=item.queued)
+        while True:
+            self.writes = [_Operand(t, "write", ow)
+                           for t, ow in zip(writes, overwrite, strict=True)]
+            self.reads = [_Operand(t, "read", False) for t in reads]
+            self._fold()
+            try:
+                self._register(owner)
+                break
+            except RetiredQueue:
+                # An operand's memory joined another memory's queue after its ranges were
+                # worked out: give back what was registered, and work everything out again.
+                for access in self._accesses():
+                    access.withdraw()
         if self.detached:
             # An async operation runs only once all of its requests are granted: linked, a
             # thread that waits behind one of them can see what the others wait for.
             group = tuple(a.request for a in self._accesses())
             for request in group:
                 request.group = group
+
+    def _register(self, owner: Any) -> None:
+        with _registration_lock:
+            for item in [*self.reads, *self.writes]:
+                if item.writer is not None:
+                    continue
+                # A widened write poisons, checks and clears only what the output reaches:
+                # the rest was only read.
+                poison_range = None if item.queued == item.own else item.own
+                item.access = Access(item.leased(),
+                                     holder=_Holder(self.op, item.mode, item.tensor.shape),
+                                     owner=owner, poison_range=poison_range,
+                                     written=item.spec, cover=item.queued, queue=item.queue)
 
     def _fold(self) -> None:
         # Fold until nothing changes: widening a write over one input can make it overlap
@@ -137,8 +161,7 @@ class OperationAccess:
                 for w in self.writes:
                     # Overlap is decided by memory: the queue, and ranges in its units (two
                     # storages over the same bytes share one queue, whatever their dtypes).
-                    if (w.spec.storage.access_queue is not item.spec.storage.access_queue
-                            or not _overlaps(w.queued, item.queued)):
+                    if w.queue is not item.queue or not _overlaps(w.queued, item.queued):
                         continue
                     item.writer = w
                     w.overwrite = False  # it reads what it writes: the old contents matter
@@ -154,7 +177,7 @@ class OperationAccess:
                     w.queued = (min(w.queued[0], item.queued[0]),
                                 max(w.queued[1], item.queued[1]))
                     if w.cover is not None:
-                        covered = queue_range(w.spec.storage, w.cover.lo, w.cover.hi)
+                        covered = queue_range(w.spec.storage, w.cover.lo, w.cover.hi, w.queue)
                         w.queued = (min(w.queued[0], covered[0]), max(w.queued[1], covered[1]))
                     changed = True
                     break
@@ -167,29 +190,41 @@ class OperationAccess:
         as they can be chained; see AccessQueue.when_ready): at once, in this thread, if all
         already are. Never blocks."""
         accesses = self._accesses()
-        lock = threading.Lock()
-        left = [len(accesses) + 1]  # +1: not before every access has its callback
-
-        def one() -> None:
-            with lock:
-                left[0] -= 1
-                last = not left[0]
-            if last:
-                callback()
-
+        one = countdown(len(accesses) + 1, callback)  # +1: not before every access has its own
         for access in accesses:
             access.when_ready(one)
         one()
 
+    def check_poison(self) -> None:
+        """Raise PoisonedError when an operand the operation reads was left half-written.
+
+        Every operand answers for its own view: an input, also one folded into an output's
+        widened write; an output that is not overwritten fully (gemm with beta != 0). An
+        output the operation overwrites fully is not checked (its success clears it), and a
+        widened write never vouches for the inputs it covers. Call once every request is
+        granted, before opening; on the error, :meth:`finish` what is left (an async
+        operation poisons its outputs with it, as with any failure).
+        """
+        for item in [*self.reads, *self.writes]:
+            access = item.access
+            if access is not None:
+                if access.queue.has_poison:  # the messages are built only when needed
+                    named = _Named(self.op, item)
+                    access.check_poison(named.what, remedy=named.remedy())
+                continue
+            cause = poison_of_view(item.spec)  # folded: its writer's request covers it
+            if cause is not None:
+                named = _Named(self.op, item)
+                raise poisoned_error(named.what(), cause, named.remedy())
+
     def acquire(self) -> None:
         """Wait for every grant and fence (this thread), check poisoning, open the storages."""
         try:
-            for item in [*self.reads, *self.writes]:
-                access = item.access
-                if access is None:
-                    continue
+            accesses = self._accesses()
+            for access in accesses:
                 access.wait_sync(async_hint=f"uni.{self.op}_async")
-                access.check_poison(_Named(self.op, item).what)
+            self.check_poison()
+            for access in accesses:
                 access.open()
             for item in self.reads:
                 if item.separate:
@@ -281,6 +316,15 @@ class _Named:
     def what(self) -> str:
         return f"{self.op}: {self.item.what()}"
 
+    def remedy(self) -> str:
+        """What to do about this operand's poison, in an operation's terms."""
+        if self.item.mode == "read":
+            return ("rewrite it fully first (uni.copy into all of it, or a write lease with "
+                    "overwrite=True), or read it through a lease with allow_poisoned=True")
+        return (f"{self.op} reads its old contents (it does not overwrite it fully): rewrite "
+                "it fully first (uni.copy into all of it, or a write lease with "
+                "overwrite=True), or repair it through a lease with allow_poisoned=True")
+
 
 class _Holder:
     """Names an operation's access in other waiters' messages."""
@@ -340,10 +384,11 @@ class Job:
     output's, except for a copy between host and CUDA memory, which runs on the CUDA side.
     """
 
-    __slots__ = ("access", "backend", "build", "chain", "op", "signature", "where")
+    __slots__ = ("access", "backend", "build", "chain", "op", "signature", "small", "where")
 
     def __init__(self, op: str, access: OperationAccess, build: Callable[[OperationAccess], Any],
-                 signature: Any, chain: tuple[Any, ...], where: Any = None) -> None:
+                 signature: Any, chain: tuple[Any, ...], where: Any = None, *,
+                 small: bool = False) -> None:
         self.op = op
         self.access = access
         self.build = build
@@ -351,6 +396,8 @@ class Job:
         self.chain = chain
         self.where = where if where is not None else access.writes[0].tensor.storage
         self.backend: Any = None  # the backend that ran it, once it has
+        #: Small enough to run in the submitting thread when nothing is in its way.
+        self.small = small
 
     def __call__(self) -> str:
         """Run it here; return the name of the backend that ran it (also kept in
@@ -481,8 +528,14 @@ class OpFuture:
                  ) -> None:
         self.op = op
         self._completion = completion
-        self._what = what or op
+        self._what = what  # the operation in words; built from the job only when needed
         self._job = job
+
+    @property
+    def _described(self) -> str:
+        if not self._what:
+            self._what = self._job.describe() if self._job is not None else self.op
+        return self._what
 
     def done(self) -> bool:
         """True once the operation has finished, successfully or not."""
@@ -500,14 +553,14 @@ class OpFuture:
             blocker = job.access.owned_blocker()
             if blocker is not None:
                 raise LeaseConflictError(
-                    f"uni.{self.op}_async ({self._what}) can never finish while this thread "
+                    f"uni.{self.op}_async ({self._described}) can never finish while this thread "
                     f"waits for it: it waits for {blocker.holder}, which this thread holds; "
                     "release that first")
         try:
             return self._completion.result(timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(
-                f"uni.{self.op}_async did not finish within {timeout} s: {self._what} is still "
+                f"uni.{self.op}_async did not finish within {timeout} s: {self._described} is still "
                 "waiting for its leases or running"
             ) from None
 
@@ -537,11 +590,73 @@ async def _await_completion(completion: Completion, op: str) -> Any:
     return completion.result()
 
 
-def done_future(op: str) -> OpFuture:
-    """An OpFuture that has already succeeded (an operation with nothing to do)."""
-    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    future.set_result(None)
-    return OpFuture(op, future)
+class _Finished:
+    """The completion of an operation that is over already (nothing to do, or run in the
+    calling thread): ``result()`` returns or raises at once."""
+
+    __slots__ = ("_error", "_value")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value = value
+        self._error = error
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        fn(self)
+
+
+def done_future(op: str, result: Any = None) -> OpFuture:
+    """An OpFuture that has already succeeded (nothing to do, or run here already):
+    ``result`` is what it returns (the name of the backend that ran it, if one did)."""
+    return OpFuture(op, _Finished(result))
+
+
+def failed_future(op: str, error: BaseException) -> OpFuture:
+    """An OpFuture that has already failed with ``error`` (its outputs are poisoned)."""
+    return OpFuture(op, _Finished(None, error))
+
+
+def _ready_now(job: Job) -> bool:
+    """Every request of ``job`` is granted, with no fence to wait for."""
+    for item in job.access.reads:
+        access = item.access
+        if access is not None and (not access.request.granted or access.request.fences):
+            return False
+    for item in job.access.writes:
+        access = item.access
+        if access is not None and (not access.request.granted or access.request.fences):
+            return False
+    return True
+
+
+def _runs_here(job: Job) -> bool:
+    """Whether an async host job runs in the submitting thread (SPEC §5: a small host
+    operation whose leases are granted at once may run inline): it is small, nothing is in
+    its way, and the walk already knows a vectorised backend for it -- never the
+    per-element oracle, which would hold the caller (an event loop) for milliseconds."""
+    if not job.small or not _ready_now(job):
+        return False
+    name = decided(job.op, job.signature, job.chain)
+    return name is not None and name != SLOW_BACKEND
+
+
+def _run_here(job: Job) -> OpFuture:
+    try:
+        result = job()
+    except Exception as err:
+        job.fail(err)  # no-op when the job already poisoned and released
+        return OpFuture(job.op, _Finished(None, err), "", job)
+    except BaseException as err:  # KeyboardInterrupt and the like: the caller hears it now
+        job.fail(err)
+        raise
+    return OpFuture(job.op, _Finished(result), "", job)
 
 
 _submitting = threading.local()  # .active: this thread is inside dispatch's submit
@@ -554,6 +669,8 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
     other = _other_executor(job)
     if other is not None:
         return other.submit(job, stream)
+    if _runs_here(job):
+        return _run_here(job)
     context = contextvars.copy_context()
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
@@ -586,4 +703,4 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
             _submitting.active = False
 
     job.access.when_ready(dispatch)
-    return OpFuture(job.op, future, job.describe(), job)
+    return OpFuture(job.op, future, "", job)

@@ -111,7 +111,7 @@ class _Lease:
                 f"a {self._kind} was garbage-collected while active; its writer never "
                 "finished, so the data it covered may be half-written"
             )
-            release_from_finalizer(lambda: access.finish(abandoned))
+            release_from_finalizer(lambda: access.finish(abandoned), access.queue)
             warnings.warn(
                 f"an active {self._kind} was garbage-collected and released"
                 f"{'' if abandoned is None else ' (its data is now poisoned)'}; release "

@@ -251,15 +251,37 @@ class layout_stride(_Strided):
 Mapping = layout_right | layout_left | layout_stride
 
 
+# Views repeat their layouts (a loop taking ``a.T`` each step): mappings are immutable values,
+# so one object per (shape, strides) serves every view of that layout, and a view costs a
+# dict lookup instead of building and validating an attrs value. Cleared, not evicted, when
+# full: that bounds memory at no bookkeeping cost per call.
+_BEST: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] = {}
+_BEST_MAX = 4096
+
+
 def best_mapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> Mapping:
     """The most specific mapping class describing ``strides`` over ``shape``."""
     shape = tuple(shape)
     strides = tuple(strides)
+    key = (shape, strides)
+    try:
+        found: Mapping | None = _BEST.get(key)
+    except TypeError:  # an unhashable extent or stride: the constructors say what is wrong
+        found = None
+    if found is not None:
+        return found
+    mapping: Mapping
     if strides == _c_strides(shape):
-        return layout_right(shape)
-    if strides == _f_strides(shape):
-        return layout_left(shape)
-    return layout_stride(shape, strides)
+        mapping = layout_right(shape)
+    elif strides == _f_strides(shape):
+        mapping = layout_left(shape)
+    else:
+        mapping = layout_stride(shape, strides)
+    if type(mapping.extents.shape) is tuple and all(type(v) is int for v in (*shape, *strides)):
+        if len(_BEST) >= _BEST_MAX:
+            _BEST.clear()
+        _BEST[key] = mapping
+    return mapping
 
 
 def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -251,3 +251,18 @@ class MdSpan(_Observers):
         if dtype is not None:
             view = view.astype(dtype, copy=False)
         return view
+
+
+_set = object.__setattr__
+
+
+def trusted_span(handle: Any, mapping: Any, accessor: Any) -> MdSpan:
+    """An :class:`MdSpan` of a view uni has already checked against its buffer (a tensor's,
+    a lease's): the same value as ``MdSpan(handle, mapping, accessor)``, without running
+    its validators again on the hot path."""
+    span: MdSpan = object.__new__(MdSpan)
+    _set(span, "data_handle", handle)
+    _set(span, "mapping", mapping)
+    _set(span, "accessor", accessor)
+    return span
+

@@ -18,7 +18,7 @@ import numpy as np
 from uni import _prepared, _promotion
 from uni._access_queue import CURRENT_THREAD
 from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall, signature
-from uni._dispatch import backend_list, diagnostics_active
+from uni._dispatch import backend_list
 from uni._errors import (
     DomainError,
     DTypeError,
@@ -26,7 +26,18 @@ from uni._errors import (
     ReadOnlyOutputError,
     ShapeError,
 )
-from uni._executor import Job, OperationAccess, OpFuture, done_future, run_inline, stage, submit
+from uni._executor import (
+    SMALL_ELEMENTS,
+    SMALL_MACS,
+    Job,
+    OperationAccess,
+    OpFuture,
+    done_future,
+    failed_future,
+    run_inline,
+    stage,
+    submit,
+)
 from uni._handle import HOST
 from uni._mapping import layout_stride
 from uni._mdspec import MdSpan
@@ -208,11 +219,11 @@ def _copy_runs_on(src: Tensor, dst: Tensor) -> Any:
 # -- jobs ----------------------------------------------------------------------------------------
 def _job(op: str, reads: list[Tensor], writes: list[Tensor], overwrite: list[bool],
          build: Callable[[OperationAccess], Any], sig: Any, backends: Sequence[Any] | None,
-         owner: Any, where: Any = None) -> Job:
+         owner: Any, where: Any = None, *, small: bool = False) -> Job:
     where = writes[0].storage if where is None else where
     chain = backend_list(op, where, backends)
     access = OperationAccess(op, reads, writes, overwrite, owner=owner)
-    return Job(op, access, build, sig, chain, where)
+    return Job(op, access, build, sig, chain, where, small=small)
 
 
 def _stage_folded(access: OperationAccess, index: int) -> MdSpan:
@@ -232,7 +243,8 @@ def _gemm_job(a: Any, b: Any, c: Any, alpha: Any, beta: Any, backends: Any,
                         access.span(0, "write"), alpha, beta)
 
     return _job("gemm", [a, b], [c], [beta == 0], build,
-                signature(a, b, c, extra=(alpha == 0, beta == 0)), backends, owner)
+                signature(a, b, c, extra=(alpha == 0, beta == 0)), backends, owner,
+                small=c.size * a.shape[-1] <= SMALL_MACS)
 
 
 def _gemv_job(a: Any, x: Any, y: Any, alpha: Any, beta: Any, backends: Any,
@@ -247,7 +259,8 @@ def _gemv_job(a: Any, x: Any, y: Any, alpha: Any, beta: Any, backends: Any,
                         access.span(0, "write"), alpha, beta)
 
     return _job("gemv", [a, x], [y], [beta == 0], build,
-                signature(a, x, y, extra=(alpha == 0, beta == 0)), backends, owner)
+                signature(a, x, y, extra=(alpha == 0, beta == 0)), backends, owner,
+                small=y.size * a.shape[-1] <= SMALL_MACS)
 
 
 def _copy_job(src: Any, dst: Any, backends: Any, owner: Any = CURRENT_THREAD) -> Job | None:
@@ -259,7 +272,7 @@ def _copy_job(src: Any, dst: Any, backends: Any, owner: Any = CURRENT_THREAD) ->
         return CopyCall(_stage_folded(access, 0), access.span(0, "write"))
 
     return _job("copy", [src], [dst], [True], build, signature(src, dst), backends, owner,
-                _copy_runs_on(src, dst))
+                _copy_runs_on(src, dst), small=dst.size <= SMALL_ELEMENTS)
 
 
 def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
@@ -342,10 +355,11 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
 
 
 def _transform_job(out: Any, op: Any, inputs: tuple[Any, ...], backends: Any,
-                   owner: Any = CURRENT_THREAD) -> Job | None:
+                   owner: Any = CURRENT_THREAD) -> tuple[Job | None, Any]:
+    """The job, and the dtype it computes in (a prepared repeat is made with it)."""
     out, operands, tensors, compute = _transform_operands(out, op, inputs)
     if out.size == 0:
-        return None
+        return None, compute
 
     def build(access: OperationAccess) -> TransformCall:
         spans: list[Any] = []
@@ -364,10 +378,20 @@ def _transform_job(out: Any, op: Any, inputs: tuple[Any, ...], backends: Any,
     key = (("element-op", op) if is_element_op(op) else ("ufunc", op) if is_ufunc_op(op)
            else ("callable", id(op)))
     return _job("transform", tensors, [out], [True], build,
-                signature(out, *tensors, extra=key), backends, owner)
+                signature(out, *tensors, extra=key), backends, owner,
+                small=out.size <= SMALL_ELEMENTS), compute
 
 
 # -- sync front ends ----------------------------------------------------------------------------
+# Each tries the prepared repeat first (``uni._prepared``: the same call again on the same
+# memory, found by what the operands are), which steps aside, having touched nothing, for
+# anything it does not cover; after a general-path run through the default walk it offers
+# the call for preparing.
+def _views(job: Job) -> tuple[Tensor, ...]:
+    access = job.access
+    return (*(item.tensor for item in access.reads), *(item.tensor for item in access.writes))
+
+
 def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
          backends: Sequence[Any] | None = None) -> None:
     """``c <- alpha * a @ b + beta * c`` (leading batch axes run as a batch).
@@ -377,22 +401,27 @@ def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
     and stores into ``c`` by the store rules. ``beta == 0`` never reads ``c``; ``alpha == 0``
     or ``k == 0`` never reads ``a``/``b``.
     """
-    plain = backends is None and not diagnostics_active()
-    if plain and _prepared.run_gemm(a, b, c, alpha, beta):
+    if backends is None and _prepared.run_gemm(a, b, c, alpha, beta) is not None:
         return
     job = _gemm_job(a, b, c, alpha, beta, backends)
     if job is not None:
         backend = run_inline(job)
-        if plain:
-            _prepared.offer_gemm(backend, a, b, c)
+        if backends is None:
+            _prepared.offer("gemm", backend, _prepared.gemm_key(a, b, c), _views(job),
+                            ("read", "read", "write"))
 
 
 def gemv(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
          backends: Sequence[Any] | None = None) -> None:
     """``y <- alpha * a @ x + beta * y`` (leading batch axes run as a batch)."""
+    if backends is None and _prepared.run_gemv(a, x, y, alpha, beta) is not None:
+        return
     job = _gemv_job(a, x, y, alpha, beta, backends)
     if job is not None:
-        run_inline(job)
+        backend = run_inline(job)
+        if backends is None:
+            _prepared.offer("gemv", backend, _prepared.gemv_key(a, x, y), _views(job),
+                            ("read", "read", "write"))
 
 
 def copy(src: Any, dst: Any, *, backends: Sequence[Any] | None = None) -> None:
@@ -402,9 +431,22 @@ def copy(src: Any, dst: Any, *, backends: Sequence[Any] | None = None) -> None:
     integers, NaN -> 0, non-zero -> True, a complex value's real part into a real dtype).
     Overlapping source and destination in one buffer copy correctly.
     """
+    if backends is None and _prepared.run_copy(src, dst) is not None:
+        return
     job = _copy_job(src, dst, backends)
     if job is not None:
-        run_inline(job)
+        backend = run_inline(job)
+        if backends is None:
+            _prepared.offer("copy", backend, _prepared.copy_key(src, dst), _views(job),
+                            ("read", "write"))
+
+
+def _offer_transform(backend: Any, job: Job, out: Any, op: Any, inputs: tuple[Any, ...],
+                     compute: Any) -> None:
+    views = _views(job)  # the inputs' tensors, then out
+    _prepared.offer("transform", backend, _prepared.transform_key(out, op, inputs)[0],
+                    (views[-1], *views[:-1]), ("write", *(["read"] * (len(views) - 1))),
+                    (op, inputs, compute))
 
 
 def transform(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = None) -> None:
@@ -415,12 +457,20 @@ def transform(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = 
     callable. Mixed dtypes promote by category; stores saturate into integers (NaN -> 0) and
     map non-zero to True into bool. ``out`` may alias an input at the same layout.
     """
-    job = _transform_job(out, op, inputs, backends)
+    if backends is None and _prepared.run_transform(out, op, inputs) is not None:
+        return
+    job, compute = _transform_job(out, op, inputs, backends)
     if job is not None:
-        run_inline(job)
+        backend = run_inline(job)
+        if backends is None:
+            _offer_transform(backend, job, out, op, inputs, compute)
 
 
 # -- async front ends ---------------------------------------------------------------------------
+# A prepared repeat whose requests are granted at once runs in the calling thread, and so
+# does a small general-path job whose grants are all immediate (``_executor.submit``): the
+# future is finished when it is returned. Either way the operation is ordered at the call,
+# as every _async operation is, and a failure reaches the future (its outputs poisoned).
 def _async(op: str, job: Job | None, stream: Any) -> OpFuture:
     if stream is not None and job is not None and job.where.domain is HOST:
         job.access.finish(None, poison=False)  # registered already: give it back
@@ -434,26 +484,72 @@ def _async(op: str, job: Job | None, stream: Any) -> OpFuture:
     return submit(job, stream)
 
 
+def _prepared_future(op: str, run: Callable[..., str | None], *args: Any) -> OpFuture | None:
+    """The finished future of a prepared repeat run now, or None (take the general path)."""
+    try:
+        backend = run(*args)
+    except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
+        return failed_future(op, err)
+    return None if backend is None else done_future(op, backend)
+
+
+def _offered(future: OpFuture, job: Job | None, offer: Callable[[Any, Job], None]) -> OpFuture:
+    # A job that has run already (here, or on a quick worker) is offered for preparing,
+    # so that a loop of awaited operations finds its prepared repeat as the sync forms do.
+    if job is not None and job.backend is not None and future.done():
+        offer(job.backend, job)
+    return future
+
+
 def gemm_async(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
                backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
     """Register gemm's leases now and run it once granted (uni's workers for host data);
     ``await`` the returned future, or call ``.result()``."""
-    return _async("gemm", _gemm_job(a, b, c, alpha, beta, backends, owner=None), stream)
+    if backends is not None or stream is not None:
+        return _async("gemm", _gemm_job(a, b, c, alpha, beta, backends, owner=None), stream)
+    done = _prepared_future("gemm", _prepared.run_gemm, a, b, c, alpha, beta)
+    if done is not None:
+        return done
+    job = _gemm_job(a, b, c, alpha, beta, None, owner=None)
+    return _offered(_async("gemm", job, None), job, lambda backend, job: _prepared.offer(
+        "gemm", backend, _prepared.gemm_key(a, b, c), _views(job), ("read", "read", "write")))
 
 
 def gemv_async(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
                backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
     """Register gemv's leases now and run it once granted; ``await`` the result."""
-    return _async("gemv", _gemv_job(a, x, y, alpha, beta, backends, owner=None), stream)
+    if backends is not None or stream is not None:
+        return _async("gemv", _gemv_job(a, x, y, alpha, beta, backends, owner=None), stream)
+    done = _prepared_future("gemv", _prepared.run_gemv, a, x, y, alpha, beta)
+    if done is not None:
+        return done
+    job = _gemv_job(a, x, y, alpha, beta, None, owner=None)
+    return _offered(_async("gemv", job, None), job, lambda backend, job: _prepared.offer(
+        "gemv", backend, _prepared.gemv_key(a, x, y), _views(job), ("read", "read", "write")))
 
 
 def copy_async(src: Any, dst: Any, *, backends: Sequence[Any] | None = None,
                stream: Any = None) -> OpFuture:
     """Register the copy's leases now and run it once granted; ``await`` the result."""
-    return _async("copy", _copy_job(src, dst, backends, owner=None), stream)
+    if backends is not None or stream is not None:
+        return _async("copy", _copy_job(src, dst, backends, owner=None), stream)
+    done = _prepared_future("copy", _prepared.run_copy, src, dst)
+    if done is not None:
+        return done
+    job = _copy_job(src, dst, None, owner=None)
+    return _offered(_async("copy", job, None), job, lambda backend, job: _prepared.offer(
+        "copy", backend, _prepared.copy_key(src, dst), _views(job), ("read", "write")))
 
 
 def transform_async(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = None,
                     stream: Any = None) -> OpFuture:
     """Register the transform's leases now and run it once granted; ``await`` the result."""
-    return _async("transform", _transform_job(out, op, inputs, backends, owner=None), stream)
+    if backends is not None or stream is not None:
+        return _async("transform", _transform_job(out, op, inputs, backends, owner=None)[0],
+                      stream)
+    done = _prepared_future("transform", _prepared.run_transform, out, op, inputs)
+    if done is not None:
+        return done
+    job, compute = _transform_job(out, op, inputs, None, owner=None)
+    return _offered(_async("transform", job, None), job, lambda backend, job: _offer_transform(
+        backend, job, out, op, inputs, compute))

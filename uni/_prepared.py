@@ -1,21 +1,37 @@
-"""Prepared repeats: the same small operation again on the same data, without the general path.
+"""Prepared calls: the same small operation again on the same memory, without the general path.
 
 The general path validates, builds accesses, walks the backends and lets the backend plan
-its call, every time: tens of microseconds, against about one for numpy's matmul of an 8x8.
-When a backend ran an operation through the default walk and can *prepare* it -- fix
-everything that depends only on the operands (a BLAS plan, data addresses, alignment,
-overlap) into a ``run(alpha, beta) -> bool`` -- a repeat on the same operands only begins
-one :class:`~uni._access.PreparedAccess` per operand, runs, and ends them. Anything
-unusual (a request that would wait, a fence, poison anywhere in a queue, alpha == 0, an
-override, a diagnostics block, scalars the prepared call does not cover) returns False
-having touched nothing, and the front end takes the general path, which then says or does
-the right thing.
+its call, every time: tens of microseconds, against about one for numpy doing the same
+small thing. When a backend ran an operation through the default walk and can *prepare*
+it -- fix everything that depends only on the operands (a BLAS plan, data addresses, numpy
+views, a ufunc loop, alignment, overlap) into a ``run(*args) -> bool`` over those fixed
+operands -- a repeat only looks the entry up, begins one request per operand
+(:class:`~uni._access.PreparedGroup`), runs, and ends them. What varies between repeats is
+passed at run time: ``alpha`` and ``beta`` of gemm/gemv, the scalar inputs of a transform.
 
-An entry is prepared on the second sighting of the same operands by value (storages,
-offsets, mappings, accessors), so one-off operations pay nothing, and a loop that makes
-fresh views (``a.T``) each time is found by value. Entries hold nothing strongly: the
-operands and storages through weak references, the prepared call only addresses, so
-dropping the tensors frees their memory.
+Exact, not approximate: a prepared call is the kernel the walk chose, on the operands the
+general path would hand it, so values are the same. Anything the repeat does not cover
+returns False having touched nothing, and the front end takes the general path, which then
+waits, raises or poisons as it always does: a request that would wait, a fence, poison
+anywhere in a queue, a queue that changed (memory merged with another registration),
+alpha == 0, scalars other than plain bool/int/float (gemm, gemv), a Python int that does not
+fit (transform), an override or a diagnostics block in effect, ``backends=``.
+Operands that share memory (an output aliasing or overlapping an input) are never prepared:
+the general path stages them. A failing kernel poisons what the writes covered, as the
+general path's does.
+
+Keys are what the operands are, not which objects they are: per operand the storage's
+identity, the element offset, the mapping's type, shape and strides (the accessor must be
+the plain default accessor), plus the op and the scalar inputs' types for a transform. So a
+loop that makes fresh views (``uni.copy(a.T, b)``) finds its entry. An entry is made on the
+second sighting of a key, so one-off operations pay nothing.
+
+Memory: an entry holds its storages through weak references whose callback evicts it, and
+nothing else of the operands but what its backend prepared (numpy views of the buffers, data
+addresses). Dropping the tensors frees the storage, the callback drops the entry, and the
+views with it: the buffers are freed. The callback takes no lock (it may run inside a
+garbage collection that interrupted a locked section on this very thread): it only pops the
+entry from a dict, which is atomic. Nothing iterates the entry dict.
 """
 
 from __future__ import annotations
@@ -24,15 +40,35 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from uni._access import AccessSpec, PreparedAccess, PreparedGroup
-from uni._calls import GemmCall
-from uni._dispatch import on_forget, overridden
-from uni._mdspec import MdSpan
+from uni._access import AccessSpec, PreparedAccess, PreparedGroup, queue_range
+from uni._accessor import DefaultAccessor
+from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall
+from uni._dispatch import on_forget, plain
+from uni._executor import SMALL_ELEMENTS, SMALL_MACS
+from uni._handle import HOST
+from uni._mdspec import trusted_span
 from uni._tensor import Tensor
+from uni.storage.host import HostStorage
 
-__all__ = ["forget", "lookup", "offer_gemm", "run_gemm"]
+__all__ = [
+    "Prepared",
+    "copy_key",
+    "entry_count",
+    "forget",
+    "gemm_key",
+    "gemv_key",
+    "lookup",
+    "offer",
+    "run_copy",
+    "run_gemm",
+    "run_gemv",
+    "run_transform",
+    "transform_key",
+]
 
-_MAX_ENTRIES = 256
+_MAX_ENTRIES = 512
+
+Key = tuple[Any, ...]
 
 
 class _Holder:
@@ -49,102 +85,284 @@ class _Holder:
         return f"{self.op} {self.mode} of shape {self.shape} (a prepared repeat)"
 
 
+def _evictor(key: Key) -> Callable[[Any], None]:
+    def evict(_ref: Any) -> None:
+        # No lock here (see the module docstring): a dict pop is atomic, and dropping the
+        # entry drops its views.
+        _entries.pop(key, None)
+
+    return evict
+
+
 class Prepared:
-    """One prepared operation: its operands' accesses and the backend's prepared call."""
+    """One prepared operation: its operands' requests and the backend's prepared call."""
 
-    __slots__ = ("__weakref__", "group", "operands", "run", "storages")
+    __slots__ = ("anchor", "backend", "group", "queues", "refs", "run")
 
-    def __init__(self, op: str, tensors: tuple[Tensor, ...], modes: tuple[str, ...],
-                 run: Callable[..., bool]) -> None:
-        self.operands = tuple(weakref.ref(t) for t in tensors)
-        self.storages = tuple(weakref.ref(t._storage) for t in tensors)
+    def __init__(self, key: Key, op: str, views: tuple[Tensor, ...], modes: tuple[str, ...],
+                 run: Callable[..., bool], backend: str, anchor: Any = None) -> None:
+        evict = _evictor(key)
+        # Evicted when any storage goes, before its id can be reused: a live entry found
+        # by a key of storage ids is an entry of those very storages.
+        self.refs = tuple(weakref.ref(t._storage, evict) for t in views)
+        self.queues = tuple(t._storage.access_queue for t in views)
         self.group = PreparedGroup(tuple(
             PreparedAccess(AccessSpec.of_view(t, "write" if m == "write" else "read"),
                            _Holder(op, m, t.shape))
-            for t, m in zip(tensors, modes, strict=True)))
+            for t, m in zip(views, modes, strict=True)), small=_small(op, views))
         self.run = run
+        self.backend = backend  # what the general path's future would have said
+        self.anchor = anchor  # a transform's op: its id is in the key, so it must stay alive
 
-    def __call__(self, *scalars: Any) -> bool:
-        """True when done; False (nothing touched, nothing held) to take the general path."""
-        return self.group.run(self.run, *scalars)
-
-
-# Two ways to find an entry: by the operands' identity (a loop over the same tensor objects:
-# three ids, the cheapest check), and by what they are (storage, offset, mapping, accessor:
-# a loop that makes fresh views such as ``a.T`` each time).
-_by_id: dict[tuple[Any, ...], Prepared] = {}
-_by_value: dict[tuple[Any, ...], Prepared] = {}
-_seen: dict[tuple[Any, ...], None] = {}
-
-
-def _value_key(op: str, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
-    return (op, *((id(t._storage), t._offset, t._mapping, t._accessor) for t in tensors))
+    def __call__(self, storages: tuple[Any, ...], *args: Any) -> str | None:
+        """The backend's name when done; None (nothing touched, nothing held) to take the
+        general path."""
+        queues = self.queues
+        for i, storage in enumerate(storages):
+            # Memory merged with another registration moves a storage to another queue.
+            if storage.access_queue is not queues[i]:
+                return None
+        return self.backend if self.group.run(self.run, *args) else None
 
 
-def lookup(op: str, *tensors: Any) -> Prepared | None:
-    """The prepared repeat of ``op`` on exactly these operands, if there is one."""
-    entry = _by_id.get((op, *map(id, tensors)))
-    if entry is not None and all(r() is t for r, t in zip(entry.operands, tensors, strict=True)):
-        return entry
-    if not all(type(t) is Tensor for t in tensors):
+def _small(op: str, views: tuple[Tensor, ...]) -> bool:
+    if op in ("gemm", "gemv"):
+        a, out = views[0], views[-1]
+        return out.size * a.shape[-1] <= SMALL_MACS
+    out = views[0] if op == "transform" else views[-1]
+    return out.size <= SMALL_ELEMENTS
+
+
+_entries: dict[Key, Prepared] = {}
+_seen: dict[Key, None] = {}
+
+
+# -- keys ------------------------------------------------------------------------------------
+# One flat tuple per call, built from slots (no properties, no attrs hashing): per operand
+# (id(storage), offset, type(mapping), shape, strides). Only plain tensors (exactly
+# uni.Tensor, default accessor) have a key; anything else is the general path's business.
+def copy_key(src: Any, dst: Any) -> Key | None:
+    if type(src) is not Tensor or type(dst) is not Tensor:
         return None
-    entry = _by_value.get(_value_key(op, tensors))
-    if entry is not None and all(r() is t._storage
-                                 for r, t in zip(entry.storages, tensors, strict=True)):
-        return entry
-    return None
+    if type(src._accessor) is not DefaultAccessor or type(dst._accessor) is not DefaultAccessor:
+        return None
+    sm, dm = src._mapping, dst._mapping
+    return ("copy", id(src._storage), src._offset, type(sm), sm.extents.shape, sm.strides,
+            id(dst._storage), dst._offset, type(dm), dm.extents.shape, dm.strides)
 
 
-def run_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> bool:
-    """Run a prepared gemm on ``(a, b, c)`` if one exists and covers this call."""
-    entry = _by_id.get(("gemm", id(a), id(b), id(c)))
-    if entry is None or not (entry.operands[0]() is a and entry.operands[1]() is b
-                             and entry.operands[2]() is c):
-        entry = lookup("gemm", a, b, c)
-        if entry is None:
-            return False
-    return entry(alpha, beta)
+def _product_key(op: str, a: Any, b: Any, c: Any) -> Key | None:
+    if type(a) is not Tensor or type(b) is not Tensor or type(c) is not Tensor:
+        return None
+    if not (type(a._accessor) is DefaultAccessor and type(b._accessor) is DefaultAccessor
+            and type(c._accessor) is DefaultAccessor):
+        return None
+    am, bm, cm = a._mapping, b._mapping, c._mapping
+    return (op, id(a._storage), a._offset, type(am), am.extents.shape, am.strides,
+            id(b._storage), b._offset, type(bm), bm.extents.shape, bm.strides,
+            id(c._storage), c._offset, type(cm), cm.extents.shape, cm.strides)
 
 
-def _immediate(t: Any) -> bool:
-    storage = t._storage
-    return bool(getattr(storage, "immediate", False) and getattr(storage, "release_is_noop",
-                                                                  False))
+def gemm_key(a: Any, b: Any, c: Any) -> Key | None:
+    return _product_key("gemm", a, b, c)
 
 
-def offer_gemm(backend: Any, a: Any, b: Any, c: Any) -> None:
-    """After a general-path gemm ran on ``backend``: prepare the repeat, if it can be."""
+def gemv_key(a: Any, x: Any, y: Any) -> Key | None:
+    return _product_key("gemv", a, x, y)
+
+
+def transform_key(out: Any, op: Any, inputs: tuple[Any, ...]
+                  ) -> tuple[Key | None, tuple[Any, ...], tuple[Any, ...]]:
+    """``(key, storages, scalars)``: a scalar input contributes its type (promotion and
+    numpy's loop resolution see only that) and is passed to the run."""
+    if type(out) is not Tensor or type(out._accessor) is not DefaultAccessor:
+        return None, (), ()
+    m = out._mapping
+    key: list[Any] = ["transform", id(op), id(out._storage), out._offset, type(m),
+                      m.extents.shape, m.strides]
+    storages = [out._storage]
+    scalars = []
+    for x in inputs:
+        if type(x) is Tensor:
+            if type(x._accessor) is not DefaultAccessor:
+                return None, (), ()
+            m = x._mapping
+            key += (id(x._storage), x._offset, type(m), m.extents.shape, m.strides)
+            storages.append(x._storage)
+        else:
+            key.append(type(x))
+            scalars.append(x)
+    return tuple(key), tuple(storages), tuple(scalars)
+
+
+# -- running ---------------------------------------------------------------------------------
+_PLAIN_SCALARS = frozenset({int, float, bool})
+_INT32 = range(-(2**31), 2**31)
+
+
+def _plain_scalars(alpha: Any, beta: Any) -> bool:
+    # What the front end passes through unchanged, with no range check (_ops._check_scalars):
+    # plain bool, float, and int of 32 bits.
+    ta, tb = type(alpha), type(beta)
+    return (ta in _PLAIN_SCALARS and tb in _PLAIN_SCALARS
+            and (ta is not int or alpha in _INT32) and (tb is not int or beta in _INT32))
+
+
+def run_copy(src: Any, dst: Any) -> str | None:
+    """Run the prepared copy of ``src`` into ``dst``; its backend's name, or None."""
+    if type(src) is not Tensor or type(dst) is not Tensor:
+        return None
+    sm, dm = src._mapping, dst._mapping
+    entry = _entries.get(("copy", id(src._storage), src._offset, type(sm), sm.extents.shape,
+                          sm.strides, id(dst._storage), dst._offset, type(dm),
+                          dm.extents.shape, dm.strides))
+    if (entry is None or type(src._accessor) is not DefaultAccessor
+            or type(dst._accessor) is not DefaultAccessor or not plain()):
+        return None
+    return entry((src._storage, dst._storage))
+
+
+def _run_product(key: Key | None, a: Any, b: Any, c: Any, alpha: Any, beta: Any
+                 ) -> str | None:
+    if key is None:
+        return None
+    entry = _entries.get(key)
+    if entry is None or not _plain_scalars(alpha, beta) or not plain():
+        return None
+    return entry((a._storage, b._storage, c._storage), alpha, beta)
+
+
+def run_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
+    """Run the prepared gemm on ``(a, b, c)`` if one exists and covers this call."""
+    return _run_product(_product_key("gemm", a, b, c), a, b, c, alpha, beta)
+
+
+def run_gemv(a: Any, x: Any, y: Any, alpha: Any, beta: Any) -> str | None:
+    """Run the prepared gemv on ``(a, x, y)`` if one exists and covers this call."""
+    return _run_product(_product_key("gemv", a, x, y), a, x, y, alpha, beta)
+
+
+def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
+    """Run the prepared transform if one exists (its scalar inputs passed at run time)."""
+    key, storages, scalars = transform_key(out, op, inputs)
+    if key is None:
+        return None
+    entry = _entries.get(key)
+    if entry is None or entry.anchor is not op or not plain():
+        return None
+    return entry(storages, *scalars)
+
+
+def lookup(op: str, *operands: Any) -> Prepared | None:
+    """The entry a call of ``op`` on ``operands`` would run (for tests and diagnostics):
+    ``lookup("gemm", a, b, c)``, ``lookup("transform", out, op, *inputs)``."""
+    if op == "copy":
+        key = copy_key(*operands)
+    elif op in ("gemm", "gemv"):
+        key = _product_key(op, *operands)
+    else:
+        key = transform_key(operands[0], operands[1], operands[2:])[0]
+    return None if key is None else _entries.get(key)
+
+
+def entry_count() -> int:
+    """How many prepared entries are alive (for tests: the cache holds nothing stale)."""
+    return len(_entries)
+
+
+# -- preparing -------------------------------------------------------------------------------
+_preparable_types: dict[type, bool] = {}
+
+
+def _preparable(storage: Any) -> bool:
+    """Plain host memory whose acquisition is its handle and whose release is nothing:
+    a repeat may address it without calling any storage hook, exactly as the general
+    path's hooks would have let it."""
+    cls = type(storage)
+    known = _preparable_types.get(cls)
+    if known is None:
+        known = bool(
+            getattr(cls, "immediate", False) and getattr(cls, "release_is_noop", False)
+            and issubclass(cls, HostStorage)
+            and cls.acquire_read is HostStorage.acquire_read
+            and cls.acquire_write is HostStorage.acquire_write
+            and cls.handle is HostStorage.handle)
+        _preparable_types[cls] = known
+    return known and storage.domain is HOST
+
+
+def _disjoint(views: tuple[Tensor, ...], modes: tuple[str, ...]) -> bool:
+    """No output shares a queue range with another operand (no aliasing, no overlap)."""
+    ranges = []
+    for t in views:
+        spec = AccessSpec.of_view(t, "read")
+        ranges.append((t._storage.access_queue, *queue_range(t._storage, spec.lo, spec.hi)))
+    for i, (qi, lo_i, hi_i) in enumerate(ranges):
+        for j in range(i + 1, len(ranges)):
+            qj, lo_j, hi_j = ranges[j]
+            if "write" not in (modes[i], modes[j]) or qi is not qj:
+                continue
+            if lo_i <= hi_j and lo_j <= hi_i:
+                return False
+    return True
+
+
+_CALLS: dict[str, Callable[..., Any]] = {
+    "copy": lambda spans, extra: CopyCall(spans[0], spans[1]),
+    "gemm": lambda spans, extra: GemmCall(spans[0], spans[1], spans[2], None, None),
+    "gemv": lambda spans, extra: GemvCall(spans[0], spans[1], spans[2], None, None),
+}
+
+
+def _transform_call(spans: list[Any], extra: Any) -> TransformCall:
+    op, inputs, compute = extra
+    it = iter(spans[1:])
+    # The first call's scalars stand in at their positions: backends see their types.
+    return TransformCall(spans[0], op, tuple(next(it) if type(x) is Tensor else x
+                                             for x in inputs), compute)
+
+
+def offer(op: str, backend: Any, key: Key | None, views: tuple[Tensor, ...],
+          modes: tuple[str, ...], extra: Any = None) -> None:
+    """After a general-path call of ``op`` ran on ``backend`` (through the default walk):
+    prepare its repeat on the second sighting of ``key``, when the backend can.
+
+    ``views`` are the operands as the general path handed them to the backend (batch axes
+    broadcast), in the order of ``modes``: copy (src, dst), gemm (a, b, c), gemv (a, x, y),
+    transform (out, *tensor inputs) with ``extra = (op, inputs, compute dtype)``.
+    """
+    if key is None or key in _entries or not plain():
+        return
     prepare = getattr(backend, "prepare", None)
-    if prepare is None or overridden("gemm"):
+    if prepare is None:
         return
-    tensors = (a, b, c)
-    if not all(type(t) is Tensor and _immediate(t) for t in tensors):
-        return
-    key = _value_key("gemm", tensors)
     if key not in _seen:
         if len(_seen) >= _MAX_ENTRIES:
             _seen.clear()
         _seen[key] = None
         return
-    # Immediate storages hand out their handles without acquisition; the prepared call
-    # only records addresses, and reads or writes them later under begin()'s requests.
-    spans = [MdSpan(t._storage.handle(t._offset), t._mapping, t._accessor) for t in tensors]
-    run = prepare("gemm", GemmCall(spans[0], spans[1], spans[2], None, None))
+    if not all(type(t) is Tensor and type(t._accessor) is DefaultAccessor
+               and _preparable(t._storage) for t in views):
+        return
+    if any(t.size == 0 for t in views) or not _disjoint(views, modes):
+        return
+    # Plain host memory hands out its handles without acquisition: the prepared call only
+    # records views and addresses, and reads or writes them later under the group's requests.
+    spans = [trusted_span(t._storage.handle(t._offset), t._mapping, t._accessor) for t in views]
+    call = _transform_call(spans, extra) if op == "transform" else _CALLS[op](spans, extra)
+    run = prepare(op, call)
     if run is None:
         return
-    if len(_by_id) >= _MAX_ENTRIES:
-        _by_id.clear()
-    if len(_by_value) >= _MAX_ENTRIES:
-        _by_value.clear()
-    entry = Prepared("gemm", tensors, ("read", "read", "write"), run)
-    _by_id[("gemm", id(a), id(b), id(c))] = entry
-    _by_value[key] = entry
+    anchor = extra[0] if op == "transform" else None
+    entry = Prepared(key, op, views, modes, run, str(backend.name), anchor)
+    if len(_entries) >= _MAX_ENTRIES:
+        _entries.clear()
+    _entries[key] = entry
 
 
 def forget() -> None:
     """Drop every prepared entry (the walk's answer may have changed)."""
-    _by_id.clear()
-    _by_value.clear()
+    _entries.clear()
     _seen.clear()
 
 

@@ -27,7 +27,7 @@ import enum
 import functools
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, TypeGuard
 
 import attrs
@@ -350,6 +350,26 @@ def python_scalar_to(value: PythonScalar, dtype: Any) -> PythonScalar:
     return cast_value(value, dt)
 
 
+def scalar_converter(kind: type, dtype: Any) -> Callable[[Any], Any]:
+    """``x -> np.asarray(python_scalar_to(x, dtype), dtype=dtype)`` for Python scalars of
+    type ``kind``, as cheap as that allows; numpy scalars pass through unchanged.
+
+    For repeats whose scalar inputs keep their types. Raises what ``python_scalar_to``
+    raises (DTypeError for a Python int that does not fit an integer ``dtype``).
+    """
+    dt = as_dtype(dtype)
+    if kind is float and dt == float64:
+        # python_scalar_to(x, float64) is float(x): nothing to round, nothing to refuse.
+        return lambda x: np.asarray(x, dtype=float64)
+    if not issubclass(kind, bool | int | float | complex) or issubclass(kind, np.generic):
+        return lambda x: x  # not a Python scalar (is_python_scalar): used as it is
+
+    def convert(x: Any) -> Any:
+        return np.asarray(python_scalar_to(x, dt), dtype=dt)
+
+    return convert
+
+
 def store_scalar(value: PythonScalar, dst_dtype: Any) -> PythonScalar:
     """The store rule for one value: what ``store_cast`` does, written per element.
 
@@ -463,6 +483,7 @@ __all__ = [
     "python_scalar_dtype",
     "python_scalar_to",
     "result_dtype",
+    "scalar_converter",
     "store_cast",
     "store_scalar",
 ]

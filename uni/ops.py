@@ -292,6 +292,18 @@ class ElementOp:
         with np.errstate(all="ignore"):  # IEEE results are the semantics, not accidents
             return self._kind.numpy_impl(*prepared, out=out, dtype=compute, factor=self.factor)
 
+    def numpy_kernel(self) -> Callable[..., Array]:
+        """``kernel(*inputs, out=..., dtype=...)``: ``apply_numpy`` without its checks and
+        conversions, for callers that prepared the inputs once (arrays, and Python scalars
+        already converted into 0-d arrays of ``dtype``) and set ``np.errstate`` themselves."""
+        impl = self._kind.numpy_impl
+        factor = self.factor
+
+        def kernel(*inputs: Any, out: Array | None, dtype: DType) -> Array:
+            return impl(*inputs, out=out, dtype=dtype, factor=factor)
+
+        return kernel
+
     def apply_scalar(self, *values: PythonScalar, dtype: Any = None) -> PythonScalar:
         """Compute one element with Python arithmetic on Python numbers.
 

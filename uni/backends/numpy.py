@@ -18,7 +18,6 @@ reaches one element twice are declined with the reason, and the walk moves on.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -36,10 +35,11 @@ from uni._promotion import (
     is_python_scalar,
     matmul_dtype,
     python_scalar_to,
+    scalar_converter,
     store_cast,
 )
 from uni.backends._common import host_signature, host_spans, unvectorised
-from uni.backends.blas._elementwise import execute
+from uni.backends.blas._elementwise import execute, prepare_execute
 from uni.ops import is_element_op, is_ufunc_op, ufunc_loop
 
 __all__ = ["NumpyBackend", "numpy_backend"]
@@ -175,28 +175,28 @@ def _matmul(x: Array | None, y: Array | None, out: Array, alpha: Any, beta: Any,
 _PLAIN_SCALARS = (bool, int, float)
 
 
-def _prepare_gemm(call: GemmCall) -> Callable[[Any, Any], bool] | None:
-    """A repeat of this plain gemm on exactly these spans: ``run(alpha, beta) -> bool``.
+def _prepare_product(first: Any, second: Any, out_span: Any, *, vector: bool
+                     ) -> Callable[[Any, Any], bool] | None:
+    """A repeat of this plain gemm (gemv when ``vector``) on exactly these spans:
+    ``run(alpha, beta) -> bool``.
 
-    It keeps weak references to the buffers and the geometry, never a view, so a cache of
-    prepared calls holds no memory alive (``uni._prepared``); it returns False, having touched
-    nothing, for what it does not cover (alpha == 0, scalars other than plain bool, int or
-    float, a scalar that does not fit the compute dtype).
+    It keeps the operands' views (``uni._prepared`` drops it with them) and returns False,
+    having touched nothing, for what it does not cover (alpha == 0, scalars other than
+    plain bool, int or float, a scalar that does not fit the compute dtype).
     """
-    spans = (call.a, call.b, call.c)
+    spans = (first, second, out_span)
     if not host_spans(*spans) or not all(type(s.accessor) is DefaultAccessor for s in spans):
         return None
-    views = [host_view(s.data_handle, s.mapping, writeable=s is call.c) for s in spans]
-    out = views[2]
-    if out.size == 0 or views[0].shape[-1] == 0 or isinstance(_output("c", call.c), Declined):
+    out = _output("y" if vector else "c", out_span)
+    if isinstance(out, Declined):
         return None
-    if any(np.may_share_memory(out, v) for v in views[:2]):
+    x = host_view(first.data_handle, first.mapping, writeable=False)
+    y = host_view(second.data_handle, second.mapping, writeable=False)
+    if out.size == 0 or x.shape[-1] == 0:
+        return None
+    if np.may_share_memory(out, x) or np.may_share_memory(out, y):
         return None  # the general path stages such an input; a repeat would not
-    geometry = [(weakref.ref(s.data_handle.buffer), v.shape, v.strides,
-                 s.data_handle.offset * v.itemsize, v.dtype) for s, v in zip(spans, views,
-                                                                              strict=True)]
-    dtypes = tuple(v.dtype for v in views)
-    del views, out
+    dtypes = (x.dtype, y.dtype, out.dtype)
 
     def run(alpha: Any, beta: Any) -> bool:
         if type(alpha) not in _PLAIN_SCALARS or type(beta) not in _PLAIN_SCALARS or alpha == 0:
@@ -207,13 +207,7 @@ def _prepare_gemm(call: GemmCall) -> Callable[[Any, Any], bool] | None:
                 python_scalar_to(value, compute)
         except DTypeError:
             return False
-        arrays = []
-        for ref, shape, strides, offset, dtype in geometry:
-            buffer = ref()
-            if buffer is None:
-                return False
-            arrays.append(np.ndarray(shape, dtype, buffer=buffer, offset=offset, strides=strides))
-        _matmul(arrays[0], arrays[1], arrays[2], alpha, beta, compute, False)
+        _matmul(x, y, out, alpha, beta, compute, vector)
         return True
 
     return run
@@ -234,6 +228,31 @@ def _copy(call: CopyCall) -> Declined | None:
     return None
 
 
+def _prepare_copy(call: CopyCall) -> Callable[[], bool] | None:
+    """``_copy`` of these plain spans again (views kept; see ``_prepare_product``)."""
+    spans = (call.src, call.dst)
+    if not host_spans(*spans) or not all(type(s.accessor) is DefaultAccessor for s in spans):
+        return None
+    out = _output("dst", call.dst)
+    if isinstance(out, Declined) or out.size == 0:
+        return None
+    src = host_view(call.src.data_handle, call.src.mapping, writeable=False)
+    if np.may_share_memory(src, out):
+        return None
+    plain = _plain_cast(src.dtype, out.dtype)
+    store = out.dtype
+
+    @np.errstate(all="ignore")
+    def run() -> bool:
+        if plain:
+            np.copyto(out, src, casting="unsafe")
+        else:
+            store_cast(src, store, out=out)
+        return True
+
+    return run
+
+
 def _run_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]) -> None:
     loop = ufunc_loop(ufunc, *inputs)
     args = [np.asarray(python_scalar_to(x, dt), dtype=dt) if is_python_scalar(x) else x
@@ -244,6 +263,55 @@ def _run_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]) -> None:
             return
         result = ufunc(*args, signature=loop, casting="unsafe")
         _store(np.asarray(result), out)
+
+
+def _prepare_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]) -> Callable[..., bool]:
+    """``_run_ufunc`` on these arrays again; the non-array inputs are the run's arguments
+    (its loop is fixed: numpy's resolution sees only their types, and those are part of the
+    prepared call's key)."""
+    loop = ufunc_loop(ufunc, *inputs)
+    template = list(inputs)
+    converters = [(i, scalar_converter(type(x), loop[i]))
+                  for i, x in enumerate(inputs) if not isinstance(x, np.ndarray)]
+    direct = loop[-1] == out.dtype and _direct(out)
+
+    @np.errstate(all="ignore")  # IEEE results, as uni.ops' own ops give them
+    def kernel(args: list[Any]) -> None:
+        if direct:
+            ufunc(*args, out=out, signature=loop, casting="unsafe")
+        else:
+            _store(np.asarray(ufunc(*args, signature=loop, casting="unsafe")), out)
+
+    def run(*scalars: Any) -> bool:
+        args = template.copy()
+        try:
+            for (i, convert), x in zip(converters, scalars, strict=True):
+                args[i] = convert(x)
+        except DTypeError:
+            return False
+        kernel(args)
+        return True
+
+    return run
+
+
+def _prepare_transform(call: TransformCall) -> Callable[..., bool] | None:
+    op = call.op
+    spans = [call.out, *(x for x in call.inputs if isinstance(x, MdSpan))]
+    if not (is_element_op(op) or is_ufunc_op(op)) or not host_spans(*spans):
+        return None
+    if not all(type(s.accessor) is DefaultAccessor for s in spans):
+        return None
+    out = _output("out", call.out)
+    if isinstance(out, Declined) or out.size == 0:
+        return None
+    inputs = [host_view(x.data_handle, x.mapping, writeable=False) if isinstance(x, MdSpan)
+              else x for x in call.inputs]
+    if any(isinstance(x, np.ndarray) and np.may_share_memory(x, out) for x in inputs):
+        return None
+    if is_element_op(op):
+        return prepare_execute(op, out, inputs, dtype=call.compute_dtype)
+    return _prepare_ufunc(op, out, inputs)
 
 
 def _transform(call: TransformCall) -> Declined | None:
@@ -304,11 +372,18 @@ class NumpyBackend:
         return Declined(Decline.UNSUPPORTED_INSTANCE, f"numpy does not run {op}")
 
     @staticmethod
-    def prepare(op: str, call: Any) -> Callable[[Any, Any], bool] | None:
-        """A prepared repeat of a plain gemm this backend ran (see ``uni._prepared``)."""
-        if op != "gemm" or not isinstance(call, GemmCall):
-            return None
-        return _prepare_gemm(call)
+    def prepare(op: str, call: Any) -> Callable[..., bool] | None:
+        """A prepared repeat of a plain call this backend ran (see ``uni._prepared`` and
+        ``Blas.prepare``): the same kernel on the same views, or None."""
+        if isinstance(call, GemmCall):
+            return _prepare_product(call.a, call.b, call.c, vector=False)
+        if isinstance(call, GemvCall):
+            return _prepare_product(call.a, call.x, call.y, vector=True)
+        if isinstance(call, CopyCall):
+            return _prepare_copy(call)
+        if isinstance(call, TransformCall):
+            return _prepare_transform(call)
+        return None
 
 
 numpy_backend = _registry.register(NumpyBackend())

@@ -64,8 +64,8 @@ def issue(job: Job, stream: Any, *, detached: bool) -> tuple[Any, Any]:
     """
     access = job.access
     try:
+        access.check_poison()  # every operand's own view, folded inputs included
         for item in _items(access):
-            item.access.check_poison(lambda item=item: f"{job.op}: {item.what()}")
             item.access.open()
     except BaseException as err:
         if detached:

@@ -25,12 +25,12 @@ and a buffer is freed only after it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from uni._access import Access, AccessSpec
-from uni._access_queue import AccessQueue, AccessRequest, Fence, wait_fences_sync
+from uni._access_queue import AccessQueue, AccessRequest, Fence, countdown, wait_fences_sync
+from uni._access_queue import AllFences as _AllFences
 from uni._mapping import layout_right
 from uni.cuda._poller import thread_poller
 
@@ -57,7 +57,7 @@ def split_fences(fences: Sequence[Fence]) -> tuple[list[Fence], list[Fence]]:
     for fence in fences:
         if fence.done():
             continue
-        if isinstance(fence, AllFences):
+        if isinstance(fence, _AllFences):  # the access queue's, or this module's
             inner_device, inner_host = split_fences(fence.fences)
             device += inner_device
             host += inner_host
@@ -87,16 +87,7 @@ def when_done(fences: Sequence[Fence], then: Callable[[], None]) -> None:
     if not pending:
         then()
         return
-    lock = threading.Lock()
-    left = [len(pending)]
-
-    def one() -> None:
-        with lock:
-            left[0] -= 1
-            last = not left[0]
-        if last:
-            then()
-
+    one = countdown(len(pending), then)
     for fence in pending:
         add = getattr(fence, "add_done_callback", None)
         if add is not None:
@@ -155,30 +146,15 @@ class StreamWaiter:
         order_after(self.stream, request.fences, lambda: self.then(True))
 
 
-class AllFences:
-    """A fence that is done when every one of ``fences`` is (a fence standing for others)."""
+class AllFences(_AllFences):
+    """A fence that is done when every one of ``fences`` is (a fence standing for others);
+    its ``add_done_callback`` chains the parts' callbacks, or has the poll thread watch a
+    part that offers none."""
 
-    __slots__ = ("fences", "label")
-
-    def __init__(self, fences: Sequence[Fence], label: str = "") -> None:
-        self.fences = list(fences)
-        self.label = label or " and ".join(str(getattr(f, "label", f)) for f in self.fences)
-
-    def done(self) -> bool:
-        return all(f.done() for f in self.fences)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return wait_fences_sync(self.fences, timeout) is None
+    __slots__ = ()
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         when_done(self.fences, fn)
-
-    @property
-    def is_device_fence(self) -> bool:
-        return all(is_device_fence(f) for f in self.fences)
-
-    def __repr__(self) -> str:
-        return f"<AllFences {self.label}: {'done' if self.done() else 'pending'}>"
 
 
 class _ForeignWork:

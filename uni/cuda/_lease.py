@@ -167,7 +167,7 @@ class _CudaLease:
             if moved is not None:
                 moved.close(stream)
 
-        release_from_finalizer(release)
+        release_from_finalizer(release, access.queue)
         warnings.warn(
             f"an active {self._kind} was garbage-collected and released"
             f"{'' if abandoned is None else ' (its data is now poisoned)'}; release leases "

@@ -85,7 +85,7 @@ def _from_finalizer(fences: FenceSource, fn: Callable[[], None]) -> None:
     """Run a free from a finalizer: inline, or from a helper thread when the queue it asks
     is locked (the garbage collector may have interrupted this thread inside it)."""
     if fences.busy():
-        release_from_finalizer(fn)
+        release_from_finalizer(fn, fences.queue)
     else:
         fn()
 

@@ -9,10 +9,11 @@ So every host storage registers its buffer's address range here. A range that ov
 memory already registered joins that memory's queue, at the byte offset where it sits
 (``queue_offset``); its requests then count in the queue's units, and overlap with the other
 ways in is decided by memory, whatever the dtype. A range overlapping several registered
-regions joins them into one when their queues are idle (nothing held, pending, fenced or
-poisoned); when they are busy that cannot be done safely and the storage is refused with a
-clear error. A region is dropped when the last storage over it is garbage-collected, so the
-registry holds nothing alive and does not grow.
+regions joins them into one when all but one of their queues are idle (nothing held, pending,
+fenced or poisoned): those are retired and their storages move to the one kept. When more
+are in use that cannot be done safely and the storage is refused with an error saying why.
+A region is dropped when the last storage over it is garbage-collected, so the registry
+holds nothing alive and does not grow (and poison recorded in its queue goes with it).
 """
 
 from __future__ import annotations
@@ -54,10 +55,6 @@ _by_member: dict[int, _Region] = {}  # id(storage) -> its region
 # weakref callback may run inside a garbage collection that started while this very thread
 # held the lock, so it only appends here (atomic) and never takes the lock itself.
 _dead: collections.deque[int] = collections.deque()
-
-
-def _idle(queue: AccessQueue) -> bool:
-    return (not queue.snapshot() and not queue.fenced_count() and not queue.has_poison)
 
 
 def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]:
@@ -106,23 +103,48 @@ def _index_of(region: _Region) -> int:
 
 
 def _merge(touched: list[_Region], first: int, last: int) -> _Region:
-    """Join regions a new range bridges into the busiest one (the others must be idle)."""
-    keep = max(touched, key=lambda r: not _idle(r.queue))
-    busy = [r for r in touched if r is not keep and not _idle(r.queue)]
-    if busy:
-        raise StorageError(
-            "this memory overlaps memory that uni already orders through separate queues that "
-            f"are in use ({', '.join(r.queue.label for r in [keep, *busy])}); release the "
-            "leases on it first, or wrap the whole allocation before any part of it"
-        )
+    """Join regions a new range bridges into one of them (all but one must be idle).
+
+    Each absorbed queue is retired (checked idle and closed to registration under its own
+    lock) before its storages move, queue offset first, queue last: a thread that read a
+    storage's old queue and registers on it afterwards is refused and registers on the new
+    one (see ``uni._access.Access``), so two requests on the same bytes can never sit in two
+    queues.
+    """
+    # Every queue that is idle is retired; the one in use, if any, is kept (its requests
+    # stay where they are), else the first, which takes registrations again at once.
+    retired: list[_Region] = []
+    refused: list[tuple[_Region, str]] = []
     for region in touched:
-        if region is keep:
-            continue
+        reason = region.queue.retire()
+        if reason is None:
+            retired.append(region)
+        else:
+            refused.append((region, reason))
+    if len(refused) <= 1:
+        keep = refused[0][0] if refused else retired.pop(0)
+        keep.queue.unretire()  # (a no-op for the one in use)
+    else:
+        for region in retired:
+            region.queue.unretire()
+        whys = " ".join(why for _, why in refused)
+        todo = [fix for word, fix in (("leases", "release those leases"),
+                                      ("running", "wait for that work to finish"),
+                                      ("poisoned", "rewrite the poisoned data with "
+                                                   "overwrite=True")) if word in whys]
+        raise StorageError(
+            "this memory overlaps memory that uni already orders through separate queues; "
+            "they can be joined only while at most one of them is in use, and "
+            + "; ".join(f"in {r.queue.label} {why}" for r, why in refused)
+            + f". {_sentence(', '.join(todo))} first, or wrap the whole allocation before "
+            "any part of it"
+        )
+    for region in retired:
         for key, (ref, start) in region.members.items():
             member = ref()
             if member is not None:
-                member.access_queue = keep.queue
                 member.queue_offset = start - keep.origin
+                member.access_queue = keep.queue
             _by_member[key] = keep
         keep.members.update(region.members)
         keep.lo = min(keep.lo, region.lo)
@@ -133,6 +155,10 @@ def _merge(touched: list[_Region], first: int, last: int) -> _Region:
     _starts.insert(index, keep.lo)
     _regions.insert(index, keep)
     return keep
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _forget(key: int) -> Any:

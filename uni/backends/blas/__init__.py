@@ -17,14 +17,14 @@ import numpy as np
 
 from uni import backends as _registry
 from uni._accessor import DefaultAccessor
-from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall
-from uni._mdspec import host_view
+from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall, spans_of
+from uni._mdspec import MdSpan, host_view
 from uni._probe import Decline, Declined, Probe
 from uni.backends._common import host_signature, host_spans, unvectorised
 from uni.backends._geometry import fold_accessors
 from uni.backends.blas import _kernels as kernels
-from uni.backends.blas._elementwise import execute
-from uni.backends.blas._fastcopy import strided_copy
+from uni.backends.blas._elementwise import execute, prepare_execute
+from uni.backends.blas._fastcopy import _MIN_TILED_BYTES, strided_copy
 from uni.ops import is_element_op
 
 __all__ = ["Blas", "blas"]
@@ -202,21 +202,60 @@ class Blas:
 
     @staticmethod
     def prepare(op: str, call: Any) -> Callable[..., bool] | None:
-        """A prepared repeat of a small plain gemm on exactly these spans, or None.
+        """A prepared repeat of a call this backend ran, on exactly these spans, or None.
 
-        The returned ``run(alpha, beta)`` returns False, having touched nothing, for what it
-        does not cover (alpha == 0, scalars it cannot express); it holds no view of the
-        operands (see ``uni._prepared``).
+        Plain operands only (default accessors, host memory, no output shared with an
+        input). ``run`` takes what varies between repeats -- nothing for a copy,
+        ``(alpha, beta)`` for gemm/gemv, a transform's scalar inputs in order -- and returns
+        False, having touched nothing, for what it does not cover (alpha == 0, scalars it
+        cannot express): the caller then takes the general path. It does exactly what
+        ``try_kernel`` would (see ``uni._prepared``), and may keep views of the operands.
         """
-        if op != "gemm" or not isinstance(call, GemmCall):
-            return None
-        spans = (call.a, call.b, call.c)
+        spans = [s for s in _spans(call) if isinstance(s, MdSpan)]
         if not host_spans(*spans) or not all(type(s.accessor) is DefaultAccessor for s in spans):
             return None
-        if any(s.rank() != 2 for s in spans):
-            return None
-        views = [host_view(s.data_handle, s.mapping, writeable=s is call.c) for s in spans]
-        return kernels.prepare_gemm(views[0], views[1], views[2])
+        if isinstance(call, GemmCall):
+            if any(s.rank() != 2 for s in spans):
+                return None
+            a, b, c = (host_view(s.data_handle, s.mapping, writeable=s is call.c) for s in spans)
+            return kernels.prepare_gemm(a, b, c)
+        if isinstance(call, GemvCall):
+            a, x, y = (host_view(s.data_handle, s.mapping, writeable=s is call.y) for s in spans)
+            return kernels.prepare_gemv(a, x, y)
+        if isinstance(call, CopyCall):
+            return _prepare_copy(host_view(call.src.data_handle, call.src.mapping,
+                                           writeable=False),
+                                 host_view(call.dst.data_handle, call.dst.mapping,
+                                           writeable=True))
+        if isinstance(call, TransformCall) and is_element_op(call.op):
+            out = host_view(call.out.data_handle, call.out.mapping, writeable=True)
+            inputs = [host_view(x.data_handle, x.mapping, writeable=False)
+                      if isinstance(x, MdSpan) else x for x in call.inputs]
+            return prepare_execute(call.op, out, inputs, dtype=call.compute_dtype)
+        return None
+
+
+def _spans(call: Any) -> list[Any]:
+    if isinstance(call, TransformCall):
+        return [call.out, *call.inputs]
+    return spans_of(call) if isinstance(call, (CopyCall, GemmCall, GemvCall)) else []
+
+
+def _prepare_copy(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]
+                  ) -> Callable[[], bool] | None:
+    """``_copy`` on these views again: ``strided_copy``, or its small-copy answer directly."""
+    if src.dtype != dst.dtype or dst.size == 0 or np.may_share_memory(src, dst):
+        return None
+    if dst.nbytes < _MIN_TILED_BYTES:
+        # What strided_copy does for a copy this small (checked once here, not per repeat).
+        def run() -> bool:
+            np.copyto(dst, src)
+            return True
+    else:
+        def run() -> bool:
+            strided_copy(dst, src)
+            return True
+    return run
 
 
 blas = _registry.register(Blas())

@@ -168,6 +168,53 @@ def execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: Any = 
     _promotion.store_cast(result, out.dtype, out=out)
 
 
+def prepare_execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: Any
+                    ) -> Callable[..., bool] | None:
+    """``execute(op, out, inputs, dtype=dtype)`` made once for repeats on these arrays.
+
+    The positions of ``inputs`` that are not arrays are the repeat's arguments:
+    ``run(*scalars)`` computes with those scalars (in order) and returns True, or returns
+    False having touched nothing when a Python int among them does not fit the compute
+    dtype (the caller's general path then says so). None when ``execute`` would stage an
+    input (one shares memory with ``out``) or ``out`` is empty. ``run`` keeps ``out`` and the
+    array inputs: its owner must drop it when the operands go (``uni._prepared`` does).
+    """
+    if not is_element_op(op) or len(inputs) != op.arity:
+        return None
+    out = _check_out(out)
+    _check_inputs(out.shape, inputs)
+    if out.size == 0 or any(isinstance(x, np.ndarray) and np.may_share_memory(x, out)
+                            for x in inputs):
+        return None
+    compute = as_dtype(dtype)
+    template = list(inputs)
+    # Each scalar input's conversion, fixed by its type (a repeat's scalars keep theirs).
+    converters = [(i, _promotion.scalar_converter(type(x), compute))
+                  for i, x in enumerate(inputs) if not isinstance(x, np.ndarray)]
+    plain = _store_is_plain_cast(compute, out.dtype)
+    store = out.dtype
+    # As apply_numpy computes: IEEE results are the semantics (the decorator form of
+    # errstate costs half of a with block).
+    kernel = np.errstate(all="ignore")(op.numpy_kernel())
+
+    def run(*scalars: Any) -> bool:
+        args = template.copy()
+        try:
+            for (i, convert), x in zip(converters, scalars, strict=True):
+                args[i] = convert(x)
+        except DTypeError:
+            return False
+        if plain:
+            kernel(*args, out=out, dtype=compute)
+            return True
+        result = np.empty(out.shape, dtype=compute)
+        kernel(*args, out=result, dtype=compute)
+        _promotion.store_cast(result, store, out=out)
+        return True
+
+    return run
+
+
 # ---------------------------------------------------------------------------------------
 # The reference executor
 
@@ -245,4 +292,4 @@ def _checked(fn: Callable[..., Any]) -> Callable[[list[PythonScalar], Any], Pyth
     return apply
 
 
-__all__ = ["execute", "execute_reference", "needs_staging"]
+__all__ = ["execute", "execute_reference", "needs_staging", "prepare_execute"]

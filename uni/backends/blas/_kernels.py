@@ -41,7 +41,8 @@ from uni._mapping import nests, reach
 from uni._probe import Decline
 from uni.backends._geometry import plan_gemm, plan_gemv
 
-__all__ = ["gemm", "gemm_batched", "gemv", "gemv_batched", "available"]
+__all__ = ["available", "gemm", "gemm_batched", "gemv", "gemv_batched", "prepare_gemm",
+           "prepare_gemv"]
 
 Array: TypeAlias = npt.NDArray[Any]
 Scalar: TypeAlias = "int | float | complex | np.number[Any]"
@@ -791,6 +792,49 @@ def _gemv(
         y.fill(0)
     fn(trans, pm, pn, p_alpha, da, plda, xp, pincx, p_beta, yp, pincy)
     return None
+
+
+def prepare_gemv(a: Array, x: Array, y: Array) -> Callable[[Scalar, Scalar], bool] | None:
+    """A pre-planned gemv on these exact views (``prepare_gemm``'s counterpart).
+
+    ``run(alpha, beta)`` converts the scalars and calls BLAS; it returns False, having
+    touched nothing, for alpha == 0 and scalars BLAS cannot express. It keeps a view of
+    ``y`` (beta == 0 zero-fills it first, as the general path does: BLAS builds differ on
+    whether a zero beta reads y), so its owner must drop it when the operands go
+    (``uni._prepared`` does).
+    """
+    kinds = _kinds if _kinds is not None else _load()
+    if not kinds or not all(isinstance(v, np.ndarray) for v in (a, x, y)):
+        return None
+    if a.ndim != 2 or x.ndim != 1 or y.ndim != 1:
+        return None
+    kind = kinds.get(y.dtype)
+    if kind is None or a.dtype != y.dtype or x.dtype != y.dtype or not y.flags.writeable:
+        return None
+    m, n = a.shape
+    if x.shape[0] != n or y.shape[0] != m or m == 0 or n == 0:
+        return None
+    plan = _plan_gemv(kind, a.shape, a.strides, x.strides[0], y.strides[0], False)
+    if isinstance(plan, Decline):
+        return None
+    fn, trans, ints, pm, pn, plda, pincx, pincy, x_off, y_off, _sa, _sx, _sy = plan
+    da, dx, dy = _data(a), _data(x), _data(y)
+    if (da | dx | dy) & kind.align_mask or _overlaps(y, a) or _overlaps(y, x):
+        return None
+    xp, yp = dx + x_off, dy + y_off
+
+    def run(alpha: Scalar, beta: Scalar, _keep: object = ints, y: Array = y) -> bool:
+        scalars = _scalar_entry(kind, alpha, beta)
+        if scalars is None:
+            return False
+        if scalars[3] == 0:
+            return False  # alpha == 0 never reads a or x: the general path handles it
+        if scalars[4] == 0:
+            y.fill(0)
+        fn(trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy)
+        return True
+
+    return run
 
 
 def gemv_batched(
