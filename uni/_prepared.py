@@ -117,10 +117,10 @@ class Prepared:
     def __call__(self, storages: tuple[Any, ...], *args: Any) -> str | None:
         """The backend's name when done; None (nothing touched, nothing held) to take the
         general path."""
-        queues = self.queues
-        for i, storage in enumerate(storages):
-            # Memory merged with another registration moves a storage to another queue.
-            if storage.access_queue is not queues[i]:
+        for storage, queue in zip(storages, self.queues):  # noqa: B905 (one per operand)
+            # Memory merged with another registration moves a storage to another queue:
+            # this entry's requests would be ordered on the old one.
+            if storage.access_queue is not queue:
                 return None
         return self.backend if self.group.run(self.run, *args) else None
 
@@ -141,26 +141,25 @@ _seen: dict[Key, None] = {}
 # One flat tuple per call, built from slots (no properties, no attrs hashing): per operand
 # (id(storage), offset, type(mapping), shape, strides). Only plain tensors (exactly
 # uni.Tensor, default accessor) have a key; anything else is the general path's business.
+# The accessor's type is in the key: entries are made for the default accessor only, so a
+# conjugated, scaled or read-only view of the same memory never finds one.
 def copy_key(src: Any, dst: Any) -> Key | None:
     if type(src) is not Tensor or type(dst) is not Tensor:
         return None
-    if type(src._accessor) is not DefaultAccessor or type(dst._accessor) is not DefaultAccessor:
-        return None
     sm, dm = src._mapping, dst._mapping
     return ("copy", id(src._storage), src._offset, type(sm), sm.extents.shape, sm.strides,
-            id(dst._storage), dst._offset, type(dm), dm.extents.shape, dm.strides)
+            type(src._accessor), id(dst._storage), dst._offset, type(dm), dm.extents.shape,
+            dm.strides, type(dst._accessor))
 
 
 def _product_key(op: str, a: Any, b: Any, c: Any) -> Key | None:
     if type(a) is not Tensor or type(b) is not Tensor or type(c) is not Tensor:
         return None
-    if not (type(a._accessor) is DefaultAccessor and type(b._accessor) is DefaultAccessor
-            and type(c._accessor) is DefaultAccessor):
-        return None
     am, bm, cm = a._mapping, b._mapping, c._mapping
     return (op, id(a._storage), a._offset, type(am), am.extents.shape, am.strides,
-            id(b._storage), b._offset, type(bm), bm.extents.shape, bm.strides,
-            id(c._storage), c._offset, type(cm), cm.extents.shape, cm.strides)
+            type(a._accessor), id(b._storage), b._offset, type(bm), bm.extents.shape,
+            bm.strides, type(b._accessor), id(c._storage), c._offset, type(cm),
+            cm.extents.shape, cm.strides, type(c._accessor))
 
 
 def gemm_key(a: Any, b: Any, c: Any) -> Key | None:
@@ -175,24 +174,23 @@ def transform_key(out: Any, op: Any, inputs: tuple[Any, ...]
                   ) -> tuple[Key | None, tuple[Any, ...], tuple[Any, ...]]:
     """``(key, storages, scalars)``: a scalar input contributes its type (promotion and
     numpy's loop resolution see only that) and is passed to the run."""
-    if type(out) is not Tensor or type(out._accessor) is not DefaultAccessor:
+    if type(out) is not Tensor:
         return None, (), ()
     m = out._mapping
-    key: list[Any] = ["transform", id(op), id(out._storage), out._offset, type(m),
-                      m.extents.shape, m.strides]
-    storages = [out._storage]
-    scalars = []
+    key: Key = ("transform", id(op), id(out._storage), out._offset, type(m), m.extents.shape,
+                m.strides, type(out._accessor))
+    storages: tuple[Any, ...] = (out._storage,)
+    scalars: tuple[Any, ...] = ()
     for x in inputs:
         if type(x) is Tensor:
-            if type(x._accessor) is not DefaultAccessor:
-                return None, (), ()
             m = x._mapping
-            key += (id(x._storage), x._offset, type(m), m.extents.shape, m.strides)
-            storages.append(x._storage)
+            key += (id(x._storage), x._offset, type(m), m.extents.shape, m.strides,
+                    type(x._accessor))
+            storages += (x._storage,)
         else:
-            key.append(type(x))
-            scalars.append(x)
-    return tuple(key), tuple(storages), tuple(scalars)
+            key += (type(x),)
+            scalars += (x,)
+    return key, storages, scalars
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -210,23 +208,16 @@ def _plain_scalars(alpha: Any, beta: Any) -> bool:
 
 def run_copy(src: Any, dst: Any) -> str | None:
     """Run the prepared copy of ``src`` into ``dst``; its backend's name, or None."""
-    if type(src) is not Tensor or type(dst) is not Tensor:
-        return None
-    sm, dm = src._mapping, dst._mapping
-    entry = _entries.get(("copy", id(src._storage), src._offset, type(sm), sm.extents.shape,
-                          sm.strides, id(dst._storage), dst._offset, type(dm),
-                          dm.extents.shape, dm.strides))
-    if (entry is None or type(src._accessor) is not DefaultAccessor
-            or type(dst._accessor) is not DefaultAccessor or not plain()):
+    key = copy_key(src, dst)
+    entry = None if key is None else _entries.get(key)
+    if entry is None or not plain():
         return None
     return entry((src._storage, dst._storage))
 
 
 def _run_product(key: Key | None, a: Any, b: Any, c: Any, alpha: Any, beta: Any
                  ) -> str | None:
-    if key is None:
-        return None
-    entry = _entries.get(key)
+    entry = None if key is None else _entries.get(key)
     if entry is None or not _plain_scalars(alpha, beta) or not plain():
         return None
     return entry((a._storage, b._storage, c._storage), alpha, beta)
@@ -245,9 +236,7 @@ def run_gemv(a: Any, x: Any, y: Any, alpha: Any, beta: Any) -> str | None:
 def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
     """Run the prepared transform if one exists (its scalar inputs passed at run time)."""
     key, storages, scalars = transform_key(out, op, inputs)
-    if key is None:
-        return None
-    entry = _entries.get(key)
+    entry = None if key is None else _entries.get(key)
     if entry is None or entry.anchor is not op or not plain():
         return None
     return entry(storages, *scalars)
