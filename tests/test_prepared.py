@@ -512,3 +512,33 @@ def test_an_override_in_this_context_is_honoured_by_sync_and_async_forms(op: str
             getattr(uni, f"{op}_async")(*operands).result(5)
     assert refuse.calls >= 2
     getattr(uni, op)(*operands)  # and without it, the repeat again
+
+
+def test_an_in_place_transform_is_prepared_and_ordered_like_the_general_path() -> None:
+    # x = x + 1: the input is the output at its own layout, folded into the output's write.
+    fast, general = uni.zeros((7,)), uni.zeros((7,))
+    for _ in range(3):
+        uni.transform(fast, uni.ops.add, fast, 1.0)
+        with uni.dispatch_diagnostics():
+            uni.transform(general, uni.ops.add, general, 1.0)
+    assert _prepared.lookup("transform", fast, uni.ops.add, fast, 1.0) is not None
+    np.testing.assert_array_equal(fast.to_numpy(), general.to_numpy())
+    np.testing.assert_array_equal(fast.to_numpy(), 3.0)
+    # A read lease this thread holds on x refuses both, with the same message.
+    messages = []
+    for twin, plain_context in ((fast, True), (general, False)):
+        with uni.acquire_host_read_access_sync(twin), contextlib.ExitStack() as stack:
+            if not plain_context:
+                stack.enter_context(uni.dispatch_diagnostics())
+            with pytest.raises(uni.LeaseConflictError) as info:
+                uni.transform(twin, uni.ops.add, twin, 1.0)
+            messages.append(_HEX.sub("0x", str(info.value)))
+    assert messages[0] == messages[1]
+    np.testing.assert_array_equal(fast.to_numpy(), 3.0)
+    # A shifted overlap (y[1:] = y[:-1] * 2) is never prepared: the general path stages it.
+    y, expected = uni.from_numpy(np.arange(6.0)), np.arange(6.0)
+    for _ in range(3):
+        uni.transform(y[1:], uni.ops.multiply, y[:-1], 2.0)
+        expected[1:] = expected[:-1].copy() * 2.0
+    assert _prepared.lookup("transform", y[1:], uni.ops.multiply, y[:-1], 2.0) is None
+    np.testing.assert_array_equal(y.to_numpy(), expected)

@@ -16,8 +16,10 @@ waits, raises or poisons as it always does: a request that would wait, a fence, 
 anywhere in a queue, a queue that changed (memory merged with another registration),
 alpha == 0, scalars other than plain bool/int/float (gemm, gemv), a Python int that does not
 fit (transform), an override or a diagnostics block in effect, ``backends=``.
-Operands that share memory (an output aliasing or overlapping an input) are never prepared:
-the general path stages them. A failing kernel poisons what the writes covered, as the
+Operands that share memory (an output aliasing or overlapping an input) are never prepared,
+the general path stages them -- except a transform's input that is exactly its output
+(``x = x + 1``), which the general path folds into the output's write and runs in place:
+the repeat does the same. A failing kernel poisons what the writes covered, as the
 general path's does.
 
 Keys are what the operands are, not which objects they are: per operand the storage's
@@ -100,16 +102,21 @@ class Prepared:
     __slots__ = ("anchor", "backend", "group", "queues", "refs", "run")
 
     def __init__(self, key: Key, op: str, views: tuple[Tensor, ...], modes: tuple[str, ...],
-                 run: Callable[..., bool], backend: str, anchor: Any = None) -> None:
+                 run: Callable[..., bool], backend: str, anchor: Any = None,
+                 folded: tuple[bool, ...] | None = None) -> None:
         evict = _evictor(key)
         # Evicted when any storage goes, before its id can be reused: a live entry found
         # by a key of storage ids is an entry of those very storages.
         self.refs = tuple(weakref.ref(t._storage, evict) for t in views)
         self.queues = tuple(t._storage.access_queue for t in views)
+        # A folded operand (a transform's input that is its output, at the same layout) is
+        # read through the output's write, as the general path folds it: no access of its own.
+        folded = folded or (False,) * len(views)
         self.group = PreparedGroup(tuple(
             PreparedAccess(AccessSpec.of_view(t, "write" if m == "write" else "read"),
                            _Holder(op, m, t.shape))
-            for t, m in zip(views, modes, strict=True)), small=_small(op, views))
+            for t, m, f in zip(views, modes, folded, strict=True) if not f),
+            small=_small(op, views))
         self.run = run
         self.backend = backend  # what the general path's future would have said
         self.anchor = anchor  # a transform's op: its id is in the key, so it must stay alive
@@ -280,8 +287,25 @@ def _preparable(storage: Any) -> bool:
     return known and storage.domain is HOST
 
 
-def _disjoint(views: tuple[Tensor, ...], modes: tuple[str, ...]) -> bool:
-    """No output shares a queue range with another operand (no aliasing, no overlap)."""
+def _same_view(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` reach the same elements of the same storage in the same order."""
+    return (a._storage is b._storage and a._offset == b._offset
+            and a._mapping.extents.shape == b._mapping.extents.shape
+            and tuple(a._mapping.strides) == tuple(b._mapping.strides))
+
+
+def _folded(op: str, views: tuple[Tensor, ...]) -> tuple[bool, ...]:
+    """Per operand: a transform input that is exactly its output (``out`` first)."""
+    if op != "transform":
+        return (False,) * len(views)
+    out = views[0]
+    return (False, *(_same_view(t, out) for t in views[1:]))
+
+
+def _disjoint(views: tuple[Tensor, ...], modes: tuple[str, ...],
+              folded: tuple[bool, ...]) -> bool:
+    """No output shares a queue range with another operand (no aliasing, no overlap),
+    folded operands apart."""
     ranges = []
     for t in views:
         spec = AccessSpec.of_view(t, "read")
@@ -289,7 +313,7 @@ def _disjoint(views: tuple[Tensor, ...], modes: tuple[str, ...]) -> bool:
     for i, (qi, lo_i, hi_i) in enumerate(ranges):
         for j in range(i + 1, len(ranges)):
             qj, lo_j, hi_j = ranges[j]
-            if "write" not in (modes[i], modes[j]) or qi is not qj:
+            if "write" not in (modes[i], modes[j]) or qi is not qj or folded[i] or folded[j]:
                 continue
             if lo_i <= hi_j and lo_j <= hi_i:
                 return False
@@ -333,7 +357,8 @@ def offer(op: str, backend: Any, key: Key | None, views: tuple[Tensor, ...],
     if not all(type(t) is Tensor and type(t._accessor) is DefaultAccessor
                and _preparable(t._storage) for t in views):
         return
-    if any(t.size == 0 for t in views) or not _disjoint(views, modes):
+    folded = _folded(op, views)
+    if any(t.size == 0 for t in views) or not _disjoint(views, modes, folded):
         return
     # Plain host memory hands out its handles without acquisition: the prepared call only
     # records views and addresses, and reads or writes them later under the group's requests.
@@ -343,7 +368,7 @@ def offer(op: str, backend: Any, key: Key | None, views: tuple[Tensor, ...],
     if run is None:
         return
     anchor = extra[0] if op == "transform" else None
-    entry = Prepared(key, op, views, modes, run, str(backend.name), anchor)
+    entry = Prepared(key, op, views, modes, run, str(backend.name), anchor, folded)
     if len(_entries) >= _MAX_ENTRIES:
         _entries.clear()
     _entries[key] = entry

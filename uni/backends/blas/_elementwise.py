@@ -213,7 +213,9 @@ def prepare_execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype
         return None
     out = _check_out(out)
     _check_inputs(out.shape, inputs)
-    if out.size == 0 or any(isinstance(x, np.ndarray) and np.may_share_memory(x, out)
+    # Exactly what execute would stage makes this None; an input laid over ``out`` at its
+    # own layout (``x = x + 1``) runs in place, as execute runs it.
+    if out.size == 0 or any(isinstance(x, np.ndarray) and needs_staging(x, out)
                             for x in inputs):
         return None
     compute = as_dtype(dtype)
