@@ -213,18 +213,30 @@ def _plain_scalars(alpha: Any, beta: Any) -> bool:
             and (ta is not int or alpha in _INT32) and (tb is not int or beta in _INT32))
 
 
+# The run_* functions build their keys inline (as copy_key and _product_key do): they run on
+# every call of a sync front end, where a function call is a tenth of the budget.
 def run_copy(src: Any, dst: Any) -> str | None:
     """Run the prepared copy of ``src`` into ``dst``; its backend's name, or None."""
-    key = copy_key(src, dst)
-    entry = None if key is None else _entries.get(key)
+    if type(src) is not Tensor or type(dst) is not Tensor:
+        return None
+    sm, dm = src._mapping, dst._mapping
+    entry = _entries.get(("copy", id(src._storage), src._offset, type(sm), sm.extents.shape,
+                          sm.strides, type(src._accessor), id(dst._storage), dst._offset,
+                          type(dm), dm.extents.shape, dm.strides, type(dst._accessor)))
     if entry is None or not plain():
         return None
     return entry((src._storage, dst._storage))
 
 
-def _run_product(key: Key | None, a: Any, b: Any, c: Any, alpha: Any, beta: Any
-                 ) -> str | None:
-    entry = None if key is None else _entries.get(key)
+def _run_product(op: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
+    if type(a) is not Tensor or type(b) is not Tensor or type(c) is not Tensor:
+        return None
+    am, bm, cm = a._mapping, b._mapping, c._mapping
+    entry = _entries.get((op, id(a._storage), a._offset, type(am), am.extents.shape,
+                          am.strides, type(a._accessor), id(b._storage), b._offset, type(bm),
+                          bm.extents.shape, bm.strides, type(b._accessor), id(c._storage),
+                          c._offset, type(cm), cm.extents.shape, cm.strides,
+                          type(c._accessor)))
     if entry is None or not _plain_scalars(alpha, beta) or not plain():
         return None
     return entry((a._storage, b._storage, c._storage), alpha, beta)
@@ -232,12 +244,12 @@ def _run_product(key: Key | None, a: Any, b: Any, c: Any, alpha: Any, beta: Any
 
 def run_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
     """Run the prepared gemm on ``(a, b, c)`` if one exists and covers this call."""
-    return _run_product(_product_key("gemm", a, b, c), a, b, c, alpha, beta)
+    return _run_product("gemm", a, b, c, alpha, beta)
 
 
 def run_gemv(a: Any, x: Any, y: Any, alpha: Any, beta: Any) -> str | None:
     """Run the prepared gemv on ``(a, x, y)`` if one exists and covers this call."""
-    return _run_product(_product_key("gemv", a, x, y), a, x, y, alpha, beta)
+    return _run_product("gemv", a, x, y, alpha, beta)
 
 
 def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
