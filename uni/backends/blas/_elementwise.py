@@ -241,6 +241,25 @@ def prepare_execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype
             return True
 
         return run_arrays
+    if (plain and _ERRSTATE is not None and compute == np.float64
+            and all(type(inputs[i]) is float for i, _ in converters)):
+        # Python floats computed in float64 need no conversion (the ufunc's dtype= makes
+        # the same float64 of them that python_scalar_to would): ``x + 1.0`` in a loop.
+        var, state = _ERRSTATE, _IGNORE
+        positions = tuple(i for i, _ in converters)
+
+        def run_floats(*scalars: Any) -> bool:
+            args = template.copy()
+            for i, x in zip(positions, scalars, strict=True):
+                args[i] = x
+            token = var.set(state)
+            try:
+                bare(*args, out=out, dtype=compute)
+            finally:
+                var.reset(token)
+            return True
+
+        return run_floats
 
     def run(*scalars: Any) -> bool:
         args = template.copy()
