@@ -1,6 +1,6 @@
 """Small operations against numpy doing the same thing (issue 11 section 3).
 
-Run:  python benchmarks/bench_small.py [--quick] [--repeats N]
+Run:  python benchmarks/bench_small.py [--quick] [--repeats N] [--json FILE]
 
 Every figure of issue 11 section 3, each against its reference measured in the same run:
 
@@ -33,6 +33,7 @@ the machine's speed hits both alike; figures are medians over repeats.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import threading
@@ -282,8 +283,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     results = run(args.quick, args.repeats)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
     for r in results:
         met = goal_met(r)
         if met:

@@ -180,7 +180,10 @@ class Tensor(StorageView):
 
     @property
     def T(self) -> Tensor:
-        return self._with(self.shape[::-1], self.strides[::-1], self._offset)
+        mapping = self._mapping  # slots, not properties: loops take ``a.T`` on every step
+        return Tensor._view(self._storage,
+                            best_mapping(mapping.extents.shape[::-1], mapping.strides[::-1]),
+                            self._accessor, self._offset)
 
     @property
     def mT(self) -> Tensor:
