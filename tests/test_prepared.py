@@ -542,3 +542,34 @@ def test_an_in_place_transform_is_prepared_and_ordered_like_the_general_path() -
         expected[1:] = expected[:-1].copy() * 2.0
     assert _prepared.lookup("transform", y[1:], uni.ops.multiply, y[:-1], 2.0) is None
     np.testing.assert_array_equal(y.to_numpy(), expected)
+
+
+@pytest.mark.parametrize("plain_context", [True, False])
+def test_an_async_repeat_queues_behind_another_threads_lease(plain_context: bool) -> None:
+    # Prepared or not, copy_async behind another thread's write lease is registered, waits
+    # for the release, then runs in full.
+    src, dst = uni.from_numpy(np.arange(5.0)), uni.zeros((5,))
+    for _ in range(3):
+        uni.copy_async(src, dst).result(5)
+    assert _prepared.lookup("copy", src, dst) is not None
+    held = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:
+        with uni.acquire_host_write_access_sync(dst) as lease:
+            lease.numpy()[...] = -1.0
+            held.set()
+            release.wait(5)
+
+    worker = threading.Thread(target=holder)
+    worker.start()
+    held.wait(5)
+    with contextlib.ExitStack() as stack:
+        if not plain_context:
+            stack.enter_context(uni.dispatch_diagnostics())
+        future = uni.copy_async(src, dst)
+    assert not future.done()
+    release.set()
+    worker.join(5)
+    future.result(5)
+    np.testing.assert_array_equal(dst.to_numpy(), np.arange(5.0))
