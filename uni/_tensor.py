@@ -164,6 +164,16 @@ class Tensor(StorageView):
     def __getitem__(self, key: Any) -> Tensor:
         mapping = self._mapping
         if type(key) is slice:
+            shape = mapping.extents.shape
+            if len(shape) == 1:
+                # ``a[i:j]`` of a vector, the commonest fresh view of all.
+                extent = shape[0]
+                stride = mapping.strides[0]
+                start, stop, step = key.indices(extent)
+                count = len(range(start, stop, step))
+                return Tensor._view(self._storage, best_mapping((count,), (stride * step,)),
+                                    self._accessor,
+                                    self._offset + start * stride if count else self._offset)
             key = (key,)
         if type(key) is tuple and all(type(k) is slice for k in key):
             # The common view (``a[0:n]``, ``a[:, ::2]``): slices only, no ellipsis or
