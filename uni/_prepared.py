@@ -99,7 +99,7 @@ def _evictor(key: Key) -> Callable[[Any], None]:
 class Prepared:
     """One prepared operation: its operands' requests and the backend's prepared call."""
 
-    __slots__ = ("anchor", "backend", "group", "queues", "refs", "run")
+    __slots__ = ("anchor", "backend", "group", "held", "queues", "refs", "run")
 
     def __init__(self, key: Key, op: str, views: tuple[Tensor, ...], modes: tuple[str, ...],
                  run: Callable[..., bool], backend: str, anchor: Any = None,
@@ -117,6 +117,7 @@ class Prepared:
                            _Holder(op, m, t.shape))
             for t, m, f in zip(views, modes, folded, strict=True) if not f),
             small=_small(op, views))
+        self.held = self.group.held
         self.run = run
         self.backend = backend  # what the general path's future would have said
         self.anchor = anchor  # a transform's op: its id is in the key, so it must stay alive
@@ -129,6 +130,11 @@ class Prepared:
             # this entry's requests would be ordered on the old one.
             if storage.access_queue is not queue:
                 return None
+        held = self.held
+        if held is not None:  # small: run inside the queues' critical sections
+            done = held.run(self.run, args)
+            if done is not None:
+                return self.backend if done else None
         return self.backend if self.group.run(self.run, *args) else None
 
 
