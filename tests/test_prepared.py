@@ -420,7 +420,7 @@ def test_a_failing_prepared_kernel_poisons_what_the_general_path_poisons(
             uni.acquire_host_read_access_sync(out)
         assert isinstance(info.value.__cause__, RuntimeError)
         outcomes.append([_state(t)[0] for t in inputs])  # the inputs stay readable
-    assert outcomes[0] == outcomes[1] == [["values"] * len(outcomes[0])][0]
+    assert outcomes[0] == outcomes[1] == ["values"] * len(outcomes[0])
 
 
 # -- review findings --------------------------------------------------------------------------
