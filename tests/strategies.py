@@ -55,6 +55,7 @@ __all__ = [
     "dtypes",
     "mappings",
     "numpy_views",
+    "random_view",
     "reachable_offsets",
     "reshape_targets",
     "sample_values",
@@ -340,3 +341,29 @@ def numpy_views(
     note(f"numpy view: {''.join(recipe)}; shape {a.shape}, byte strides {a.strides}, {dt}")
     assert np.shares_memory(a, buffer) or a.size == 0
     return a
+
+
+# -- seeded layouts (for loops over seeds, where a test counts what a whole run covered) ---
+def random_view(rng: np.random.Generator, shape: Sequence[int], dtype: Any, *,
+                broadcast: bool = False) -> np.ndarray[Any, Any]:
+    """A numpy view of ``shape`` into a larger buffer of distinct values, drawn from ``rng``:
+    axes permuted in memory, stepped (2), reversed (negative strides), padded, at an offset
+    into the buffer, and with ``broadcast`` sometimes one axis broadcast (stride 0,
+    read-only). The same ``rng`` state gives the same view, so two calls from equal seeds
+    make twins in separate memory."""
+    shape = tuple(int(e) for e in shape)
+    base = list(shape)
+    if broadcast and shape and rng.random() < 0.3:
+        base[int(rng.integers(len(shape)))] = 1
+    steps = [int(rng.choice([1, 1, 2, -1, -2])) for _ in base]
+    full = [max(1, e * abs(s)) + int(rng.integers(0, 2)) for e, s in zip(base, steps, strict=True)]
+    perm = [int(p) for p in rng.permutation(len(full))]
+    lead = int(rng.integers(0, 4))
+    n = math.prod(full)
+    buffer = sample_values(lead + n + 2, dtype, rng)
+    block = buffer[lead: lead + n].reshape([full[p] for p in perm]).transpose(np.argsort(perm))
+    key = tuple(slice(0, e * abs(s), abs(s)) if s > 0 else slice(e * abs(s) - 1, None, s)
+                if e else slice(0, 0) for e, s in zip(base, steps, strict=True))
+    view = block[(*key, Ellipsis)]  # a 0-d view stays an array
+    assert view.shape == tuple(base), (view.shape, base)
+    return np.broadcast_to(view, shape) if tuple(base) != shape else view

@@ -834,3 +834,27 @@ def test_an_extent_one_axis_with_a_huge_stride_is_harmless() -> None:
     dst = uni.zeros((1, 3))
     uni.copy(src, dst)  # numpy never sees the stride of the axis that does not move
     assert dst.to_numpy().tolist() == [[2.0, 2.0, 2.0]]
+
+
+def test_slice_only_views_match_numpy_exhaustively() -> None:
+    # The slice-only fast path of __getitem__ against numpy: every start/stop/step on a
+    # vector (as a bare slice and as a 1-tuple), and pairs of slices on a reversed matrix.
+    vec = np.arange(6.0)
+    t = uni.from_numpy(vec)
+    bounds = [None, -7, -3, -1, 0, 1, 3, 5, 6, 9]
+    for start in bounds:
+        for stop in bounds:
+            for step in [None, 1, 2, -1, -2, 4]:
+                k = slice(start, stop, step)
+                for key in (k, (k,)):
+                    view, expected = t[key], vec[key]
+                    assert view.shape == expected.shape, key
+                    np.testing.assert_array_equal(view.to_numpy(), expected)
+    mat = np.arange(20.0).reshape(4, 5)[::-1]
+    m = uni.from_numpy(mat)
+    for a in [slice(None), slice(1, 3), slice(None, None, -2), slice(3, 3)]:
+        for b in [slice(None), slice(4, 0, -1), slice(0, 5, 2), slice(9, None)]:
+            for key in ((a, b), (a,), a):
+                np.testing.assert_array_equal(m[key].to_numpy(), mat[key])
+    with pytest.raises(IndexError, match="too many indices"):
+        t[1:2, 0:1]

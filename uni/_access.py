@@ -636,16 +636,18 @@ class PreparedGroup:
     registers a request per access and releases it afterwards.
     """
 
-    __slots__ = ("_flat", "_held")
+    __slots__ = ("_flat", "held")
 
     def __init__(self, accesses: tuple[PreparedAccess, ...], *, small: bool = False) -> None:
         self._flat = tuple((a.queue, a.mode, a.lo, a.hi, a.holder, a.write, a.view)
                            for a in accesses)
-        self._held = HeldRun([(a.queue, a.lo, a.hi, a.write, a.view) for a in accesses]
-                             ) if small else None
+        #: The held run of a small group (None otherwise): a caller on a hot path may call
+        #: ``held.run(fn, args)`` itself, then ``run`` when that answers None.
+        self.held = HeldRun([(a.queue, a.lo, a.hi, a.write, a.view) for a in accesses]
+                            ) if small else None
 
     def run(self, fn: Callable[..., bool], *args: Any) -> bool:
-        held = self._held
+        held = self.held
         if held is not None:
             done = held.run(fn, args)
             if done is not None:

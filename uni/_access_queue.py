@@ -1211,32 +1211,27 @@ class HeldRun:
         by_queue: dict[int, tuple[AccessQueue, list[tuple[int, int, bool, Any]]]] = {}
         for queue, lo, hi, write, view in items:
             by_queue.setdefault(id(queue), (queue, []))[1].append((lo, hi, write, view))
-        self._queues = tuple((queue, tuple(ranges)) for queue, ranges in by_queue.values())
+        self._queues = tuple((queue, queue._lock, tuple(ranges))
+                             for queue, ranges in by_queue.values())
 
     def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
         """``fn(*args)``'s answer; False (not run) when something is in the way; None (not
         run) when a queue's lock was taken by another thread at that moment."""
         held: list[_LockType] = []
         try:
-            for queue, ranges in self._queues:
-                lock = queue._lock
+            for queue, lock, ranges in self._queues:
                 if not lock.acquire(False):
                     return None
                 held.append(lock)
                 if queue.has_poison or queue.retired:
                     return False
-                entries = queue._entries
-                for lo, hi, write, _ in ranges:
-                    if entries:
-                        for q in entries:
-                            if q.lo <= hi and lo <= q.hi and (write or q._write):
-                                return False
-                    if queue._tail and queue._fences_for_locked(lo, hi, write):
-                        return False
+                # An idle queue (the common case of a repeat) has nothing to check.
+                if (queue._entries or queue._tail) and _in_the_way_locked(queue, ranges):
+                    return False
             try:
                 return fn(*args)
             except BaseException as err:
-                for queue, ranges in self._queues:
+                for queue, _, ranges in self._queues:
                     for lo, hi, write, view in ranges:
                         if write:
                             queue._poison.append((lo, hi, err, view))
@@ -1245,6 +1240,19 @@ class HeldRun:
         finally:
             for lock in reversed(held):
                 lock.release()
+
+
+def _in_the_way_locked(queue: AccessQueue, ranges: tuple[tuple[int, int, bool, Any], ...]
+                       ) -> bool:
+    """Whether a request or a pending fence of ``queue`` conflicts with one of ``ranges``."""
+    entries = queue._entries
+    for lo, hi, write, _ in ranges:
+        for q in entries:
+            if q.lo <= hi and lo <= q.hi and (write or q._write):
+                return True
+        if queue._tail and queue._fences_for_locked(lo, hi, write):
+            return True
+    return False
 
 
 def run_in_helper_thread(fn: Callable[[], None]) -> None:

@@ -565,7 +565,17 @@ class OpFuture:
             ) from None
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return _await_completion(self._completion, self.op).__await__()
+        completion = self._completion
+        if type(completion) is _Finished:
+            # Run here already (a prepared repeat, a small inline job): no coroutine of our
+            # own in between, only trio's checkpoint (one on every await, as trio's rule is).
+            library = running_library()
+            if library == "trio":
+                yield from trio.lowlevel.checkpoint().__await__()
+            elif library is None:
+                raise unsupported_loop(f"uni.{self.op}_async(...)")
+            return completion.result()
+        return (yield from _await_completion(completion, self.op).__await__())
 
     def __repr__(self) -> str:
         state = "done" if self._completion.done() else "running"

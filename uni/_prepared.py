@@ -16,8 +16,10 @@ waits, raises or poisons as it always does: a request that would wait, a fence, 
 anywhere in a queue, a queue that changed (memory merged with another registration),
 alpha == 0, scalars other than plain bool/int/float (gemm, gemv), a Python int that does not
 fit (transform), an override or a diagnostics block in effect, ``backends=``.
-Operands that share memory (an output aliasing or overlapping an input) are never prepared:
-the general path stages them. A failing kernel poisons what the writes covered, as the
+Operands that share memory (an output aliasing or overlapping an input) are never prepared,
+the general path stages them -- except a transform's input that is exactly its output
+(``x = x + 1``), which the general path folds into the output's write and runs in place:
+the repeat does the same. A failing kernel poisons what the writes covered, as the
 general path's does.
 
 Keys are what the operands are, not which objects they are: per operand the storage's
@@ -97,19 +99,25 @@ def _evictor(key: Key) -> Callable[[Any], None]:
 class Prepared:
     """One prepared operation: its operands' requests and the backend's prepared call."""
 
-    __slots__ = ("anchor", "backend", "group", "queues", "refs", "run")
+    __slots__ = ("anchor", "backend", "group", "held", "queues", "refs", "run")
 
     def __init__(self, key: Key, op: str, views: tuple[Tensor, ...], modes: tuple[str, ...],
-                 run: Callable[..., bool], backend: str, anchor: Any = None) -> None:
+                 run: Callable[..., bool], backend: str, anchor: Any = None,
+                 folded: tuple[bool, ...] | None = None) -> None:
         evict = _evictor(key)
         # Evicted when any storage goes, before its id can be reused: a live entry found
         # by a key of storage ids is an entry of those very storages.
         self.refs = tuple(weakref.ref(t._storage, evict) for t in views)
         self.queues = tuple(t._storage.access_queue for t in views)
+        # A folded operand (a transform's input that is its output, at the same layout) is
+        # read through the output's write, as the general path folds it: no access of its own.
+        folded = folded or (False,) * len(views)
         self.group = PreparedGroup(tuple(
             PreparedAccess(AccessSpec.of_view(t, "write" if m == "write" else "read"),
                            _Holder(op, m, t.shape))
-            for t, m in zip(views, modes, strict=True)), small=_small(op, views))
+            for t, m, f in zip(views, modes, folded, strict=True) if not f),
+            small=_small(op, views))
+        self.held = self.group.held
         self.run = run
         self.backend = backend  # what the general path's future would have said
         self.anchor = anchor  # a transform's op: its id is in the key, so it must stay alive
@@ -117,11 +125,16 @@ class Prepared:
     def __call__(self, storages: tuple[Any, ...], *args: Any) -> str | None:
         """The backend's name when done; None (nothing touched, nothing held) to take the
         general path."""
-        queues = self.queues
-        for i, storage in enumerate(storages):
-            # Memory merged with another registration moves a storage to another queue.
-            if storage.access_queue is not queues[i]:
+        for storage, queue in zip(storages, self.queues):  # noqa: B905 (one per operand)
+            # Memory merged with another registration moves a storage to another queue:
+            # this entry's requests would be ordered on the old one.
+            if storage.access_queue is not queue:
                 return None
+        held = self.held
+        if held is not None:  # small: run inside the queues' critical sections
+            done = held.run(self.run, args)
+            if done is not None:
+                return self.backend if done else None
         return self.backend if self.group.run(self.run, *args) else None
 
 
@@ -141,26 +154,25 @@ _seen: dict[Key, None] = {}
 # One flat tuple per call, built from slots (no properties, no attrs hashing): per operand
 # (id(storage), offset, type(mapping), shape, strides). Only plain tensors (exactly
 # uni.Tensor, default accessor) have a key; anything else is the general path's business.
+# The accessor's type is in the key: entries are made for the default accessor only, so a
+# conjugated, scaled or read-only view of the same memory never finds one.
 def copy_key(src: Any, dst: Any) -> Key | None:
     if type(src) is not Tensor or type(dst) is not Tensor:
         return None
-    if type(src._accessor) is not DefaultAccessor or type(dst._accessor) is not DefaultAccessor:
-        return None
     sm, dm = src._mapping, dst._mapping
     return ("copy", id(src._storage), src._offset, type(sm), sm.extents.shape, sm.strides,
-            id(dst._storage), dst._offset, type(dm), dm.extents.shape, dm.strides)
+            type(src._accessor), id(dst._storage), dst._offset, type(dm), dm.extents.shape,
+            dm.strides, type(dst._accessor))
 
 
 def _product_key(op: str, a: Any, b: Any, c: Any) -> Key | None:
     if type(a) is not Tensor or type(b) is not Tensor or type(c) is not Tensor:
         return None
-    if not (type(a._accessor) is DefaultAccessor and type(b._accessor) is DefaultAccessor
-            and type(c._accessor) is DefaultAccessor):
-        return None
     am, bm, cm = a._mapping, b._mapping, c._mapping
     return (op, id(a._storage), a._offset, type(am), am.extents.shape, am.strides,
-            id(b._storage), b._offset, type(bm), bm.extents.shape, bm.strides,
-            id(c._storage), c._offset, type(cm), cm.extents.shape, cm.strides)
+            type(a._accessor), id(b._storage), b._offset, type(bm), bm.extents.shape,
+            bm.strides, type(b._accessor), id(c._storage), c._offset, type(cm),
+            cm.extents.shape, cm.strides, type(c._accessor))
 
 
 def gemm_key(a: Any, b: Any, c: Any) -> Key | None:
@@ -175,24 +187,23 @@ def transform_key(out: Any, op: Any, inputs: tuple[Any, ...]
                   ) -> tuple[Key | None, tuple[Any, ...], tuple[Any, ...]]:
     """``(key, storages, scalars)``: a scalar input contributes its type (promotion and
     numpy's loop resolution see only that) and is passed to the run."""
-    if type(out) is not Tensor or type(out._accessor) is not DefaultAccessor:
+    if type(out) is not Tensor:
         return None, (), ()
     m = out._mapping
-    key: list[Any] = ["transform", id(op), id(out._storage), out._offset, type(m),
-                      m.extents.shape, m.strides]
-    storages = [out._storage]
-    scalars = []
+    key: Key = ("transform", id(op), id(out._storage), out._offset, type(m), m.extents.shape,
+                m.strides, type(out._accessor))
+    storages: tuple[Any, ...] = (out._storage,)
+    scalars: tuple[Any, ...] = ()
     for x in inputs:
         if type(x) is Tensor:
-            if type(x._accessor) is not DefaultAccessor:
-                return None, (), ()
             m = x._mapping
-            key += (id(x._storage), x._offset, type(m), m.extents.shape, m.strides)
-            storages.append(x._storage)
+            key += (id(x._storage), x._offset, type(m), m.extents.shape, m.strides,
+                    type(x._accessor))
+            storages += (x._storage,)
         else:
-            key.append(type(x))
-            scalars.append(x)
-    return tuple(key), tuple(storages), tuple(scalars)
+            key += (type(x),)
+            scalars += (x,)
+    return key, storages, scalars
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -208,25 +219,30 @@ def _plain_scalars(alpha: Any, beta: Any) -> bool:
             and (ta is not int or alpha in _INT32) and (tb is not int or beta in _INT32))
 
 
+# The run_* functions build their keys inline (as copy_key and _product_key do): they run on
+# every call of a sync front end, where a function call is a tenth of the budget.
 def run_copy(src: Any, dst: Any) -> str | None:
     """Run the prepared copy of ``src`` into ``dst``; its backend's name, or None."""
     if type(src) is not Tensor or type(dst) is not Tensor:
         return None
     sm, dm = src._mapping, dst._mapping
     entry = _entries.get(("copy", id(src._storage), src._offset, type(sm), sm.extents.shape,
-                          sm.strides, id(dst._storage), dst._offset, type(dm),
-                          dm.extents.shape, dm.strides))
-    if (entry is None or type(src._accessor) is not DefaultAccessor
-            or type(dst._accessor) is not DefaultAccessor or not plain()):
+                          sm.strides, type(src._accessor), id(dst._storage), dst._offset,
+                          type(dm), dm.extents.shape, dm.strides, type(dst._accessor)))
+    if entry is None or not plain():
         return None
     return entry((src._storage, dst._storage))
 
 
-def _run_product(key: Key | None, a: Any, b: Any, c: Any, alpha: Any, beta: Any
-                 ) -> str | None:
-    if key is None:
+def _run_product(op: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
+    if type(a) is not Tensor or type(b) is not Tensor or type(c) is not Tensor:
         return None
-    entry = _entries.get(key)
+    am, bm, cm = a._mapping, b._mapping, c._mapping
+    entry = _entries.get((op, id(a._storage), a._offset, type(am), am.extents.shape,
+                          am.strides, type(a._accessor), id(b._storage), b._offset, type(bm),
+                          bm.extents.shape, bm.strides, type(b._accessor), id(c._storage),
+                          c._offset, type(cm), cm.extents.shape, cm.strides,
+                          type(c._accessor)))
     if entry is None or not _plain_scalars(alpha, beta) or not plain():
         return None
     return entry((a._storage, b._storage, c._storage), alpha, beta)
@@ -234,20 +250,18 @@ def _run_product(key: Key | None, a: Any, b: Any, c: Any, alpha: Any, beta: Any
 
 def run_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
     """Run the prepared gemm on ``(a, b, c)`` if one exists and covers this call."""
-    return _run_product(_product_key("gemm", a, b, c), a, b, c, alpha, beta)
+    return _run_product("gemm", a, b, c, alpha, beta)
 
 
 def run_gemv(a: Any, x: Any, y: Any, alpha: Any, beta: Any) -> str | None:
     """Run the prepared gemv on ``(a, x, y)`` if one exists and covers this call."""
-    return _run_product(_product_key("gemv", a, x, y), a, x, y, alpha, beta)
+    return _run_product("gemv", a, x, y, alpha, beta)
 
 
 def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
     """Run the prepared transform if one exists (its scalar inputs passed at run time)."""
     key, storages, scalars = transform_key(out, op, inputs)
-    if key is None:
-        return None
-    entry = _entries.get(key)
+    entry = None if key is None else _entries.get(key)
     if entry is None or entry.anchor is not op or not plain():
         return None
     return entry(storages, *scalars)
@@ -291,8 +305,25 @@ def _preparable(storage: Any) -> bool:
     return known and storage.domain is HOST
 
 
-def _disjoint(views: tuple[Tensor, ...], modes: tuple[str, ...]) -> bool:
-    """No output shares a queue range with another operand (no aliasing, no overlap)."""
+def _same_view(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` reach the same elements of the same storage in the same order."""
+    return (a._storage is b._storage and a._offset == b._offset
+            and a._mapping.extents.shape == b._mapping.extents.shape
+            and tuple(a._mapping.strides) == tuple(b._mapping.strides))
+
+
+def _folded(op: str, views: tuple[Tensor, ...]) -> tuple[bool, ...]:
+    """Per operand: a transform input that is exactly its output (``out`` first)."""
+    if op != "transform":
+        return (False,) * len(views)
+    out = views[0]
+    return (False, *(_same_view(t, out) for t in views[1:]))
+
+
+def _disjoint(views: tuple[Tensor, ...], modes: tuple[str, ...],
+              folded: tuple[bool, ...]) -> bool:
+    """No output shares a queue range with another operand (no aliasing, no overlap),
+    folded operands apart."""
     ranges = []
     for t in views:
         spec = AccessSpec.of_view(t, "read")
@@ -300,7 +331,7 @@ def _disjoint(views: tuple[Tensor, ...], modes: tuple[str, ...]) -> bool:
     for i, (qi, lo_i, hi_i) in enumerate(ranges):
         for j in range(i + 1, len(ranges)):
             qj, lo_j, hi_j = ranges[j]
-            if "write" not in (modes[i], modes[j]) or qi is not qj:
+            if "write" not in (modes[i], modes[j]) or qi is not qj or folded[i] or folded[j]:
                 continue
             if lo_i <= hi_j and lo_j <= hi_i:
                 return False
@@ -344,7 +375,8 @@ def offer(op: str, backend: Any, key: Key | None, views: tuple[Tensor, ...],
     if not all(type(t) is Tensor and type(t._accessor) is DefaultAccessor
                and _preparable(t._storage) for t in views):
         return
-    if any(t.size == 0 for t in views) or not _disjoint(views, modes):
+    folded = _folded(op, views)
+    if any(t.size == 0 for t in views) or not _disjoint(views, modes, folded):
         return
     # Plain host memory hands out its handles without acquisition: the prepared call only
     # records views and addresses, and reads or writes them later under the group's requests.
@@ -354,7 +386,7 @@ def offer(op: str, backend: Any, key: Key | None, views: tuple[Tensor, ...],
     if run is None:
         return
     anchor = extra[0] if op == "transform" else None
-    entry = Prepared(key, op, views, modes, run, str(backend.name), anchor)
+    entry = Prepared(key, op, views, modes, run, str(backend.name), anchor, folded)
     if len(_entries) >= _MAX_ENTRIES:
         _entries.clear()
     _entries[key] = entry

@@ -162,12 +162,38 @@ class Tensor(StorageView):
         )
 
     def __getitem__(self, key: Any) -> Tensor:
-        shape, strides, offset = _basic_index(self.shape, self.strides, self._offset, key)
-        return self._with(shape, strides, offset)
+        mapping = self._mapping
+        if type(key) is slice:
+            shape = mapping.extents.shape
+            if len(shape) == 1:
+                # ``a[i:j]`` of a vector, the commonest fresh view of all.
+                extent = shape[0]
+                stride = mapping.strides[0]
+                start, stop, step = key.indices(extent)
+                count = len(range(start, stop, step))
+                return Tensor._view(self._storage, best_mapping((count,), (stride * step,)),
+                                    self._accessor,
+                                    self._offset + start * stride if count else self._offset)
+            key = (key,)
+        if type(key) is tuple and all(type(k) is slice for k in key):
+            # The common view (``a[0:n]``, ``a[:, ::2]``): slices only, no ellipsis or
+            # new axis, in a loop that makes fresh views each step. The same result as
+            # _basic_index, without its bookkeeping for the other kinds of keys.
+            found = _sliced(mapping.extents.shape, mapping.strides, self._offset, key)
+            if found is not None:
+                shape, strides, offset = found
+                return Tensor._view(self._storage, best_mapping(shape, strides),
+                                    self._accessor, offset)
+        shape_l, strides_l, offset = _basic_index(mapping.extents.shape, mapping.strides,
+                                                  self._offset, key)
+        return self._with(shape_l, strides_l, offset)
 
     @property
     def T(self) -> Tensor:
-        return self._with(self.shape[::-1], self.strides[::-1], self._offset)
+        mapping = self._mapping  # slots, not properties: loops take ``a.T`` on every step
+        return Tensor._view(self._storage,
+                            best_mapping(mapping.extents.shape[::-1], mapping.strides[::-1]),
+                            self._accessor, self._offset)
 
     @property
     def mT(self) -> Tensor:
@@ -309,6 +335,34 @@ class Tensor(StorageView):
                      "the values shown may be half-written")
         body = np.array2string(values, separator=", ", prefix="uni.Tensor(")
         return f"uni.Tensor({body}, {head})"
+
+
+def _sliced(shape: tuple[int, ...], strides: tuple[int, ...], offset: int,
+            key: tuple[slice, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """``_basic_index`` for a key of slices only; None (let it explain) when there are
+    more slices than axes."""
+    rank = len(shape)
+    if len(key) > rank:
+        return None
+    if len(key) < rank:
+        key = key + (slice(None),) * (rank - len(key))
+    new_shape = []
+    new_strides = []
+    start_offset = offset
+    empty = False
+    for extent, stride, k in zip(shape, strides, key):  # noqa: B905 (lengths equal here)
+        start, stop, step = k.indices(extent)
+        count = len(range(start, stop, step))
+        if count:
+            offset += start * stride
+        else:
+            empty = True
+        new_shape.append(count)
+        new_strides.append(stride * step)
+    if empty:
+        # An empty view reaches nothing; keep an offset that stays inside the buffer.
+        offset = start_offset
+    return tuple(new_shape), tuple(new_strides), offset
 
 
 def _basic_index(

@@ -96,7 +96,12 @@ def _ufunc_binary(ufunc: np.ufunc) -> Callable[..., Array]:
         result: Array = ufunc(x, y, out=out, dtype=dtype, casting="unsafe")
         return result
 
+    _BINARY_UFUNCS[apply] = ufunc
     return apply
+
+
+# The ufunc each binary op's numpy_impl calls, for kernels that call it directly.
+_BINARY_UFUNCS: dict[Callable[..., Array], np.ufunc] = {}
 
 
 def _copy(x: Any, *, out: Array | None, dtype: DType) -> Array:
@@ -297,6 +302,10 @@ class ElementOp:
         conversions, for callers that prepared the inputs once (arrays, and Python scalars
         already converted into 0-d arrays of ``dtype``) and set ``np.errstate`` themselves."""
         impl = self._kind.numpy_impl
+        ufunc = _BINARY_UFUNCS.get(impl)
+        if ufunc is not None:
+            # The same call as impl's, without a Python frame in between.
+            return functools.partial(ufunc, casting="unsafe")
         factor = self.factor
 
         def kernel(*inputs: Any, out: Array | None, dtype: DType) -> Array:

@@ -311,7 +311,7 @@ def _prepare_transform(call: TransformCall) -> Callable[..., bool] | None:
         return None
     if is_element_op(op):
         return prepare_execute(op, out, inputs, dtype=call.compute_dtype)
-    return _prepare_ufunc(op, out, inputs)
+    return _prepare_ufunc(op, out, inputs) if isinstance(op, np.ufunc) else None
 
 
 def _transform(call: TransformCall) -> Declined | None:

@@ -42,17 +42,47 @@ _TILE_BYTES = 1 << 20
 # Below this a tile's copy time nears the few microseconds each np.copyto call costs.
 _MIN_TILE_BYTES = 32 << 10
 _LINE_BYTES = 64
-# Source lines one tile keeps live between steps of the source's fastest axis: 32 KiB,
-# within any L1d by capacity.
-_LIVE_LINES = 512
-# Lines whose addresses differ by a multiple of 4 KiB compete for one L1 set (64 sets of
-# 64-byte lines, in every common x86 and Arm L1d). Power-of-two row lengths (4096
-# doubles) put every row's line in the same set, which is what makes np.copyto so slow on
-# them. Measured on the 2-core development machine (48 KiB 12-way L1d, 1 MiB L2): tiles
-# keeping up to 16 lines of one set live run at full speed (the L2 refills the overflow
-# cheaply); from 32 on they fall off steeply.
-_L1_SETS = 64
-_L1_LINES_PER_SET = 16
+
+
+def _l1d_geometry() -> tuple[int, int] | None:
+    """``(sets, ways)`` of this machine's level-1 data cache, from Linux's sysfs; None
+    elsewhere (or when it does not say)."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(root)):
+            path = os.path.join(root, entry)
+            if not entry.startswith("index"):
+                continue
+            with open(os.path.join(path, "level")) as f:
+                level = f.read().strip()
+            with open(os.path.join(path, "type")) as f:
+                kind = f.read().strip()
+            if level == "1" and kind in ("Data", "Unified"):
+                with open(os.path.join(path, "number_of_sets")) as f:
+                    sets = int(f.read())
+                with open(os.path.join(path, "ways_of_associativity")) as f:
+                    ways = int(f.read())
+                with open(os.path.join(path, "coherency_line_size")) as f:
+                    line = int(f.read())
+                return (sets, ways) if sets > 0 and ways > 0 and line == _LINE_BYTES else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+# Source lines one tile keeps live between steps of the source's fastest axis: two thirds
+# of the L1d by capacity (512 lines of a 48 KiB L1d, 341 of a 32 KiB one).
+# Lines whose addresses differ by a multiple of sets x 64 bytes (4 KiB in every common x86
+# and Arm L1d) compete for one L1 set. Power-of-two row lengths (4096 doubles) put every
+# row's line in the same set, which is what makes np.copyto so slow on them. Measured on a
+# 48 KiB 12-way L1d (1 MiB L2): tiles keeping up to 16 lines of one set live run at full
+# speed (the L2 refills the overflow cheaply), from 32 on they fall off steeply; on a
+# 32 KiB 8-way L1d (512 KiB L2), 16 ran at half the speed of 8-10. So: a third more lines
+# per set than the L1d has ways.
+_GEOMETRY = _l1d_geometry()
+_L1_SETS, _L1_WAYS = _GEOMETRY if _GEOMETRY is not None else (64, 12)
+_LIVE_LINES = _L1_SETS * _L1_WAYS * 2 // 3
+_L1_LINES_PER_SET = _L1_WAYS + _L1_WAYS // 3
 # np.copyto's own order is good enough when the lines it keeps live fit a quarter of a
 # typical L2 (256 KiB) and no L1 set holds more than twice its even share of them (L2 sets
 # are picked by the same low address bits, so this also keeps them off one L2 set).

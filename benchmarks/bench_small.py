@@ -1,0 +1,300 @@
+"""Small operations against numpy doing the same thing (issue 11 section 3).
+
+Run:  python benchmarks/bench_small.py [--quick] [--repeats N] [--json FILE]
+
+Every figure of issue 11 section 3, each against its reference measured in the same run:
+
+- sync ``uni.copy`` of 1,000 float64 on the same tensors, and on fresh views made each call
+  (``a[0:1000]``), against ``numpy.copyto`` (fresh numpy views for the fresh case);
+- sync ``uni.transform(out, uni.ops.add, x, y)`` of 1,000 elements (same tensors, fresh
+  views) against ``numpy.add(x, y, out=out)``;
+- sync ``uni.gemv`` 64x64 (same, fresh views) against ``numpy.matmul(a, x, out=y)``;
+- sync ``uni.gemm`` 64x64, and with ``a.T`` as a fresh view, against ``numpy.matmul(out=)``;
+- a sync read lease acquired and released against a bare ``threading.Lock``;
+- ``copy_async``/``transform_async``/``gemm_async`` awaited one at a time in trio against
+  the same sync operation (the note gives the difference: goal <= 25 us above sync);
+- 1,000 dependent ``transform_async(x, add, x, 1.0)`` issued at once, then awaited, per
+  operation end to end, against ``numpy.add(x, 1.0, out=x)``;
+- the repeated 8x8 gemm against ``numpy.matmul(a, b, out=c)``;
+- the C->F copy of 4096^2 float64 against a contiguous copy of the same bytes
+  (``numpy.copyto`` C->C): a bandwidth ratio (goal >= 0.75).
+
+Goals (issue 11): the sync copy/transform/gemv <= 8 us per call, fresh views included; gemm
+64x64 <= 1.15x numpy; a lease <= 1.5 us; async <= 25 us above sync; 1,000 dependent async
+<= 15 us each; the 8x8 gemm <= 2x numpy; C->F >= 0.75 of contiguous bandwidth. The goal
+column of the script's table says which are met.
+
+Only public API that existed before the work on section 3 is used, so the same script
+measures an older checkout: ``PYTHONPATH=/path/to/old python benchmarks/bench_small.py``.
+Contenders alternate within every repeat (uni, reference, reference, uni, ...) so drift in
+the machine's speed hits both alike; figures are medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import trio
+from _timing import print_table, result
+
+import uni
+
+Result = dict[str, Any]
+
+#: Each case's goal, for the table: (kind, value). "us": uni <= value microseconds per call;
+#: "x": uni <= value times the reference; "above": uni - reference <= value microseconds;
+#: "bw": reference_s / uni_s >= value (bandwidth ratio).
+GOALS: dict[str, tuple[str, float]] = {
+    "copy 1000 f64": ("us", 8.0),
+    "copy 1000 f64, fresh views": ("us", 8.0),
+    "transform(add) 1000 f64": ("us", 8.0),
+    "transform(add) 1000 f64, fresh views": ("us", 8.0),
+    "gemv 64x64 f64": ("us", 8.0),
+    "gemv 64x64 f64, fresh views": ("us", 8.0),
+    "gemm 64x64 f64": ("x", 1.15),
+    "gemm 64x64 f64, a.T fresh": ("x", 1.15),
+    "read lease acquire+release": ("us", 1.5),
+    "copy_async awaited (trio)": ("above", 25.0),
+    "transform_async awaited (trio)": ("above", 25.0),
+    "gemm_async 64x64 awaited (trio)": ("above", 25.0),
+    "1000 dependent transform_async": ("us", 15.0),
+    "gemm 8x8 repeated": ("x", 2.0),
+    "copy C->F 4096^2 f64": ("bw", 0.75),
+}
+
+
+def _pair(ours: Callable[[], object], reference: Callable[[], object], number: int,
+          repeats: int) -> tuple[float, float]:
+    """Median seconds per call of ``ours`` and ``reference``, timed alternately."""
+    for _ in range(max(1, number // 10)):  # warm: caches, prepared repeats, lazy imports
+        ours()
+        reference()
+    mine: list[float] = []
+    theirs: list[float] = []
+    for i in range(repeats):
+        order = (ours, reference) if i % 2 == 0 else (reference, ours)
+        for fn in order:
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            elapsed = (time.perf_counter() - start) / number
+            (mine if fn is ours else theirs).append(elapsed)
+    return statistics.median(mine), statistics.median(theirs)
+
+
+def _case(out: list[Result], case: str, ours: Callable[[], object], reference_name: str,
+          reference: Callable[[], object], number: int, repeats: int, *,
+          nbytes: int | None = None, notes: str = "") -> None:
+    uni_s, ref_s = _pair(ours, reference, number, repeats)
+    out.append(result(case, uni_s, reference_name, ref_s, nbytes=nbytes, notes=notes))
+
+
+def _sync_cases(out: list[Result], number: int, repeats: int) -> None:
+    n = 1000
+    an, bn = np.arange(n, dtype=np.float64), np.zeros(n)
+    a, b = uni.from_numpy(an.copy()), uni.from_numpy(bn.copy())
+    _case(out, "copy 1000 f64", lambda: uni.copy(a, b), "numpy.copyto",
+          lambda: np.copyto(bn, an), number, repeats)
+    _case(out, "copy 1000 f64, fresh views", lambda: uni.copy(a[0:n], b[0:n]),
+          "numpy.copyto (fresh views)", lambda: np.copyto(bn[0:n], an[0:n]), number, repeats)
+
+    xn, yn, on = np.arange(n, dtype=np.float64), np.ones(n), np.zeros(n)
+    x, y, o = (uni.from_numpy(v.copy()) for v in (xn, yn, on))
+    add = uni.ops.add
+    _case(out, "transform(add) 1000 f64", lambda: uni.transform(o, add, x, y),
+          "numpy.add(out=)", lambda: np.add(xn, yn, out=on), number, repeats)
+    _case(out, "transform(add) 1000 f64, fresh views",
+          lambda: uni.transform(o[0:n], add, x[0:n], y[0:n]), "numpy.add(out=) (fresh views)",
+          lambda: np.add(xn[0:n], yn[0:n], out=on[0:n]), number, repeats)
+
+    rng = np.random.default_rng(0)
+    mn, vn, wn = rng.standard_normal((64, 64)), rng.standard_normal(64), np.zeros(64)
+    m, v, w = (uni.from_numpy(t.copy()) for t in (mn, vn, wn))
+    _case(out, "gemv 64x64 f64", lambda: uni.gemv(m, v, w), "numpy.matmul(out=)",
+          lambda: np.matmul(mn, vn, out=wn), number, repeats)
+    _case(out, "gemv 64x64 f64, fresh views", lambda: uni.gemv(m.T, v[0:64], w[0:64]),
+          "numpy.matmul(out=) (fresh views)",
+          lambda: np.matmul(mn.T, vn[0:64], out=wn[0:64]), number, repeats)
+
+    gn, hn, cn = rng.standard_normal((64, 64)), rng.standard_normal((64, 64)), np.zeros((64, 64))
+    g, h, c = (uni.from_numpy(t.copy()) for t in (gn, hn, cn))
+    _case(out, "gemm 64x64 f64", lambda: uni.gemm(g, h, c), "numpy.matmul(out=)",
+          lambda: np.matmul(gn, hn, out=cn), max(1, number // 4), repeats)
+    _case(out, "gemm 64x64 f64, a.T fresh", lambda: uni.gemm(g.T, h, c),
+          "numpy.matmul(a.T, out=)", lambda: np.matmul(gn.T, hn, out=cn),
+          max(1, number // 4), repeats)
+
+    lock = threading.Lock()
+
+    def lease() -> None:
+        uni.acquire_host_read_access_sync(a).release()
+
+    def bare() -> None:
+        lock.acquire()
+        lock.release()
+
+    _case(out, "read lease acquire+release", lease, "threading.Lock acquire+release", bare,
+          number * 5, repeats)
+
+    s8, t8, u8 = rng.standard_normal((8, 8)), rng.standard_normal((8, 8)), np.zeros((8, 8))
+    p, q, r = (uni.from_numpy(t.copy()) for t in (s8, t8, u8))
+    _case(out, "gemm 8x8 repeated", lambda: uni.gemm(p, q, r), "numpy.matmul(out=)",
+          lambda: np.matmul(s8, t8, out=u8), number * 2, repeats)
+
+
+def _trio_per_call(make: Callable[[], Any], number: int) -> float:
+    """Seconds per ``await make()`` in trio, one at a time."""
+    async def main() -> float:
+        for _ in range(max(1, number // 10)):
+            await make()
+        start = time.perf_counter()
+        for _ in range(number):
+            await make()
+        return (time.perf_counter() - start) / number
+
+    return float(trio.run(main))
+
+
+def _async_cases(out: list[Result], number: int, repeats: int) -> None:
+    n = 1000
+    a, b = uni.from_numpy(np.arange(n, dtype=np.float64)), uni.zeros((n,))
+    x, y = uni.from_numpy(np.arange(n, dtype=np.float64)), uni.from_numpy(np.ones(n))
+    o = uni.zeros((n,))
+    rng = np.random.default_rng(1)
+    g, h = uni.from_numpy(rng.standard_normal((64, 64))), uni.from_numpy(
+        rng.standard_normal((64, 64)))
+    c = uni.zeros((64, 64))
+    add = uni.ops.add
+    cases: list[tuple[str, Callable[[], Any], str, Callable[[], object], int]] = [
+        ("copy_async awaited (trio)", lambda: uni.copy_async(a, b), "uni.copy (sync)",
+         lambda: uni.copy(a, b), number),
+        ("transform_async awaited (trio)", lambda: uni.transform_async(o, add, x, y),
+         "uni.transform (sync)", lambda: uni.transform(o, add, x, y), number),
+        ("gemm_async 64x64 awaited (trio)", lambda: uni.gemm_async(g, h, c),
+         "uni.gemm (sync)", lambda: uni.gemm(g, h, c), max(1, number // 4)),
+    ]
+    for case, make, ref_name, sync, count in cases:
+        mine: list[float] = []
+        theirs: list[float] = []
+        for _ in range(count // 10):
+            sync()
+        for i in range(repeats):
+            if i % 2:
+                mine.append(_trio_per_call(make, count))
+            theirs.append(_per_call(sync, count))
+            if not i % 2:
+                mine.append(_trio_per_call(make, count))
+        uni_s, ref_s = statistics.median(mine), statistics.median(theirs)
+        out.append(result(case, uni_s, ref_name, ref_s,
+                          notes=f"{(uni_s - ref_s) * 1e6:.1f} us above sync"))
+
+    # 1,000 dependent operations issued at once, then awaited: per operation, end to end.
+    count = 1000
+    xs = uni.zeros((n,))
+    xn = np.zeros(n)
+
+    async def chain() -> float:
+        start = time.perf_counter()
+        futures = [uni.transform_async(xs, add, xs, 1.0) for _ in range(count)]
+        for future in futures:
+            await future
+        return (time.perf_counter() - start) / count
+
+    def reference() -> float:
+        start = time.perf_counter()
+        for _ in range(count):
+            np.add(xn, 1.0, out=xn)
+        return (time.perf_counter() - start) / count
+
+    trio.run(chain)  # warm
+    mine, theirs = [], []
+    for i in range(repeats):
+        if i % 2:
+            mine.append(float(trio.run(chain)))
+        theirs.append(reference())
+        if not i % 2:
+            mine.append(float(trio.run(chain)))
+    out.append(result("1000 dependent transform_async", statistics.median(mine),
+                      "numpy.add(x, 1.0, out=x) x1000", statistics.median(theirs),
+                      notes="per operation, issued at once then awaited"))
+
+
+def _per_call(fn: Callable[[], object], number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+
+
+def _transpose_case(out: list[Result], quick: bool, repeats: int) -> None:
+    n = 2048 if quick else 4096
+    src_n = np.random.default_rng(2).standard_normal((n, n))
+    dst_f = np.zeros((n, n), order="F")
+    dst_c = np.zeros((n, n))
+    src = uni.from_numpy(src_n)
+    dst = uni.from_numpy(dst_f)
+    _case(out, f"copy C->F {n}^2 f64" if quick else "copy C->F 4096^2 f64",
+          lambda: uni.copy(src, dst), "numpy.copyto C->C (same bytes)",
+          lambda: np.copyto(dst_c, src_n), 1, max(repeats, 5), nbytes=2 * src_n.nbytes,
+          notes="bandwidth ratio = ratio")
+
+
+def run(quick: bool = False, repeats: int | None = None) -> list[Result]:
+    """Every case; ``quick`` times fewer calls (and a 2048^2 transpose)."""
+    repeats = repeats if repeats is not None else (5 if quick else 9)
+    number = 300 if quick else 2000
+    out: list[Result] = []
+    _sync_cases(out, number, repeats)
+    _async_cases(out, number // 2, repeats)
+    _transpose_case(out, quick, repeats)
+    return out
+
+
+def goal_met(r: Result) -> str:
+    """``met``/``not met`` against the case's issue 11 goal, with the figure compared."""
+    case = str(r["case"])
+    key = "copy C->F 4096^2 f64" if case.startswith("copy C->F") else case
+    goal = GOALS.get(key)
+    if goal is None:
+        return ""
+    kind, value = goal
+    uni_s, ref_s = float(r["uni_s"]), float(r["reference_s"])
+    if kind == "us":
+        figure, ok = f"{uni_s * 1e6:.2f} us <= {value:g} us", uni_s * 1e6 <= value
+    elif kind == "x":
+        figure, ok = f"{uni_s / ref_s:.2f}x <= {value:g}x", uni_s / ref_s <= value
+    elif kind == "above":
+        above = (uni_s - ref_s) * 1e6
+        figure, ok = f"+{above:.1f} us <= {value:g} us", above <= value
+    else:
+        figure, ok = f"{ref_s / uni_s:.2f} >= {value:g}", ref_s / uni_s >= value
+    return f"{'met' if ok else 'NOT met'} ({figure})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--json", default=None, help="also write the results to this file")
+    args = parser.parse_args(argv)
+    results = run(args.quick, args.repeats)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    for r in results:
+        met = goal_met(r)
+        if met:
+            r["notes"] = f"{r['notes']}; {met}" if r.get("notes") else met
+    print_table(results, f"small operations (uni from {uni.__file__})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
