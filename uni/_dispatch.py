@@ -47,9 +47,11 @@ __all__ = [
     "decided",
     "describe_call",
     "diagnostics_active",
+    "diagnostics_now",
     "dispatch_diagnostics",
     "override_backends",
     "overridden",
+    "overrides_now",
     "plain",
     "walk",
 ]
@@ -188,6 +190,12 @@ def backend_list(op: str, storage: Any, backends: Sequence[Any] | None) -> tuple
 _diagnostics: contextvars.ContextVar[tuple[list[DispatchRecord], ...]] = contextvars.ContextVar(
     "uni_dispatch_diagnostics", default=()
 )
+
+
+#: The two lookups ``plain()`` makes, bound once: a hot path (uni._prepared) inlines
+#: ``not overrides_now() and not diagnostics_now()`` to save a call per operation.
+overrides_now = _overrides.get
+diagnostics_now = _diagnostics.get
 
 
 @contextlib.contextmanager

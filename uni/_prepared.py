@@ -28,6 +28,22 @@ the plain default accessor), plus the op and the scalar inputs' types for a tran
 loop that makes fresh views (``uni.copy(a.T, b)``) finds its entry. An entry is made on the
 second sighting of a key, so one-off operations pay nothing.
 
+Identity first: a repeat on the very same tensor objects (the common loop) finds its entry
+by the operands' ids alone, in a second dict whose records die with any of their tensors
+(weak references with callbacks, as for storages: an id is never reused while its record
+lives). A tensor's storage, offset, mapping and accessor never change after construction,
+so the entry its by-value key found stays the entry of those objects. Records are made on
+a by-value hit; an entry whose records keep dying (a loop of fresh views) stops making them
+(``_CHURN_LIMIT``) and is found by value.
+
+Queues: an entry holds each operand's queue and orders on it. Memory merged with another
+registration moves a storage to another queue, and only ever after retiring the old one
+(``uni.storage._memory._merge``: retired under its lock, before the storages move, and
+never taken back once they have): so a retired queue is what a moved storage looks like,
+and the held run and ``try_grant`` refuse a retired queue under its lock. The entry is then
+dropped (``Prepared.refused``) and the general path, on the storage's new queue, prepares
+a new one.
+
 Memory: an entry holds its storages through weak references whose callback evicts it, and
 nothing else of the operands but what its backend prepared (numpy views of the buffers, data
 addresses). Dropping the tensors frees the storage, the callback drops the entry, and the
@@ -45,7 +61,7 @@ from typing import Any
 from uni._access import AccessSpec, PreparedAccess, PreparedGroup, queue_range
 from uni._accessor import DefaultAccessor
 from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall
-from uni._dispatch import on_forget, plain
+from uni._dispatch import diagnostics_now, on_forget, overrides_now, plain
 from uni._executor import SMALL_ELEMENTS, SMALL_MACS
 from uni._handle import HOST
 from uni._mdspec import trusted_span
@@ -59,6 +75,7 @@ __all__ = [
     "forget",
     "gemm_key",
     "gemv_key",
+    "identity_count",
     "lookup",
     "offer",
     "run_copy",
@@ -99,12 +116,13 @@ def _evictor(key: Key) -> Callable[[Any], None]:
 class Prepared:
     """One prepared operation: its operands' requests and the backend's prepared call."""
 
-    __slots__ = ("anchor", "backend", "group", "held", "queues", "refs", "run")
+    __slots__ = ("anchor", "backend", "churn", "group", "held", "key", "queues", "refs", "run")
 
     def __init__(self, key: Key, op: str, views: tuple[Tensor, ...], modes: tuple[str, ...],
                  run: Callable[..., bool], backend: str, anchor: Any = None,
                  folded: tuple[bool, ...] | None = None) -> None:
         evict = _evictor(key)
+        self.key = key
         # Evicted when any storage goes, before its id can be reused: a live entry found
         # by a key of storage ids is an entry of those very storages.
         self.refs = tuple(weakref.ref(t._storage, evict) for t in views)
@@ -121,21 +139,33 @@ class Prepared:
         self.run = run
         self.backend = backend  # what the general path's future would have said
         self.anchor = anchor  # a transform's op: its id is in the key, so it must stay alive
+        #: How often an identity record of this entry died with its tensors (fresh views):
+        #: past _CHURN_LIMIT no more are made for it.
+        self.churn = 0
 
-    def __call__(self, storages: tuple[Any, ...], *args: Any) -> str | None:
+    def __call__(self, args: tuple[Any, ...]) -> str | None:
         """The backend's name when done; None (nothing touched, nothing held) to take the
         general path."""
-        for storage, queue in zip(storages, self.queues):  # noqa: B905 (one per operand)
-            # Memory merged with another registration moves a storage to another queue:
-            # this entry's requests would be ordered on the old one.
-            if storage.access_queue is not queue:
-                return None
         held = self.held
         if held is not None:  # small: run inside the queues' critical sections
             done = held.run(self.run, args)
+            if done:
+                return self.backend
             if done is not None:
-                return self.backend if done else None
-        return self.backend if self.group.run(self.run, *args) else None
+                self.refused()
+                return None
+        if self.group.run(self.run, *args):
+            return self.backend
+        self.refused()
+        return None
+
+    def refused(self) -> None:
+        """After a refusal: a queue retired by a merge (its storage moved to another queue)
+        refuses for good, so the entry goes (the general path prepares a new one)."""
+        if any(queue.retired for queue in self.queues):
+            if _entries.get(self.key) is self:
+                _entries.pop(self.key, None)
+            _drop_identities()
 
 
 def _small(op: str, views: tuple[Tensor, ...]) -> bool:
@@ -148,6 +178,39 @@ def _small(op: str, views: tuple[Tensor, ...]) -> bool:
 
 _entries: dict[Key, Prepared] = {}
 _seen: dict[Key, None] = {}
+
+# -- identity records ------------------------------------------------------------------------
+# (op, id(operand), ...) -> the entry; each record's weak references (callbacks pop it when
+# any of its tensors goes) live in _identity_refs under the same key.
+_by_identity: dict[Key, Prepared] = {}
+_identity_refs: dict[Key, tuple[weakref.ref[Any], ...]] = {}
+_CHURN_LIMIT = 4
+
+
+def _remember_identity(entry: Prepared, ids: Key, tensors: tuple[Any, ...]) -> None:
+    """Record ``entry`` under the ids of ``tensors`` (all exactly uni.Tensor)."""
+    if len(_by_identity) >= _MAX_ENTRIES:
+        _drop_identities()
+
+    def forget_ids(_ref: Any) -> None:
+        # No lock (as _evictor): dict pops are atomic. Counted once per record.
+        if _by_identity.pop(ids, None) is not None:
+            entry.churn += 1
+        _identity_refs.pop(ids, None)
+
+    _identity_refs[ids] = tuple(weakref.ref(t, forget_ids) for t in tensors)
+    _by_identity[ids] = entry
+
+
+def _drop_identities() -> None:
+    # Records first: a lookup between the two clears finds none (their refs may linger).
+    _by_identity.clear()
+    _identity_refs.clear()
+
+
+def identity_count() -> int:
+    """How many identity records are alive (for tests)."""
+    return len(_by_identity)
 
 
 # -- keys ------------------------------------------------------------------------------------
@@ -219,52 +282,117 @@ def _plain_scalars(alpha: Any, beta: Any) -> bool:
             and (ta is not int or alpha in _INT32) and (tb is not int or beta in _INT32))
 
 
+_ONE = 1
+_ZERO = 0
+_DEFAULT_SCALARS = (1, 0)
+
+
 # The run_* functions build their keys inline (as copy_key and _product_key do): they run on
-# every call of a sync front end, where a function call is a tenth of the budget.
+# every call of a sync front end, where a function call is a tenth of the budget. Each looks
+# the operands' ids up first (a repeat on the same tensors), then their key by value.
 def run_copy(src: Any, dst: Any) -> str | None:
     """Run the prepared copy of ``src`` into ``dst``; its backend's name, or None."""
+    entry = _by_identity.get(("copy", id(src), id(dst)))
+    if entry is not None:
+        if overrides_now() or diagnostics_now():
+            return None
+        return entry(())
     if type(src) is not Tensor or type(dst) is not Tensor:
         return None
     sm, dm = src._mapping, dst._mapping
     entry = _entries.get(("copy", id(src._storage), src._offset, type(sm), sm.extents.shape,
                           sm.strides, type(src._accessor), id(dst._storage), dst._offset,
                           type(dm), dm.extents.shape, dm.strides, type(dst._accessor)))
-    if entry is None or not plain():
+    if entry is None or overrides_now() or diagnostics_now():
         return None
-    return entry((src._storage, dst._storage))
+    done = entry(())
+    if done is not None and entry.churn < _CHURN_LIMIT:
+        _remember_identity(entry, ("copy", id(src), id(dst)), (src, dst))
+    return done
 
 
-def _run_product(op: str, a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
-    if type(a) is not Tensor or type(b) is not Tensor or type(c) is not Tensor:
-        return None
-    am, bm, cm = a._mapping, b._mapping, c._mapping
-    entry = _entries.get((op, id(a._storage), a._offset, type(am), am.extents.shape,
-                          am.strides, type(a._accessor), id(b._storage), b._offset, type(bm),
-                          bm.extents.shape, bm.strides, type(b._accessor), id(c._storage),
-                          c._offset, type(cm), cm.extents.shape, cm.strides,
-                          type(c._accessor)))
-    if entry is None or not _plain_scalars(alpha, beta) or not plain():
-        return None
-    return entry((a._storage, b._storage, c._storage), alpha, beta)
+def _product_runner(op: str) -> Callable[[Any, Any, Any, Any, Any], str | None]:
+    def run_product(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
+        # The default scalars by identity: the int objects 1 and 0 themselves (a bool or a
+        # float is another object), which _plain_scalars would accept.
+        if alpha is _ONE and beta is _ZERO:
+            args = _DEFAULT_SCALARS
+        elif _plain_scalars(alpha, beta):
+            args = (alpha, beta)
+        else:
+            return None
+        entry = _by_identity.get((op, id(a), id(b), id(c)))
+        if entry is not None:
+            if overrides_now() or diagnostics_now():
+                return None
+            held = entry.held
+            if held is not None:
+                done = held.run(entry.run, args)
+                if done:
+                    return entry.backend
+                if done is not None:
+                    entry.refused()
+                    return None
+            return entry(args)
+        if type(a) is not Tensor or type(b) is not Tensor or type(c) is not Tensor:
+            return None
+        am, bm, cm = a._mapping, b._mapping, c._mapping
+        entry = _entries.get((op, id(a._storage), a._offset, type(am), am.extents.shape,
+                              am.strides, type(a._accessor), id(b._storage), b._offset,
+                              type(bm), bm.extents.shape, bm.strides, type(b._accessor),
+                              id(c._storage), c._offset, type(cm), cm.extents.shape,
+                              cm.strides, type(c._accessor)))
+        if entry is None or overrides_now() or diagnostics_now():
+            return None
+        backend = entry(args)
+        if backend is not None and entry.churn < _CHURN_LIMIT:
+            _remember_identity(entry, (op, id(a), id(b), id(c)), (a, b, c))
+        return backend
+
+    return run_product
 
 
-def run_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
-    """Run the prepared gemm on ``(a, b, c)`` if one exists and covers this call."""
-    return _run_product("gemm", a, b, c, alpha, beta)
+#: ``run_gemm(a, b, c, alpha, beta)``: the prepared gemm on ``(a, b, c)`` if one exists and
+#: covers this call; its backend's name, or None (take the general path).
+run_gemm = _product_runner("gemm")
+#: ``run_gemv(a, x, y, alpha, beta)``: the same for gemv.
+run_gemv = _product_runner("gemv")
 
 
-def run_gemv(a: Any, x: Any, y: Any, alpha: Any, beta: Any) -> str | None:
-    """Run the prepared gemv on ``(a, x, y)`` if one exists and covers this call."""
-    return _run_product("gemv", a, x, y, alpha, beta)
+def _transform_ids(out: Any, op: Any, inputs: tuple[Any, ...]) -> Key | None:
+    # The identity key: per input its id (a tensor) or its type (a scalar: an int id and a
+    # class never compare equal). One or two inputs (every element op); else None.
+    if len(inputs) == 2:
+        x, y = inputs
+        return ("transform", id(op), id(out), id(x) if type(x) is Tensor else type(x),
+                id(y) if type(y) is Tensor else type(y))
+    if len(inputs) == 1:
+        x = inputs[0]
+        return ("transform", id(op), id(out), id(x) if type(x) is Tensor else type(x))
+    return None
 
 
 def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
     """Run the prepared transform if one exists (its scalar inputs passed at run time)."""
-    key, storages, scalars = transform_key(out, op, inputs)
+    ids = _transform_ids(out, op, inputs)
+    entry = None if ids is None else _by_identity.get(ids)
+    if entry is not None:
+        # The entry keeps its op (anchor) alive, so id(op) in the key is this very op.
+        if entry.anchor is not op or overrides_now() or diagnostics_now():
+            return None
+        # One storage reference per tensor operand: as many as out and the inputs means no
+        # scalar input (the common case, without building a tuple of them).
+        if len(entry.refs) == 1 + len(inputs):
+            return entry(())
+        return entry(tuple(x for x in inputs if type(x) is not Tensor))
+    key, _, scalars = transform_key(out, op, inputs)
     entry = None if key is None else _entries.get(key)
-    if entry is None or entry.anchor is not op or not plain():
+    if entry is None or entry.anchor is not op or overrides_now() or diagnostics_now():
         return None
-    return entry(storages, *scalars)
+    done = entry(scalars)
+    if done is not None and ids is not None and entry.churn < _CHURN_LIMIT:
+        _remember_identity(entry, ids, (out, *(x for x in inputs if type(x) is Tensor)))
+    return done
 
 
 def lookup(op: str, *operands: Any) -> Prepared | None:
@@ -388,12 +516,14 @@ def offer(op: str, backend: Any, key: Key | None, views: tuple[Tensor, ...],
     anchor = extra[0] if op == "transform" else None
     entry = Prepared(key, op, views, modes, run, str(backend.name), anchor, folded)
     if len(_entries) >= _MAX_ENTRIES:
+        _drop_identities()
         _entries.clear()
     _entries[key] = entry
 
 
 def forget() -> None:
     """Drop every prepared entry (the walk's answer may have changed)."""
+    _drop_identities()
     _entries.clear()
     _seen.clear()
 
