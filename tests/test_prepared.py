@@ -245,6 +245,7 @@ _SEEDS = range(600)
 
 def test_fast_paths_match_the_general_path_on_random_layouts() -> None:
     prepared = {"copy": 0, "transform": 0, "gemv": 0, "gemm": 0}
+    identified = dict(prepared)
     errors = 0
     for seed in _SEEDS:
         op, fast_np, kwargs, fast_out = _case(seed)
@@ -252,7 +253,7 @@ def test_fast_paths_match_the_general_path_on_random_layouts() -> None:
         fast, general = _tensors(fast_np), _tensors(general_np)
         fast_outs = [fast[_index(fast_np, o)] for o in fast_out]
         general_outs = [general[_index(general_np, o)] for o in general_out]
-        for call in range(3):
+        for call in range(4):  # the 4th runs through the identity record the 3rd made
             where = f"seed {seed}: {op} call {call}"
             got = _outcome(op, fast, kwargs)
             with uni.dispatch_diagnostics():
@@ -263,12 +264,17 @@ def test_fast_paths_match_the_general_path_on_random_layouts() -> None:
                 _same_state(_state(f), _state(g), where)
         if op == "transform":
             entry = _prepared.lookup("transform", fast[0], fast[1], *fast[2:])
+            by_id = _prepared.lookup_identity("transform", fast[0], fast[1], *fast[2:])
         else:
             entry = _prepared.lookup(op, *fast)
+            by_id = _prepared.lookup_identity(op, *fast)
         prepared[op] += entry is not None
-    # The run covered what it claims: every op reached its prepared repeat often, and the
-    # error cases were met too.
+        assert by_id is None or by_id is entry, seed
+        identified[op] += by_id is not None
+    # The run covered what it claims: every op reached its prepared repeat often, by value
+    # and by identity, and the error cases were met too.
     assert all(count >= 15 for count in prepared.values()), prepared
+    assert all(count >= 15 for count in identified.values()), identified
     assert errors >= 20
 
 
@@ -573,3 +579,121 @@ def test_an_async_repeat_queues_behind_another_threads_lease(plain_context: bool
     worker.join(5)
     future.result(5)
     np.testing.assert_array_equal(dst.to_numpy(), np.arange(5.0))
+
+
+# -- identity records and held runs --------------------------------------------------------------
+def test_an_identity_record_dies_with_its_tensor_and_the_entry_stays() -> None:
+    import gc
+
+    arrays = [np.ones((4, 4)), np.full((4, 4), 2.0), np.zeros((4, 4))]
+    a, b, c = (uni.from_numpy(x) for x in arrays)
+    gc.collect()
+    before = _prepared.identity_count()
+    for _ in range(3):
+        uni.gemm(a, b, c)
+    entry = _prepared.lookup("gemm", a, b, c)
+    assert entry is not None and _prepared.lookup_identity("gemm", a, b, c) is entry
+    assert _prepared.identity_count() == before + 1
+    np.testing.assert_array_equal(c.to_numpy(), 8.0)
+    ids = ("gemm", id(a), id(b), id(c))
+    a2 = a[:, :]  # another view of a's storage keeps the by-value entry alive
+    del a  # no cycle holds it: the record goes at once, without a collection
+    assert ids not in _prepared._by_identity and ids not in _prepared._identity_refs
+    assert _prepared.identity_count() == before
+    assert _prepared.lookup("gemm", a2, b, c) is entry  # found by value again
+    arrays[2][...] = 0.0
+    uni.gemm(a2, b, c)
+    np.testing.assert_array_equal(c.to_numpy(), 8.0)
+    assert _prepared.lookup_identity("gemm", a2, b, c) is entry
+
+
+def test_fresh_views_stop_making_identity_records() -> None:
+    rng = np.random.default_rng(3)
+    g, h = uni.from_numpy(rng.standard_normal((5, 5))), uni.from_numpy(rng.standard_normal((5, 5)))
+    c = uni.zeros((5, 5))
+    for _ in range(20):
+        uni.gemm(g.T, h, c)
+    entry = _prepared.lookup("gemm", g.T, h, c)
+    assert entry is not None and entry.churn == _prepared._CHURN_LIMIT
+    count = _prepared.identity_count()
+    for _ in range(5):
+        uni.gemm(g.T, h, c)
+    assert _prepared.identity_count() == count  # no record made and dropped per call
+    np.testing.assert_allclose(c.to_numpy(), g.to_numpy().T @ h.to_numpy())
+
+
+def test_a_merge_drops_an_entry_found_by_identity() -> None:
+    # As the merge test above, with the identity record in place: the moved storage's old
+    # queue is retired, the held run refuses it, the entry goes, and a new one is made on
+    # the queue c is on now (which this thread's write lease then holds).
+    raw = bytearray(8 * 32)
+    mem = np.frombuffer(raw, dtype=np.float64)
+    left = uni.from_numpy(mem[0:16].reshape(4, 4))
+    c = uni.from_numpy(mem[16:32].reshape(4, 4))
+    a, b = uni.from_numpy(np.eye(4)), uni.from_numpy(np.full((4, 4), 2.0))
+    for _ in range(4):
+        uni.gemm(a, b, c)
+    old = _prepared.lookup_identity("gemm", a, b, c)
+    assert old is not None
+    whole = uni.from_numpy(mem)  # bridges both regions: c moves to another queue
+    assert old.queues[2] is not c.storage.access_queue and old.queues[2].retired
+    mem[16:32] = 0.0
+    uni.gemm(a, b, c)  # refused by the retired queue, run by the general path
+    np.testing.assert_array_equal(c.to_numpy(), 2.0)
+    assert _prepared.lookup("gemm", a, b, c) is not old
+    assert _prepared.lookup_identity("gemm", a, b, c) is None
+    for _ in range(3):
+        uni.gemm(a, b, c)
+    new = _prepared.lookup_identity("gemm", a, b, c)
+    assert new is not None and new.queues[2] is c.storage.access_queue
+    lease = uni.acquire_host_write_access_sync(c)
+    try:
+        with pytest.raises(uni.LeaseConflictError):
+            uni.gemm(a, b, c)
+    finally:
+        lease.release()
+    del left, whole
+
+
+@pytest.mark.parametrize("queues", [1, 2, 3])
+def test_the_held_run_of_each_form_refuses_what_is_in_the_way(queues: int) -> None:
+    # One memory for every operand (one queue), a and b in one (two), or three memories.
+    mem = np.zeros(3 * 16 + 8)
+    mem[0:16] = 1.0
+    mem[16:32] = 2.0
+    whole = uni.from_numpy(mem)
+    pieces = [whole[0:16].reshape(4, 4), whole[16:32].reshape(4, 4), whole[32:48].reshape(4, 4)]
+    spare = whole[48:56]  # in the same queue as the operands, touched by none of them
+    if queues >= 2:
+        pieces[2] = uni.zeros((4, 4))
+    if queues == 3:
+        pieces[1] = uni.from_numpy(np.full((4, 4), 2.0))
+    a, b, c = pieces
+    for _ in range(4):
+        uni.gemm(a, b, c)
+    entry = _prepared.lookup_identity("gemm", a, b, c)
+    assert entry is not None and entry.held is not None
+    assert len({id(q) for q in entry.queues}) == queues
+    assert type(entry.held).__name__ == ["_HeldOne", "_HeldTwo", "_HeldThree"][queues - 1]
+    np.testing.assert_array_equal(c.to_numpy(), 8.0)
+    # A read lease elsewhere in a queue is not in the way; one on an output is.
+    with uni.acquire_host_read_access_sync(spare), uni.acquire_host_read_access_sync(a):
+        uni.gemm(a, b, c, beta=1)
+    np.testing.assert_array_equal(c.to_numpy(), 16.0)
+    lease = uni.acquire_host_read_access_sync(c)
+    try:
+        with pytest.raises(uni.LeaseConflictError):
+            uni.gemm(a, b, c)
+    finally:
+        lease.release()
+    # A failing kernel poisons c on this path too.
+    def boom(alpha: Any, beta: Any) -> bool:
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError):
+        entry.held.run(boom, (1, 0))
+    with pytest.raises(uni.PoisonedError):
+        uni.acquire_host_read_access_sync(c)
+    with pytest.raises(uni.PoisonedError):
+        uni.gemm(a, b, c, beta=1)  # reads c: refused (beta == 0 would overwrite it)
+    del spare

@@ -77,6 +77,7 @@ __all__ = [
     "gemv_key",
     "identity_count",
     "lookup",
+    "lookup_identity",
     "offer",
     "run_copy",
     "run_gemm",
@@ -405,6 +406,15 @@ def lookup(op: str, *operands: Any) -> Prepared | None:
     else:
         key = transform_key(operands[0], operands[1], operands[2:])[0]
     return None if key is None else _entries.get(key)
+
+
+def lookup_identity(op: str, *operands: Any) -> Prepared | None:
+    """The entry the identity record of exactly these objects names, if any (for tests)."""
+    if op == "transform":
+        ids = _transform_ids(operands[0], operands[1], operands[2:])
+    else:
+        ids = (op, *(id(x) for x in operands))
+    return None if ids is None else _by_identity.get(ids)
 
 
 def entry_count() -> int:
