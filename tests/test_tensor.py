@@ -19,6 +19,7 @@ from strategies import (
     basic_indices,
     dtypes,
     numpy_views,
+    random_view,
     reachable_offsets,
     reshape_targets,
     sample_values,
@@ -858,3 +859,35 @@ def test_slice_only_views_match_numpy_exhaustively() -> None:
                 np.testing.assert_array_equal(m[key].to_numpy(), mat[key])
     with pytest.raises(IndexError, match="too many indices"):
         t[1:2, 0:1]
+
+
+def test_the_quick_vector_slice_and_transpose_match_the_general_views() -> None:
+    # x[i:j] of a vector and t.T take shortcuts (no slice.indices, cached mappings): the
+    # same mapping (type and strides), offset and values as the general slicing (a tuple
+    # key) and as numpy, on seeded layouts, in and out of bounds.
+    from uni._mapping import best_mapping  # test-only: the general path's mapping
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(0, 7))
+        x_np = random_view(rng, (n,), "f8", broadcast=True)
+        x = uni.from_numpy(x_np)
+        for _ in range(6):
+            start, stop = (int(v) for v in rng.integers(-2, n + 3, size=2))
+            quick, general = x[start:stop], x[(slice(start, stop),)]
+            expected = x_np[start:stop]
+            assert quick._mapping == general._mapping, (n, start, stop)
+            assert type(quick._mapping) is type(general._mapping)
+            assert quick._offset == general._offset and quick.storage is x.storage
+            assert quick.shape == expected.shape
+            np.testing.assert_array_equal(quick.to_numpy(), expected)
+        shape = tuple(int(v) for v in rng.integers(0, 5, size=int(rng.integers(0, 4))))
+        t_np = random_view(rng, shape, "f8", broadcast=True)
+        t = uni.from_numpy(t_np)
+        for _ in range(2):  # the second finds the cached transposed mapping
+            tt = t.T
+            m = t._mapping
+            reference = best_mapping(m.extents.shape[::-1], m.strides[::-1])
+            assert tt._mapping == reference and type(tt._mapping) is type(reference)
+            assert tt._offset == t._offset and tt.storage is t.storage
+            np.testing.assert_array_equal(tt.to_numpy(), t_np.T)

@@ -24,6 +24,27 @@ from uni.storage._protocol import default_accessor_of
 # Tensors up to this many elements show their values in repr, like numpy's summarised print.
 _REPR_VALUES_LIMIT = 1000
 
+# Views made in loops (``a.T``, ``x[i:j]`` on every step) find their mapping here instead of
+# building it (best_mapping normalises its arguments and hashes nested tuples): a vector's
+# mapping by (count, stride); a transpose by the id of the mapping it transposes, the value
+# holding that mapping (so the id stays its own while the entry lives). Mappings are
+# immutable values, so a cached one is the one best_mapping would have made. Cleared when
+# full.
+_VECTORS: dict[tuple[int, int], Any] = {}
+_TRANSPOSED: dict[int, tuple[Any, Any]] = {}
+_VIEW_CACHE_MAX = 1024
+_new = object.__new__
+
+
+def _vector_mapping(count: int, stride: int) -> Any:
+    found = _VECTORS.get((count, stride))
+    if found is None:
+        found = best_mapping((count,), (stride,))
+        if len(_VECTORS) >= _VIEW_CACHE_MAX:
+            _VECTORS.clear()
+        _VECTORS[count, stride] = found
+    return found
+
 
 class Tensor(StorageView):
     """A view of a storage: the owning storage plus mapping, accessor and element offset.
@@ -166,8 +187,21 @@ class Tensor(StorageView):
         if type(key) is slice:
             shape = mapping.extents.shape
             if len(shape) == 1:
-                # ``a[i:j]`` of a vector, the commonest fresh view of all.
+                # ``a[i:j]`` of a vector, the commonest fresh view of all; in bounds with
+                # plain ints and no step it needs no slice.indices (the same answer).
                 extent = shape[0]
+                start, stop = key.start, key.stop
+                if (key.step is None and type(start) is int and type(stop) is int
+                        and 0 <= start <= stop <= extent):
+                    stride = mapping.strides[0]
+                    count = stop - start
+                    found = _VECTORS.get((count, stride))
+                    view = _new(Tensor)
+                    view._storage = self._storage
+                    view._accessor = self._accessor
+                    view._mapping = found if found is not None else _vector_mapping(count, stride)
+                    view._offset = self._offset + start * stride if count else self._offset
+                    return view
                 stride = mapping.strides[0]
                 start, stop, step = key.indices(extent)
                 count = len(range(start, stop, step))
@@ -191,9 +225,18 @@ class Tensor(StorageView):
     @property
     def T(self) -> Tensor:
         mapping = self._mapping  # slots, not properties: loops take ``a.T`` on every step
-        return Tensor._view(self._storage,
-                            best_mapping(mapping.extents.shape[::-1], mapping.strides[::-1]),
-                            self._accessor, self._offset)
+        found = _TRANSPOSED.get(id(mapping))
+        if found is None or found[0] is not mapping:
+            found = (mapping, best_mapping(mapping.extents.shape[::-1], mapping.strides[::-1]))
+            if len(_TRANSPOSED) >= _VIEW_CACHE_MAX:
+                _TRANSPOSED.clear()
+            _TRANSPOSED[id(mapping)] = found
+        view = _new(Tensor)
+        view._storage = self._storage
+        view._mapping = found[1]
+        view._accessor = self._accessor
+        view._offset = self._offset
+        return view
 
     @property
     def mT(self) -> Tensor:
