@@ -577,7 +577,6 @@ def prepare_gemm(
         return None
     first, second = (db, da) if swap else (da, db)
     direct_beta0 = _beta_zero_ignores_c(kind, c.dtype)
-    scalars_seen: dict[object, tuple[ctypes.Array[Any], int, int] | None] = {}
 
     def scalars_for(alpha: Scalar, beta: Scalar) -> tuple[ctypes.Array[Any], int, int] | None:
         entry = _make_scalars(kind, alpha, beta)
@@ -594,25 +593,50 @@ def prepare_gemm(
             return None
         return entry[0], entry[1], entry[2]
 
+    # Every argument but the two scalar addresses is fixed: per (alpha, beta) pair the whole
+    # argument tuple is made once, of c_void_p objects, for the routine's address called
+    # without argtypes (ctypes passes c_void_p objects as they are: no conversion of 13
+    # Python ints per call), with the scalars' buffer kept beside it.
+    raw = _raw_gemm(fn)
+    fixed = tuple(_VP(v) for v in (t1, t2, pm, pn, pk))
+    mid = tuple(_VP(v) for v in (first, pl1, second, pl2))
+    tail = (_VP(dc), _VP(plc))
+    calls: dict[object, tuple[tuple[Any, ...], object] | None] = {}
+
     # Default argument: the closure owns the plan's ints. It holds no view of the operands:
     # its caller runs it only on the live storages it was prepared for (their buffers stay
     # alive with them), so a cache of prepared calls never keeps memory alive by itself.
     def run(alpha: Scalar, beta: Scalar, _keep: object = ints) -> bool:
         key = (alpha, beta)
         try:
-            scalars = scalars_seen[key]
+            call = calls[key]
         except KeyError:
-            scalars = scalars_seen[key] = scalars_for(alpha, beta)
-            if len(scalars_seen) > 64:
-                scalars_seen.clear()
+            scalars = scalars_for(alpha, beta)
+            call = calls[key] = None if scalars is None else (
+                (*fixed, _VP(scalars[1]), *mid, _VP(scalars[2]), *tail), scalars[0])
+            if len(calls) > 64:
+                calls.clear()
         except TypeError:
             return False
-        if scalars is None:
+        if call is None:
             return False
-        fn(t1, t2, pm, pn, pk, scalars[1], first, pl1, second, pl2, scalars[2], dc, plc)
+        raw(*call[0])
         return True
 
     return run
+
+
+_RAW_GEMM: dict[int, Any] = {}
+
+
+def _raw_gemm(fn: Any) -> Any:
+    """The routine behind ``fn`` (a CFUNCTYPE of 13 c_void_p) as a prototype without
+    argtypes, called with c_void_p objects only (one per routine, made once)."""
+    address = ctypes.cast(fn, ctypes.c_void_p).value or 0
+    raw = _RAW_GEMM.get(address)
+    if raw is None:
+        raw = _RAW_GEMM[address] = ctypes.CFUNCTYPE(None)(address)
+    return raw
 
 
 def _batch_offsets(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
