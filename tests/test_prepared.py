@@ -697,3 +697,18 @@ def test_the_held_run_of_each_form_refuses_what_is_in_the_way(queues: int) -> No
     with pytest.raises(uni.PoisonedError):
         uni.gemm(a, b, c, beta=1)  # reads c: refused (beta == 0 would overwrite it)
     del spare
+
+
+def test_a_transform_of_two_tensors_is_found_by_its_flat_key() -> None:
+    # run_transform builds the two-tensor key inline; the identity record (made only on a
+    # hit by value) shows that key is the one offer stored under transform_key.
+    x, y = uni.from_numpy(np.arange(6.0)), uni.from_numpy(np.ones(6))
+    out = uni.zeros((6,))
+    for _ in range(3):
+        uni.transform(out[0:6], uni.ops.add, x[0:6], y)  # fresh views: by value each time
+    entry = _prepared.lookup("transform", out, uni.ops.add, x, y)
+    assert entry is not None
+    for _ in range(2):
+        uni.transform(out, uni.ops.add, x, y)
+    assert _prepared.lookup_identity("transform", out, uni.ops.add, x, y) is entry
+    np.testing.assert_array_equal(out.to_numpy(), np.arange(6.0) + 1)

@@ -386,7 +386,21 @@ def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
         if len(entry.refs) == 1 + len(inputs):
             return entry(())
         return entry(tuple(x for x in inputs if type(x) is not Tensor))
-    key, _, scalars = transform_key(out, op, inputs)
+    if len(inputs) == 2 and type(out) is Tensor:
+        x, y = inputs
+        if type(x) is Tensor and type(y) is Tensor:
+            # Two tensor inputs (``out = x + y``): transform_key's tuple, built flat.
+            m, xm, ym = out._mapping, x._mapping, y._mapping
+            key: Key | None = (
+                "transform", id(op), id(out._storage), out._offset, type(m), m.extents.shape,
+                m.strides, type(out._accessor), id(x._storage), x._offset, type(xm),
+                xm.extents.shape, xm.strides, type(x._accessor), id(y._storage), y._offset,
+                type(ym), ym.extents.shape, ym.strides, type(y._accessor))
+            scalars: tuple[Any, ...] = ()
+        else:
+            key, _, scalars = transform_key(out, op, inputs)
+    else:
+        key, _, scalars = transform_key(out, op, inputs)
     entry = None if key is None else _entries.get(key)
     if entry is None or entry.anchor is not op or overrides_now() or diagnostics_now():
         return None
