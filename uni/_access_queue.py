@@ -443,6 +443,13 @@ class AccessRequest:
 _NO_FENCES: Final[list[Fence]] = []
 
 
+class _Made(AccessRequest):
+    """An :class:`AccessRequest` whose maker stores its state itself (no ``__init__`` call)."""
+
+    __slots__ = ()
+    __init__ = object.__init__  # type: ignore[assignment]
+
+
 class _Fenced:
     """A released request whose work is not over yet: kept until its fence is done."""
 
@@ -547,19 +554,40 @@ class AccessQueue:
             lock.release()
         return req
 
-    def try_grant(self, mode: Mode, write: bool, lo: int, hi: int, holder: object
+    def try_grant(self, mode: Mode, write: bool, lo: int, hi: int, holder: object,
+                  owner_thread: Owner | Literal[_Sentinel.CURRENT_THREAD] | None = None
                   ) -> AccessRequest | None:
         """A request granted now with nothing to wait for, or None with nothing registered.
 
-        For prepared repeats, which never wait: None whenever :meth:`register` would leave
-        the request pending, hand it fences, the queue holds poison anywhere or is retired
-        (the caller then takes its general path, which waits or reports as it should).
-        ``write`` must agree with ``mode``; the range must not be empty. The request has no
-        owner: it lives only while its holder runs, in that very call. Never blocks.
+        For prepared repeats and uncontended leases, which never wait: None whenever
+        :meth:`register` would leave the request pending, hand it fences, the queue holds
+        poison anywhere or is retired (the caller then takes its general path, which waits
+        or reports as it should). ``write`` must agree with ``mode``; the range must not be
+        empty. ``owner_thread`` as for :meth:`register`; by default the request has no
+        owner (it lives only while its holder runs, in that very call). Never blocks.
         """
         if self.has_poison:
             return None
-        req = AccessRequest(mode, write, lo, hi, holder, None, self)
+        if owner_thread is CURRENT_THREAD:
+            owner = _owner.get(None)
+            if owner is None or owner.ident != _get_ident():
+                owner = current_owner()
+            owner_thread = owner
+        # AccessRequest.__init__'s state, stored here: this runs on every uncontended lease,
+        # and a Python __init__ call costs as much as the lock round trip.
+        req = _Made()
+        req.mode = mode
+        req._write = write
+        req.lo = lo
+        req.hi = hi
+        req.holder = holder
+        req.owner_thread = owner_thread
+        req.granted = False
+        req.released = False
+        req.fences = _NO_FENCES
+        req.queue = self
+        req.group = None
+        req._waiter = None
         lock = self._lock
         lock.acquire()
         try:
