@@ -255,8 +255,11 @@ _OPEN: Final = 1
 _ENDED: Final = 2
 
 
-class Access:
+class Access(AccessRequest):
     """One access to a storage: registered now, then waited for, opened and finished once.
+
+    An access is its own queue request (``request`` is the access itself): one object less
+    to make on every acquisition.
 
     ``holder`` names the access in other waiters' error messages (built lazily with ``str``).
     ``owner`` is the thread whose later waits count this access as its own (the default,
@@ -267,8 +270,7 @@ class Access:
     """
 
     __slots__ = ("__weakref__", "_holders", "_lock", "_primary_done", "_state", "error",
-                 "failure", "fence", "handle", "poison_range", "queue", "request", "spec",
-                 "unclaimed", "written")
+                 "failure", "fence", "handle", "poison_range", "spec", "unclaimed", "written")
 
     def __init__(self, spec: AccessSpec, *, holder: object = None, owner: Any = CURRENT_THREAD,
                  poison_range: tuple[int, int] | None = None,
@@ -282,8 +284,7 @@ class Access:
             # The caller worked out the range (``cover``) in this queue's units: registered
             # there or nowhere (RetiredQueue: the caller works it out again).
             assert cover is not None
-            self.request: AccessRequest = queue.register(spec.mode, *cover, holder=holder,
-                                                         owner_thread=owner)
+            queue.register(spec.mode, *cover, holder=holder, owner_thread=owner, into=self)
         else:
             deadline = 0.0
             while True:
@@ -298,8 +299,8 @@ class Access:
                 else:
                     lo, hi = queue_range(storage, spec.lo, spec.hi, queue)
                 try:
-                    self.request = queue.register(spec.mode, lo, hi, holder=holder,
-                                                  owner_thread=owner)
+                    queue.register(spec.mode, lo, hi, holder=holder, owner_thread=owner,
+                                   into=self)
                     break
                 except RetiredQueue:
                     if cover is not None:
@@ -329,8 +330,9 @@ class Access:
     # ------------------------------------------------------------------ state
 
     @property
-    def granted(self) -> bool:
-        return self.request.granted
+    def request(self) -> AccessRequest:
+        """The access's queue request: the access itself."""
+        return self
 
     @property
     def opened(self) -> bool:
@@ -502,7 +504,7 @@ class Access:
             # What _end does for a success on plain memory with no poison in its queue
             # (no hook to call, nothing to poison or clear), without the detour.
             self._state = _ENDED
-            self.queue.release(self.request, fence)
+            self.queue.release(self, fence)
             return None
         return self._end(failure, fence, poison)
 
@@ -594,7 +596,7 @@ class _Opened(Access):
     """An :class:`Access` whose maker stores its state itself (no ``__init__`` call)."""
 
     __slots__ = ()
-    __init__ = object.__init__  # type: ignore[assignment]
+    __init__ = object.__init__
 
 
 _plain_types: dict[type, bool] = {}
@@ -665,15 +667,12 @@ class LeasePlan:
         where = self.where
         if where is None or where[0] is not queue:
             where = self.where = (queue, *queue_range(storage, spec.lo, spec.hi, queue))
-        request = queue.try_grant(self.mode, self.write, where[1], where[2], spec,
-                                  CURRENT_THREAD)
-        if request is None:
+        access: Access = _Opened()
+        if queue.try_grant(self.mode, self.write, where[1], where[2], spec, CURRENT_THREAD,
+                           access) is None:
             return None
         # Access.__init__'s state for an opened access, without its registration loop.
-        access = _Opened()
         access.spec = spec
-        access.request = request
-        access.queue = queue
         access.poison_range = None
         access.written = spec
         access.handle = handle

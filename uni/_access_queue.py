@@ -447,7 +447,7 @@ class _Made(AccessRequest):
     """An :class:`AccessRequest` whose maker stores its state itself (no ``__init__`` call)."""
 
     __slots__ = ()
-    __init__ = object.__init__  # type: ignore[assignment]
+    __init__ = object.__init__
 
 
 class _Fenced:
@@ -503,8 +503,13 @@ class AccessQueue:
         *,
         holder: object,
         owner_thread: Owner | Literal[_Sentinel.CURRENT_THREAD] | None = CURRENT_THREAD,
+        into: AccessRequest | None = None,
     ) -> AccessRequest:
         """Enqueue a request now; it is granted at once iff nothing earlier conflicts.
+
+        ``into``: an object of an :class:`AccessRequest` subclass to make the request in
+        (an access that is its own request), which must not be queued anywhere; by default
+        a new request.
 
         ``owner_thread`` defaults to the calling context's :func:`current_owner`; pass None
         when the request is handed to a worker, so the caller's later waits do not count it
@@ -526,7 +531,11 @@ class AccessQueue:
                 owner = current_owner()
         else:
             owner = owner_thread
-        req = AccessRequest(mode, write, lo, hi, holder, owner, self)
+        if into is None:
+            req = AccessRequest(mode, write, lo, hi, holder, owner, self)
+        else:
+            req = into
+            AccessRequest.__init__(req, mode, write, lo, hi, holder, owner, self)
         if lo > hi:
             req.granted = True
             return req
@@ -555,16 +564,17 @@ class AccessQueue:
         return req
 
     def try_grant(self, mode: Mode, write: bool, lo: int, hi: int, holder: object,
-                  owner_thread: Owner | Literal[_Sentinel.CURRENT_THREAD] | None = None
-                  ) -> AccessRequest | None:
+                  owner_thread: Owner | Literal[_Sentinel.CURRENT_THREAD] | None = None,
+                  into: AccessRequest | None = None) -> AccessRequest | None:
         """A request granted now with nothing to wait for, or None with nothing registered.
 
         For prepared repeats and uncontended leases, which never wait: None whenever
         :meth:`register` would leave the request pending, hand it fences, the queue holds
         poison anywhere or is retired (the caller then takes its general path, which waits
         or reports as it should). ``write`` must agree with ``mode``; the range must not be
-        empty. ``owner_thread`` as for :meth:`register`; by default the request has no
-        owner (it lives only while its holder runs, in that very call). Never blocks.
+        empty. ``owner_thread`` and ``into`` as for :meth:`register`; by default the
+        request has no owner (it lives only while its holder runs, in that very call).
+        Never blocks.
         """
         if self.has_poison:
             return None
@@ -575,7 +585,7 @@ class AccessQueue:
             owner_thread = owner
         # AccessRequest.__init__'s state, stored here: this runs on every uncontended lease,
         # and a Python __init__ call costs as much as the lock round trip.
-        req = _Made()
+        req: AccessRequest = _Made() if into is None else into
         req.mode = mode
         req._write = write
         req.lo = lo
