@@ -499,10 +499,10 @@ class Access(AccessRequest):
         if self._lock is not None:
             return self._drop(failure, fence, poison, primary=True)
         # Never shared: this holder is the last one.
-        if (failure is None and self._state == _OPEN and not self.queue.has_poison
-                and getattr(self.spec.storage, "release_is_noop", False)):
-            # What _end does for a success on plain memory with no poison in its queue
-            # (no hook to call, nothing to poison or clear), without the detour.
+        if failure is None and type(self) is _Opened and not self.queue.has_poison:
+            # What _end does for a success of LeasePlan.open_now's access (opened on plain
+            # memory: no hook to call) with no poison in its queue (nothing to poison or
+            # clear), without the detour.
             self._state = _ENDED
             self.queue.release(self, fence)
             return None
