@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 
+_new = object.__new__
+
+
 def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = False
             ) -> tuple[AccessSpec, bool]:
     """The access ``fn`` would make of ``x`` (and whether ``x`` is a tensor view), checked.
@@ -258,11 +261,16 @@ def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
     if timeout is None:
         # The uncontended lease on a tensor view over plain memory (see LeasePlan.open_now);
         # anything else, or anything in the way, takes the general path.
-        plan = getattr(x, "_read_plan", None)
+        try:
+            plan = x._read_plan  # a tensor view's plan, once its first lease made it
+        except AttributeError:
+            plan = None
         if plan is not None:
             access = plan.open_now()
             if access is not None:
-                return plan.lease(access)
+                lease = _new(plan.lease)  # _Lease.__init__, inline
+                lease._access = access
+                return lease
     return _acquire_sync(x, "read", HOST, "acquire_host_read_access_sync", timeout=timeout,
                          overwrite=False, allow_poisoned=allow_poisoned)
 
@@ -275,11 +283,16 @@ def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
     contents, poisoning does not stop the acquisition, and success clears it.
     """
     if timeout is None and not overwrite:
-        plan = getattr(x, "_write_plan", None)  # as for reads
+        try:
+            plan = x._write_plan  # a tensor view's plan, once its first lease made it
+        except AttributeError:
+            plan = None
         if plan is not None:
             access = plan.open_now()
             if access is not None:
-                return plan.lease(access)
+                lease = _new(plan.lease)  # _Lease.__init__, inline
+                lease._access = access
+                return lease
     return _acquire_sync(x, "write", HOST, "acquire_host_write_access_sync", timeout=timeout,
                          overwrite=overwrite, allow_poisoned=allow_poisoned)
 
