@@ -13,7 +13,11 @@ storage's access queue:
   exactly once by ``finish(failure, fence=None)``: the storage's ``release_*`` hook, poison
   on failure (or cleared by a successful overwrite), the queue request released with the
   fence where the work ends. ``share()`` gives a second holder (a DLPack consumer) its own
-  claim; the last holder to finish ends the access.
+  claim; the last holder to finish ends the access. An access is its own queue request.
+* :class:`LeasePlan`, kept on a tensor view by its first lease of each mode: the checked spec
+  and, on plain host memory, the uncontended lease in one step (``open_now``: granted at once
+  or not at all, so anything in the way -- a conflict, a fence, poison, a retired queue --
+  takes the general path above).
 """
 
 from __future__ import annotations
