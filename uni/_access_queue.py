@@ -398,7 +398,8 @@ class _CallbackWaiter:
 class AccessRequest:
     """One request for read or write access to the inclusive unit range ``[lo, hi]``.
 
-    Created only by :meth:`AccessQueue.register`. ``granted`` flips to True once, under
+    Made only by the queue (:meth:`AccessQueue.register`, ``try_grant``), as a new object or
+    in an :class:`~uni._access.Access` (its own request). ``granted`` flips to True once, under
     the queue's lock; ``released`` flips to True once, when the request is released or
     withdrawn (a withdrawn request is released without ever having been granted).
     Reading either flag without the lock is safe: each only ever goes from False to True.
