@@ -1,9 +1,9 @@
 """Cost of an uncontended lease: acquire + release through the public acquire_* functions.
 
 Measures the median over repeats of each case per acquire + release, next to references
-measured in the same run: an uncontended ``with threading.Lock()`` for the sync cases (the
-target is ≤ 2 µs per sync acquire + release) and ``await trio.lowlevel.checkpoint()`` for
-the async ones.
+measured in the same run: an uncontended ``with threading.Lock()`` for the sync cases and
+``await trio.lowlevel.checkpoint()`` for the async ones. Issue 11 section 3 sets the sync
+goal: at most 1.5 us, and at most 8x the lock measured in the same run.
 
     .venv/bin/python benchmarks/bench_lease.py [--quick] [--repeats N] [--number N]
 """
@@ -27,7 +27,8 @@ from _timing import per_op_us, print_table, result
 
 import uni
 
-TARGET_US = 2.0
+TARGET_US = 1.5
+TARGET_RATIO = 8.0
 
 
 def bench_sync(number: int, repeats: int) -> dict[str, float]:
@@ -130,7 +131,8 @@ def run(quick: bool = False, *, repeats: int | None = None,
     for name, us in sync.items():
         if name != lock_name:
             out.append(result(name, us * 1e-6, "with threading.Lock()", sync[lock_name] * 1e-6,
-                              notes=f"per acquire + release; target <= {TARGET_US} us"))
+                              notes=f"per acquire + release; target <= {TARGET_US} us and "
+                                    f"<= {TARGET_RATIO:g}x the lock"))
     for name, us in asyn.items():
         if name != checkpoint_name:
             out.append(result(name, us * 1e-6, "await trio.lowlevel.checkpoint()",

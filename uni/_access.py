@@ -13,7 +13,11 @@ storage's access queue:
   exactly once by ``finish(failure, fence=None)``: the storage's ``release_*`` hook, poison
   on failure (or cleared by a successful overwrite), the queue request released with the
   fence where the work ends. ``share()`` gives a second holder (a DLPack consumer) its own
-  claim; the last holder to finish ends the access.
+  claim; the last holder to finish ends the access. An access is its own queue request.
+* :class:`LeasePlan`, kept on a tensor view by its first lease of each mode: the checked spec
+  and, on plain host memory, the uncontended lease in one step (``open_now``: granted at once
+  or not at all, so anything in the way -- a conflict, a fence, poison, a retired queue --
+  takes the general path above).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import _thread
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from uni._access_queue import (
     CURRENT_THREAD,
@@ -35,7 +39,9 @@ from uni._access_queue import (
     current_owner,
 )
 from uni._errors import LeaseError, LeaseReleasedError, PoisonedError
+from uni._handle import HOST
 from uni.storage._protocol import Region
+from uni.storage.host import HostStorage
 
 Mode = Literal["read", "write"]
 
@@ -44,6 +50,7 @@ __all__ = [
     "AccessShare",
     "AccessSpec",
     "LEASE_REMEDY",
+    "LeasePlan",
     "Mode",
     "PreparedAccess",
     "PreparedGroup",
@@ -96,9 +103,11 @@ class StorageView:
 
     The base of ``uni.Tensor``: layers below the tensor (acquisition, export) read these four
     slots directly instead of importing the class that adds views, factories and printing.
+    ``_read_plan``/``_write_plan`` hold the :class:`LeasePlan` of the host leases on this
+    view, made by the first one (a view never changes, so neither does what it leases).
     """
 
-    __slots__ = ("_accessor", "_mapping", "_offset", "_storage")
+    __slots__ = ("_accessor", "_mapping", "_offset", "_read_plan", "_storage", "_write_plan")
 
     _storage: Any
     _mapping: Any
@@ -250,8 +259,11 @@ _OPEN: Final = 1
 _ENDED: Final = 2
 
 
-class Access:
+class Access(AccessRequest):
     """One access to a storage: registered now, then waited for, opened and finished once.
+
+    An access is its own queue request (``request`` is the access itself): one object less
+    to make on every acquisition.
 
     ``holder`` names the access in other waiters' error messages (built lazily with ``str``).
     ``owner`` is the thread whose later waits count this access as its own (the default,
@@ -262,8 +274,7 @@ class Access:
     """
 
     __slots__ = ("__weakref__", "_holders", "_lock", "_primary_done", "_state", "error",
-                 "failure", "fence", "handle", "poison_range", "queue", "request", "spec",
-                 "unclaimed", "written")
+                 "failure", "fence", "handle", "poison_range", "spec", "unclaimed", "written")
 
     def __init__(self, spec: AccessSpec, *, holder: object = None, owner: Any = CURRENT_THREAD,
                  poison_range: tuple[int, int] | None = None,
@@ -277,8 +288,7 @@ class Access:
             # The caller worked out the range (``cover``) in this queue's units: registered
             # there or nowhere (RetiredQueue: the caller works it out again).
             assert cover is not None
-            self.request: AccessRequest = queue.register(spec.mode, *cover, holder=holder,
-                                                         owner_thread=owner)
+            queue.register(spec.mode, *cover, holder=holder, owner_thread=owner, into=self)
         else:
             deadline = 0.0
             while True:
@@ -293,8 +303,8 @@ class Access:
                 else:
                     lo, hi = queue_range(storage, spec.lo, spec.hi, queue)
                 try:
-                    self.request = queue.register(spec.mode, lo, hi, holder=holder,
-                                                  owner_thread=owner)
+                    queue.register(spec.mode, lo, hi, holder=holder, owner_thread=owner,
+                                   into=self)
                     break
                 except RetiredQueue:
                     if cover is not None:
@@ -312,17 +322,21 @@ class Access:
         self._state = 0
         self._primary_done = False
         self.unclaimed = False  # transferred, and not used by anyone since
-        self._holders = 1
-        self._lock: threading.Lock | None = None  # made by the first share()
+        # _holders, failure and fence: set by the first share(), which makes _lock.
+        self._lock: threading.Lock | None = None
         self.error: BaseException | None = None
-        self.failure: BaseException | None = None
-        self.fence: Fence | None = None
+
+    if TYPE_CHECKING:
+        _holders: int
+        failure: BaseException | None
+        fence: Fence | None
 
     # ------------------------------------------------------------------ state
 
     @property
-    def granted(self) -> bool:
-        return self.request.granted
+    def request(self) -> AccessRequest:
+        """The access's queue request: the access itself."""
+        return self
 
     @property
     def opened(self) -> bool:
@@ -336,7 +350,8 @@ class Access:
     @property
     def active(self) -> bool:
         """True while the primary holder (the lease, the operation) has not finished."""
-        return not self._primary_done and self._state != _ENDED
+        # Every way an access ends sets _primary_done (leases read it inline).
+        return not self._primary_done
 
     # ------------------------------------------------------------------ waiting
 
@@ -485,15 +500,26 @@ class Access:
         if self._primary_done:
             return None
         self._primary_done = True
-        if self._lock is None:  # never shared: this holder is the last one
-            return self._end(failure, fence, poison)
-        return self._drop(failure, fence, poison, primary=True)
+        if self._lock is not None:
+            return self._drop(failure, fence, poison, primary=True)
+        # Never shared: this holder is the last one.
+        if failure is None and type(self) is _Opened and not self.queue.has_poison:
+            # What _end does for a success of LeasePlan.open_now's access (opened on plain
+            # memory: no hook to call) with no poison in its queue (nothing to poison or
+            # clear), without the detour.
+            self._state = _ENDED
+            self.queue.release(self, fence)
+            return None
+        return self._end(failure, fence, poison)
 
     def share(self) -> AccessShare:
         """A claim for a second holder; the access ends when the last claim is finished."""
         if self._state == _ENDED or self._primary_done:
             raise LeaseReleasedError("this access has already ended; acquire the data again")
         if self._lock is None:
+            self._holders = 1
+            self.failure = None
+            self.fence = None
             self._lock = threading.Lock()
         with self._lock:
             self._holders += 1
@@ -568,6 +594,98 @@ class Access:
         state = "ended" if self.ended else "open" if self.opened else (
             "granted" if self.granted else "pending")
         return f"<Access {self.spec!r} {state}>"
+
+
+class _Opened(Access):
+    """An :class:`Access` whose maker stores its state itself (no ``__init__`` call)."""
+
+    __slots__ = ()
+    __init__ = object.__init__
+
+
+_plain_types: dict[type, bool] = {}
+
+
+def plain_storage(storage: Any) -> bool:
+    """Plain host memory: its acquire hooks return ``handle(region.offset)`` and its release
+    hooks do nothing, as :class:`~uni.storage.HostStorage`'s own do (a subclass that overrides
+    any of them, or an instance that does, is not plain)."""
+    cls = type(storage)
+    known = _plain_types.get(cls)
+    if known is None:
+        known = _plain_types[cls] = bool(
+            getattr(cls, "immediate", False) and getattr(cls, "release_is_noop", False)
+            and issubclass(cls, HostStorage)
+            and cls.acquire_read is _PLAIN_HOOKS[0] and cls.acquire_write is _PLAIN_HOOKS[1]
+            and cls.handle is _PLAIN_HOOKS[2])
+    return known and storage.domain is HOST and not (
+        vars(storage).keys() & {"acquire_read", "acquire_write", "handle", "release_read",
+                                "release_write"})
+
+
+#: HostStorage's hooks as defined (a class-level patch of HostStorage makes nothing plain).
+_PLAIN_HOOKS: Final = (HostStorage.acquire_read, HostStorage.acquire_write, HostStorage.handle)
+
+
+class LeasePlan:
+    """What every lease of one mode on one tensor view works out once, kept on the view.
+
+    ``spec`` is the view's checked :class:`AccessSpec` (domain, accessor, writability: a view
+    and its storage never change, so neither do the answers). On plain host memory
+    (:func:`plain_storage`, a non-empty view, no overwrite promise) :meth:`open_now` also
+    makes the uncontended lease itself: a request granted at once, with the calling thread
+    as its owner, and the storage's handle, which its acquire hook would have returned.
+    ``lease`` is the lease type to wrap the access in (the layer above chooses it).
+    """
+
+    __slots__ = ("handle", "lease", "mode", "spec", "where", "write")
+
+    def __init__(self, spec: AccessSpec, lease: Any) -> None:
+        self.spec = spec
+        self.mode: Mode = spec.mode
+        self.write = spec.mode == "write"
+        self.lease = lease
+        storage = spec.storage
+        plain = spec.lo <= spec.hi and not spec.overwrite and plain_storage(storage)
+        self.handle: Any = storage.handle(spec.offset) if plain else None
+        # (queue, lo, hi): the range in the queue it was last worked out for, in one
+        # tuple so that a thread never sees one queue's range with another queue.
+        self.where: tuple[AccessQueue, int, int] | None = None
+
+    def open_now(self) -> Access | None:
+        """An opened :class:`Access`, if one can be had at once with nothing to check; else
+        None, with nothing registered (the caller takes the general path, which waits, or
+        raises, as it must).
+
+        Exactly what ``Access(spec)``, ``check_poison`` and ``open`` do when the request is
+        granted at once: nothing conflicting is queued before it, no fence and no poison
+        anywhere in the queue, the queue not retired (``AccessQueue.try_grant`` decides
+        that under the queue's lock), and the storage's hook would return its handle.
+        """
+        handle = self.handle
+        if handle is None:
+            return None
+        spec = self.spec
+        storage = spec.storage
+        queue: AccessQueue = storage.access_queue  # the queue first, then the offset
+        where = self.where
+        if where is None or where[0] is not queue:
+            where = self.where = (queue, *queue_range(storage, spec.lo, spec.hi, queue))
+        access: Access = _Opened()
+        if queue.try_grant(self.mode, self.write, where[1], where[2], spec, CURRENT_THREAD,
+                           access) is None:
+            return None
+        # Access.__init__'s state for an opened access, without its registration loop.
+        access.spec = spec
+        access.poison_range = None
+        access.written = spec
+        access.handle = handle
+        access._state = _OPEN
+        access._primary_done = False
+        access.unclaimed = False
+        access._lock = None
+        access.error = None
+        return access
 
 
 class AccessShare:

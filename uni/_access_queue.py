@@ -398,7 +398,8 @@ class _CallbackWaiter:
 class AccessRequest:
     """One request for read or write access to the inclusive unit range ``[lo, hi]``.
 
-    Created only by :meth:`AccessQueue.register`. ``granted`` flips to True once, under
+    Made only by the queue (:meth:`AccessQueue.register`, ``try_grant``), as a new object or
+    in an :class:`~uni._access.Access` (its own request). ``granted`` flips to True once, under
     the queue's lock; ``released`` flips to True once, when the request is released or
     withdrawn (a withdrawn request is released without ever having been granted).
     Reading either flag without the lock is safe: each only ever goes from False to True.
@@ -441,6 +442,13 @@ class AccessRequest:
 
 # Shared by every request granted with nothing to wait for; never mutated.
 _NO_FENCES: Final[list[Fence]] = []
+
+
+class _Made(AccessRequest):
+    """An :class:`AccessRequest` whose maker stores its state itself (no ``__init__`` call)."""
+
+    __slots__ = ()
+    __init__ = object.__init__
 
 
 class _Fenced:
@@ -496,8 +504,13 @@ class AccessQueue:
         *,
         holder: object,
         owner_thread: Owner | Literal[_Sentinel.CURRENT_THREAD] | None = CURRENT_THREAD,
+        into: AccessRequest | None = None,
     ) -> AccessRequest:
         """Enqueue a request now; it is granted at once iff nothing earlier conflicts.
+
+        ``into``: an object of an :class:`AccessRequest` subclass to make the request in
+        (an access that is its own request), which must not be queued anywhere; by default
+        a new request.
 
         ``owner_thread`` defaults to the calling context's :func:`current_owner`; pass None
         when the request is handed to a worker, so the caller's later waits do not count it
@@ -519,7 +532,11 @@ class AccessQueue:
                 owner = current_owner()
         else:
             owner = owner_thread
-        req = AccessRequest(mode, write, lo, hi, holder, owner, self)
+        if into is None:
+            req = AccessRequest(mode, write, lo, hi, holder, owner, self)
+        else:
+            req = into
+            AccessRequest.__init__(req, mode, write, lo, hi, holder, owner, self)
         if lo > hi:
             req.granted = True
             return req
@@ -547,19 +564,41 @@ class AccessQueue:
             lock.release()
         return req
 
-    def try_grant(self, mode: Mode, write: bool, lo: int, hi: int, holder: object
-                  ) -> AccessRequest | None:
+    def try_grant(self, mode: Mode, write: bool, lo: int, hi: int, holder: object,
+                  owner_thread: Owner | Literal[_Sentinel.CURRENT_THREAD] | None = None,
+                  into: AccessRequest | None = None) -> AccessRequest | None:
         """A request granted now with nothing to wait for, or None with nothing registered.
 
-        For prepared repeats, which never wait: None whenever :meth:`register` would leave
-        the request pending, hand it fences, the queue holds poison anywhere or is retired
-        (the caller then takes its general path, which waits or reports as it should).
-        ``write`` must agree with ``mode``; the range must not be empty. The request has no
-        owner: it lives only while its holder runs, in that very call. Never blocks.
+        For prepared repeats and uncontended leases, which never wait: None whenever
+        :meth:`register` would leave the request pending, hand it fences, the queue holds
+        poison anywhere or is retired (the caller then takes its general path, which waits
+        or reports as it should). ``write`` must agree with ``mode``; the range must not be
+        empty. ``owner_thread`` and ``into`` as for :meth:`register`; by default the
+        request has no owner (it lives only while its holder runs, in that very call).
+        Never blocks.
         """
         if self.has_poison:
             return None
-        req = AccessRequest(mode, write, lo, hi, holder, None, self)
+        if owner_thread is CURRENT_THREAD:
+            owner = _owner.get(None)
+            if owner is None or owner.ident != _get_ident():
+                owner = current_owner()
+            owner_thread = owner
+        # AccessRequest.__init__'s state, stored here: this runs on every uncontended lease,
+        # and a Python __init__ call costs as much as the lock round trip.
+        req: AccessRequest = _Made() if into is None else into
+        req.mode = mode
+        req._write = write
+        req.lo = lo
+        req.hi = hi
+        req.holder = holder
+        req.owner_thread = owner_thread
+        req.granted = False
+        req.released = False
+        req.fences = _NO_FENCES
+        req.queue = self
+        req.group = None
+        req._waiter = None
         lock = self._lock
         lock.acquire()
         try:

@@ -16,12 +16,19 @@ from typing import Any
 
 import numpy as np
 
-from uni._access import Access, AccessSpec, Mode, StorageView, release_from_finalizer
+from uni._access import (
+    Access,
+    AccessSpec,
+    LeasePlan,
+    Mode,
+    StorageView,
+    release_from_finalizer,
+)
 from uni._access_queue import normalize_timeout
 from uni._errors import DomainError, LeaseError
 from uni._eventloop import running_library, unsupported_loop
 from uni._handle import HOST, Domain, HostHandle
-from uni._lease import _Lease, lease_for
+from uni._lease import ReadTensorLease, WriteTensorLease, _Lease, lease_for
 from uni._mapping import check_fits
 from uni._mdspec import DataDescriptor
 from uni.storage.host import HostStorage
@@ -37,6 +44,9 @@ __all__ = [
 ]
 
 
+_new = object.__new__
+
+
 def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = False
             ) -> tuple[AccessSpec, bool]:
     """The access ``fn`` would make of ``x`` (and whether ``x`` is a tensor view), checked.
@@ -46,6 +56,8 @@ def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = Fa
     data; nothing is registered.
     """
     if isinstance(x, StorageView):
+        if domain is HOST and not overwrite:
+            return plan_of(x, mode, fn).spec, True
         # Slots, not properties: this line runs on every acquisition.
         spec = AccessSpec(x._storage, x._mapping, x._accessor, x._offset, mode, overwrite)
         is_tensor = True
@@ -60,6 +72,11 @@ def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = Fa
         raise TypeError(
             f"{fn} expects a tensor view or an mdspec-like descriptor, got {type(x).__name__}"
         )
+    _check_spec(spec, mode, domain, fn, is_tensor)
+    return spec, is_tensor
+
+
+def _check_spec(spec: AccessSpec, mode: Mode, domain: Domain, fn: str, is_tensor: bool) -> None:
     storage_domain = spec.storage.domain
     if storage_domain is not domain:
         crossing = "uni.copy" + ("" if domain is HOST else " (into a CUDA tensor)")
@@ -75,7 +92,20 @@ def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = Fa
         )
     if mode == "write":
         _check_write(spec, is_tensor, fn)
-    return spec, is_tensor
+
+
+def plan_of(view: StorageView, mode: Mode, fn: str) -> LeasePlan:
+    """The :class:`~uni._access.LeasePlan` of host ``mode`` leases on ``view`` (no overwrite
+    promise): made, checked by :func:`spec_of`, by the first acquisition and kept on the
+    view. Raises as ``spec_of`` does (then nothing is kept)."""
+    slot = "_read_plan" if mode == "read" else "_write_plan"
+    plan: LeasePlan | None = getattr(view, slot, None)
+    if plan is None:
+        spec = AccessSpec(view._storage, view._mapping, view._accessor, view._offset, mode)
+        _check_spec(spec, mode, HOST, fn, True)
+        plan = LeasePlan(spec, ReadTensorLease if mode == "read" else WriteTensorLease)
+        setattr(view, slot, plan)
+    return plan
 
 
 def _from_tensor_view(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
@@ -228,6 +258,19 @@ def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
     LeaseTimeoutError after ``timeout`` seconds, PoisonedError when a failed writer left the
     data poisoned (unless ``allow_poisoned``), DomainError for CUDA data.
     """
+    if timeout is None:
+        # The uncontended lease on a tensor view over plain memory (see LeasePlan.open_now);
+        # anything else, or anything in the way, takes the general path.
+        try:
+            plan = x._read_plan  # a tensor view's plan, once its first lease made it
+        except AttributeError:
+            plan = None
+        if plan is not None:
+            access = plan.open_now()
+            if access is not None:
+                lease = _new(plan.lease)  # _Lease.__init__, inline
+                lease._access = access
+                return lease
     return _acquire_sync(x, "read", HOST, "acquire_host_read_access_sync", timeout=timeout,
                          overwrite=False, allow_poisoned=allow_poisoned)
 
@@ -239,6 +282,17 @@ def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
     ``overwrite=True`` promises to write every element: the storage may skip reading the old
     contents, poisoning does not stop the acquisition, and success clears it.
     """
+    if timeout is None and not overwrite:
+        try:
+            plan = x._write_plan  # a tensor view's plan, once its first lease made it
+        except AttributeError:
+            plan = None
+        if plan is not None:
+            access = plan.open_now()
+            if access is not None:
+                lease = _new(plan.lease)  # _Lease.__init__, inline
+                lease._access = access
+                return lease
     return _acquire_sync(x, "write", HOST, "acquire_host_write_access_sync", timeout=timeout,
                          overwrite=overwrite, allow_poisoned=allow_poisoned)
 

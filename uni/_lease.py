@@ -82,7 +82,9 @@ class _Lease:
 
     def __enter__(self) -> Any:
         access = self._access
-        if access is None or not access.active:
+        # `not access.active`, read inline (every end of an access sets _primary_done): this
+        # runs on every `with acquire_...(x)`.
+        if access is None or access._primary_done:
             self._live()  # raises LeaseReleasedError
         return self
 
@@ -103,7 +105,8 @@ class _Lease:
 
     def __del__(self) -> None:
         access = self._access
-        if access is not None and access.active:
+        # access.active, read inline (see __enter__): this runs whenever a lease object goes.
+        if access is not None and not access._primary_done:
             # Nobody saw this writer finish (typically it was dropped by an exception between
             # acquire and release): treat it as a failed writer, so its data is poisoned and
             # nothing half-written is written back or vouched for by overwrite=True.

@@ -1,0 +1,380 @@
+"""The uncontended sync lease (``LeasePlan.open_now``) against the general path.
+
+Every acquisition of a tensor view over plain host memory without a timeout first tries the
+fast path, which grants only when nothing is in the way; these tests check that it gives the
+same grants, errors, ordering and poisoning as the general path (``open_now`` switched off),
+and that everything it must not handle still reaches the general path.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+import uni
+from uni._access import Access, AccessSpec, LeasePlan, plain_storage
+from uni._access_queue import HostFence
+
+read = uni.acquire_host_read_access_sync
+write = uni.acquire_host_write_access_sync
+
+
+def warm(t: uni.Tensor) -> tuple[LeasePlan, LeasePlan]:
+    """Make ``t``'s plans (the first lease of each mode takes the general path)."""
+    with read(t):
+        pass
+    with write(t):
+        pass
+    return t._read_plan, t._write_plan
+
+
+def fast_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the accesses ``open_now`` makes (index 0: made, index 1: declined)."""
+    counts = [0, 0]
+    original = LeasePlan.open_now
+
+    def counted(self: LeasePlan) -> Access | None:
+        access = original(self)
+        counts[access is None] += 1
+        return access
+
+    monkeypatch.setattr(LeasePlan, "open_now", counted)
+    return counts
+
+
+def test_an_uncontended_lease_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = uni.from_numpy(np.arange(6.0))
+    rplan, wplan = warm(t)
+    assert rplan.handle is not None and wplan.handle is not None
+    counts = fast_count(monkeypatch)
+    with read(t) as lease:
+        assert type(lease) is uni.ReadTensorLease
+        np.testing.assert_array_equal(lease.numpy(), np.arange(6.0))
+        assert not lease.numpy().flags.writeable
+    with write(t) as lease:
+        assert type(lease) is uni.WriteTensorLease
+        lease.numpy()[:] = 7.0
+    assert counts == [2, 0]
+    with read(t) as lease:
+        np.testing.assert_array_equal(lease.numpy(), 7.0)
+    queue = t.storage.access_queue
+    assert queue.active_count() == 0 and queue.pending_count() == 0
+
+
+def test_views_keep_their_own_checked_spec() -> None:
+    t = uni.from_numpy(np.arange(12.0).reshape(3, 4))
+    row = t[1]
+    warm(row)
+    assert row._read_plan.spec.lo == 4 and row._read_plan.spec.hi == 7
+    assert getattr(t, "_read_plan", None) is None  # a view's plan is the view's own
+    ro = uni.from_numpy(_readonly(np.arange(3.0)))
+    with read(ro):
+        pass
+    for _ in range(2):  # refused every time, never kept as a plan
+        with pytest.raises(uni.LeaseError, match="read-only"):
+            write(ro)
+    assert getattr(ro, "_write_plan", None) is None
+
+
+def _readonly(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    a.flags.writeable = False
+    return a
+
+
+def test_a_held_write_lease_conflicts_in_this_thread() -> None:
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+    with write(t):
+        with pytest.raises(uni.LeaseConflictError, match="can never be granted"):
+            read(t)
+        with pytest.raises(uni.LeaseConflictError):
+            write(t)
+    with read(t), pytest.raises(uni.LeaseConflictError, match="holds"):
+        write(t)  # the fast lease has this thread as its owner
+    with read(t), read(t):
+        pass  # readers share
+
+
+def test_a_held_lease_would_block_a_trio_task() -> None:
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+
+    async def main() -> None:
+        async with uni.acquire_host_write_access_async(t):
+            with pytest.raises(uni.WouldBlockError, match="await"):
+                read(t)
+        with read(t):  # nothing in the way: the fast path, even inside trio
+            pass
+
+    trio.run(main)
+
+
+def test_a_lease_waits_behind_a_waiting_writer() -> None:
+    """FIFO: a reader that could share with the holder still queues behind a writer."""
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+    order: list[str] = []
+    holder = read(t)
+    queue = t.storage.access_queue
+
+    def writer() -> None:
+        with write(t):
+            order.append("writer")
+
+    def reader() -> None:
+        with read(t):
+            order.append("reader")
+
+    w = threading.Thread(target=writer)
+    w.start()
+    _until(lambda: queue.pending_count() == 1)
+    r = threading.Thread(target=reader)
+    r.start()
+    _until(lambda: queue.pending_count() == 2)
+    assert order == []
+    holder.release()
+    w.join(10)
+    r.join(10)
+    assert order == ["writer", "reader"]
+
+
+def _until(cond: Any, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_poison_reaches_the_general_path() -> None:
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+    with pytest.raises(RuntimeError), write(t):
+        raise RuntimeError("half-written")
+    for _ in range(2):
+        with pytest.raises(uni.PoisonedError, match="half-written") as info:
+            read(t)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        with pytest.raises(uni.PoisonedError):
+            write(t)
+    with read(t, allow_poisoned=True):
+        pass
+    other = uni.from_numpy(np.zeros(4))  # another memory, another queue: not poisoned
+    with read(other):
+        pass
+    with write(t, overwrite=True) as lease:
+        lease.numpy()[:] = 1.0
+    assert not t.storage.access_queue.has_poison
+    with read(t) as lease:  # clean again
+        np.testing.assert_array_equal(lease.numpy(), 1.0)
+
+
+def test_a_fast_write_lease_that_fails_poisons() -> None:
+    t = uni.from_numpy(np.zeros(6))
+    warm(t)
+    row = t[2:4]
+    warm(row)
+    with pytest.raises(ValueError), write(row):
+        raise ValueError("boom")
+    with pytest.raises(uni.PoisonedError):
+        read(row)
+    with read(t[0:2]):  # disjoint elements: not poisoned
+        pass
+
+
+def test_a_pending_fence_is_waited_for() -> None:
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+    spec = AccessSpec.of_view(t, "write")
+    access = Access(spec)
+    access.open()
+    fence = HostFence("a slow writer")
+    access.finish(None, fence)
+    got: list[float] = []
+
+    def reader() -> None:
+        with read(t):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    time.sleep(0.05)
+    assert got == []  # granted, but waiting for the fence
+    done = time.monotonic()
+    fence.set()
+    thread.join(10)
+    assert got and got[0] >= done
+    with read(t):
+        pass
+
+
+def test_a_custom_storage_still_gets_its_hooks() -> None:
+    calls: list[str] = []
+
+    class Audited(uni.storage.HostStorage):
+        def acquire_read(self, region: Any) -> Any:
+            calls.append("acquire read")
+            return super().acquire_read(region)
+
+        def release_read(self, region: object, handle: object) -> None:
+            calls.append("release read")
+
+    storage = Audited(4, "f8")
+    assert not plain_storage(storage)
+    t = uni.Tensor.from_storage(storage, uni.layout_right((4,)))
+    for _ in range(2):
+        with read(t):
+            pass
+    assert calls == ["acquire read", "release read"] * 2
+
+    patched = uni.storage.HostStorage(4, "f8")
+    patched.acquire_write = lambda region, overwrite: calls.append("patched") or (  # type: ignore[method-assign]
+        uni.storage.HostStorage.acquire_write(patched, region, overwrite=overwrite))
+    assert not plain_storage(patched)
+    u = uni.Tensor.from_storage(patched, uni.layout_right((4,)))
+    for _ in range(2):
+        with write(u):
+            pass
+    assert calls.count("patched") == 2
+
+
+def test_a_dropped_fast_lease_warns_and_poisons() -> None:
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+    with pytest.warns(ResourceWarning, match="garbage-collected"):
+        write(t)
+        gc.collect()
+    with pytest.raises(uni.PoisonedError):
+        read(t)
+    with pytest.warns(ResourceWarning):
+        lease = read(t, allow_poisoned=True)
+        del lease
+        gc.collect()
+    with write(t, overwrite=True):
+        pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with read(t):
+            pass
+
+
+def test_a_fast_lease_transfers() -> None:
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+    lease = write(t)
+    moved = lease.transfer()
+    assert not lease.active and moved.active
+    box: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            moved.numpy()[:] = 3.0  # the thread that uses it owns it
+            moved.release()
+        except BaseException as err:  # pragma: no cover - reported below
+            box.append(err)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(10)
+    assert box == []
+    with read(t) as again:
+        np.testing.assert_array_equal(again.numpy(), 3.0)
+    with pytest.raises(uni.LeaseReleasedError):
+        lease.mdspan()
+
+
+def test_a_joined_memory_moves_the_fast_path_to_the_kept_queue() -> None:
+    mem = np.frombuffer(bytearray(8 * 32), dtype=np.float64)
+    left, right = uni.from_numpy(mem[0:16]), uni.from_numpy(mem[16:32])
+    warm(left)
+    warm(right)
+    old = {left.storage.access_queue, right.storage.access_queue}
+    whole = uni.from_numpy(mem)  # bridges both regions: one queue kept, one retired
+    queue = whole.storage.access_queue
+    assert left.storage.access_queue is queue is right.storage.access_queue
+    assert any(q.retired for q in old)
+    with write(right):
+        assert right._write_plan.where is not None
+        assert right._write_plan.where[0] is queue
+        with pytest.raises(uni.LeaseConflictError):
+            read(whole[20:21])  # the same bytes through another way in: one queue
+        with read(left):  # disjoint bytes
+            pass
+
+
+# -- the fast path against the general one, on seeded random programs ------------------------
+
+# Overlapping, nested, disjoint and empty views of one 8-element memory.
+VIEWS = [(0, 8), (0, 4), (4, 8), (2, 6), (3, 4), (5, 5)]
+
+
+def _program(seed: int) -> list[tuple[str, int, int, str]]:
+    rng = random.Random(seed)
+    steps: list[tuple[str, int, int, str]] = []
+    for _ in range(60):
+        lo, hi = rng.choice(VIEWS)
+        kind = "fail" if rng.random() < 0.06 else rng.choice(["read", "write", "release"])
+        steps.append((kind, lo, hi, rng.choice(["plain", "plain", "allow", "overwrite"])))
+    return steps
+
+
+def _run(steps: list[tuple[str, int, int, str]]) -> list[Any]:
+    t = uni.from_numpy(np.zeros(8))
+    views = {(lo, hi): t[lo:hi] for lo, hi in VIEWS}
+    for view in views.values():
+        warm(view)
+    held: list[Any] = []
+    out: list[Any] = []
+    queue = t.storage.access_queue
+    for kind, lo, hi, option in steps:
+        view = views[lo, hi]
+        try:
+            if kind == "release":
+                if held:
+                    held.pop(0).release()
+                out.append("released")
+            elif kind == "fail":
+                with pytest.raises(KeyError), write(view, allow_poisoned=True, overwrite=True):
+                    raise KeyError("failed writer")
+                out.append("failed")
+            elif kind == "read":
+                held.append(read(view, allow_poisoned=option == "allow"))
+                out.append("read")
+            else:
+                held.append(write(view, allow_poisoned=option == "allow",
+                                  overwrite=option == "overwrite"))
+                out.append("write")
+        except uni.UniError as err:
+            out.append((type(err).__name__, str(err).replace(f"{id(t.storage):#x}", "")))
+        out.append([(m, a, b, g) for m, a, b, _, g in queue.snapshot()])
+        out.append(queue.has_poison)
+    for lease in held:
+        lease.release()
+    return out
+
+
+@pytest.mark.parametrize("block", range(3))
+def test_fast_and_general_paths_agree(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same grants, errors (with their messages), queue states and poisoning, step by
+    step, with the fast path on and off, on 20 seeded random programs per block."""
+    original = LeasePlan.open_now
+    made = 0
+    for seed in range(block * 20, block * 20 + 20):
+        steps = _program(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            monkeypatch.setattr(LeasePlan, "open_now", original)
+            counts = fast_count(monkeypatch)
+            fast = _run(steps)
+            monkeypatch.setattr(LeasePlan, "open_now", lambda self: None)
+            general = _run(steps)
+        assert fast == general, f"seed {seed}"
+        made += counts[0]
+    assert made > 100  # the fast path did take part
