@@ -18,6 +18,7 @@ in parallel.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 from collections.abc import Sequence
@@ -193,7 +194,8 @@ def _copy(
         # on per-call overhead than tiling could save.
         np.copyto(dst, src)
         return "copyto"
-    tiles = _tiles(plan.extents, blocks)
+    blocks, first = _line_aligned(dst, plan, blocks)
+    tiles = _tiles(plan.extents, blocks, first)
     if workers is None:
         workers = _MAX_WORKERS if dst.nbytes >= _MIN_THREADED_BYTES else 1
     workers = max(1, min(workers, len(tiles)))
@@ -328,15 +330,59 @@ def _plan_view(a: np.ndarray[Any, Any], plan: IterationPlan, op: int) -> np.ndar
     return as_strided(a, shape=plan.extents, strides=plan.strides[op])
 
 
-def _tiles(extents: Sequence[int], blocks: Sequence[int]) -> list[_Tile]:
-    """Index tuples of every tile, in plan (destination memory) order."""
+def _line_aligned(
+    dst: np.ndarray[Any, Any], plan: IterationPlan, blocks: tuple[int, ...]
+) -> tuple[tuple[int, ...], int]:
+    """``blocks`` with the block of the destination's fastest plan axis made a multiple
+    of half a cache line, and the length of the first tile along that axis, so that tile
+    edges fall on destination line boundaries as often as that block allows.
+
+    A tile edge inside a line leaves the line half-written when the tile is done; by the
+    time the next tile along the axis writes the rest (a whole sweep of the source's
+    fastest axis later) the line has been evicted, so it is fetched and written back
+    twice. numpy's large buffers start 16 bytes past a page boundary, so with 10-double
+    tiles from the start no edge but every fourth falls on a line, with 12-double tiles
+    none; 12-double tiles whose first edge is on a line put every other edge on one.
+    Measured, C->F 4096^2 f64, 32 KiB 8-way L1d, medians in one run: 10 from the start
+    0.61-0.63 of a contiguous copy's bandwidth, 12 aligned 0.68-0.72 (two threads);
+    0.38-0.40 against 0.44-0.49 on one. Whole lines (8) cost more in numpy's per-row
+    overhead than they save, 16 overflows the L1 set all source rows share.
+
+    The first length is the whole block when the axis is not dense (a line's elements
+    belong to several tiles anyway) or the block is shorter than a line.
+    """
+    inner = len(blocks) - 1
+    block, itemsize = blocks[inner], dst.itemsize
+    line = _LINE_BYTES // itemsize  # elements per destination line
+    if plan.strides[0][inner] != itemsize or _LINE_BYTES % itemsize or block <= line:
+        return blocks, block
+    if block % line:
+        half = max(1, line // 2)
+        block = min(plan.extents[inner], -(-block // half) * half)
+        blocks = (*blocks[:inner], block)
+    gap = -(_data_address(dst) + plan.base_offsets[0]) % _LINE_BYTES  # to the next line
+    if gap % itemsize:
+        return blocks, block
+    head = gap // itemsize
+    if head == 0:
+        return blocks, block
+    return blocks, head + (block - head) // line * line
+
+
+def _tiles(extents: Sequence[int], blocks: Sequence[int], first: int = 0) -> list[_Tile]:
+    """Index tuples of every tile, in plan (destination memory) order; along the last
+    axis the first tile is ``first`` long when ``0 < first < block`` and the others
+    follow it."""
     tiles: list[_Tile] = [()]
-    for e, b in zip(extents, blocks, strict=True):
+    last = len(extents) - 1
+    for axis, (e, b) in enumerate(zip(extents, blocks, strict=True)):
         steps: list[int | slice]
         if b == 1:
             steps = list(range(e))  # an integer index drops the axis: less for numpy to walk
         else:
-            steps = [slice(i, min(i + b, e)) for i in range(0, e, b)]
+            head = first if axis == last and 0 < first < b else b
+            edges = [0, *range(head, e, b), e] if head < e else [0, e]
+            steps = [slice(lo, hi) for lo, hi in itertools.pairwise(edges)]
         tiles = [(*t, s) for t in tiles for s in steps]
     return tiles
 
