@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from uni._errors import DTypeError, ShapeError
-from uni.backends.blas._fastcopy import _copy, strided_copy
+from uni.backends.blas._fastcopy import _copy, _line_aligned, _tiles, strided_copy
+from uni.plan import iteration_plan
 
 _DTYPES = [np.float64, np.float32, np.int8, np.int16, np.complex128, np.bool_]
 
@@ -268,3 +269,42 @@ def test_mismatches_are_refused() -> None:
     readonly.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         strided_copy(readonly, np.empty(3))
+
+
+def test_line_aligned_tiles_at_every_start_offset_stay_inside_the_buffer() -> None:
+    # A dense F-order destination at each element offset into a padded byte buffer: the
+    # first tile along its fastest axis is cut to reach a line boundary, and no tile may
+    # write a byte outside the destination (compared byte-exact over the whole buffer).
+    rng = np.random.default_rng(5)
+    for dtype in (np.float64, np.float32, np.int16, np.complex128):
+        itemsize = np.dtype(dtype).itemsize
+        rows, cols = 96, 512
+        src = rng.integers(0, 100, (rows, cols)).astype(dtype)
+        for offset in range(0, 64 + 1, itemsize):
+            buffer = np.frombuffer(rng.bytes(rows * cols * itemsize + 128), np.uint8).copy()
+            expected = buffer.copy()
+            dst = np.ndarray((rows, cols), dtype, buffer=buffer, offset=offset, order="F")
+            np.copyto(np.ndarray((rows, cols), dtype, buffer=expected, offset=offset, order="F"), src)
+            assert _copy(dst, src, min_tiled_bytes=0, workers=2) == "tiled"
+            assert np.array_equal(buffer, expected), (dtype, offset)
+
+
+def test_tile_edges_fall_on_destination_lines() -> None:
+    # 16 bytes past a line, 10-double blocks: the first tile is cut to 6 (to the line),
+    # the block rounds up to 12 (a line and a half), so every other edge after the first
+    # is on a line.
+    buffer = np.zeros(64 * 64 * 8 + 64, np.uint8)
+    start = -buffer.ctypes.data % 64 + 16
+    dst = np.ndarray((64, 64), np.float64, buffer=buffer, offset=start, order="F")
+    src = np.arange(64.0 * 64).reshape(64, 64)
+    plan = iteration_plan((dst.shape, dst.strides), (src.shape, src.strides))
+    blocks, first = _line_aligned(dst, plan, (64, 10))
+    assert (blocks, first) == ((64, 12), 6)
+    edges = [t[-1].start for t in _tiles(plan.extents, blocks, first)]  # type: ignore[union-attr]
+    assert edges == [0, 6, 18, 30, 42, 54]
+    addresses = [dst.ctypes.data + 8 * e for e in edges[1:]]
+    assert [a % 64 for a in addresses] == [0, 32, 0, 32, 0]
+    # a destination that is not dense along its fastest axis keeps the block and start
+    stepped = np.ndarray((64, 32), np.float64, buffer=buffer, offset=start, strides=(16, 1024))
+    plan = iteration_plan((stepped.shape, stepped.strides), (src[:, :32].shape, src.strides))
+    assert _line_aligned(stepped, plan, (64, 10)) == ((64, 10), 10)
