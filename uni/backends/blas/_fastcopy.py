@@ -11,6 +11,8 @@ which already runs at memcpy speed for them. When they disagree it copies tile b
 each tile is short along the destination's fastest axis, so the source lines it reads stay
 cached (and spread over cache sets) until the source's own fastest axis comes back to
 them, and long along the source's fastest axis, so both sides stream whole cache lines.
+Tile edges along the destination's fastest axis are put on destination cache lines where
+the block allows, so that a line is not left half-written by one tile for the next.
 Each tile is one ``np.copyto`` call, which releases the GIL, so a few threads copy tiles
 in parallel.
 """
