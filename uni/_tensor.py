@@ -190,7 +190,9 @@ class Tensor(StorageView):
             shape = mapping.extents.shape
             if len(shape) == 1:
                 # ``a[i:j]`` of a vector, the commonest fresh view of all; in bounds with
-                # plain ints and no step it needs no slice.indices (the same answer).
+                # plain ints (None for an end) and no step it needs no slice.indices (the
+                # same answer); it reaches a sub-range of this validated view's elements,
+                # so it stays inside the buffer without a bounds re-check.
                 extent = shape[0]
                 start, stop = key.start, key.stop
                 if start is None:
