@@ -891,3 +891,46 @@ def test_the_quick_vector_slice_and_transpose_match_the_general_views() -> None:
             assert tt._mapping == reference and type(tt._mapping) is type(reference)
             assert tt._offset == t._offset and tt.storage is t.storage
             np.testing.assert_array_equal(tt.to_numpy(), t_np.T)
+
+
+def test_the_quick_vector_and_matrix_slices_with_open_ends_match_the_general_views() -> None:
+    # x[:j], x[i:], x[:] of a vector and a[i:j, k:l] (ends may be None) of a matrix take
+    # shortcuts: the same mapping (type and strides), offset and values as the general
+    # indexing (an Ellipsis in the key sends it through _basic_index) and as numpy, on
+    # seeded layouts (stepped, negative, broadcast, padded, offset), in and out of bounds.
+    rng = np.random.default_rng(11)
+
+    def end(n: int) -> int | None:
+        return None if rng.random() < 0.25 else int(rng.integers(-2, n + 3))
+
+    for _ in range(300):
+        n = int(rng.integers(0, 6))
+        x_np = random_view(rng, (n,), "f8", broadcast=True)
+        x = uni.from_numpy(x_np)
+        for _ in range(4):
+            k = slice(end(n), end(n))
+            quick, general, expected = x[k], x[(k, Ellipsis)], x_np[k]
+            assert quick._mapping == general._mapping, (n, k)
+            assert type(quick._mapping) is type(general._mapping)
+            assert quick._offset == general._offset and quick.storage is x.storage
+            np.testing.assert_array_equal(quick.to_numpy(), expected)
+        shape = (int(rng.integers(0, 6)), int(rng.integers(0, 6)))
+        m_np = random_view(rng, shape, "f8", broadcast=True)
+        m = uni.from_numpy(m_np)
+        for view_np, view in ((m_np, m), (m_np.T, m.T)):
+            r, c = view_np.shape
+            for _ in range(4):
+                key = (slice(end(r), end(r)), slice(end(c), end(c)))
+                quick, general, expected = view[key], view[(*key, Ellipsis)], view_np[key]
+                assert quick._mapping == general._mapping, (shape, key)
+                assert type(quick._mapping) is type(general._mapping)
+                assert quick._offset == general._offset and quick.storage is m.storage
+                assert quick.shape == expected.shape
+                np.testing.assert_array_equal(quick.to_numpy(), expected)
+    # What the shortcuts leave to the general path still behaves like it.
+    m = uni.from_numpy(np.arange(12.0).reshape(3, 4))
+    np.testing.assert_array_equal(m[1:9, ::-1].to_numpy(), np.arange(12.0).reshape(3, 4)[1:9, ::-1])
+    with pytest.raises(IndexError, match="too many indices"):
+        m[0:1, 0:1, 0:1]
+    with pytest.raises(TypeError):
+        m[0:1, "a":"b"]

@@ -32,6 +32,8 @@ _REPR_VALUES_LIMIT = 1000
 # full.
 _VECTORS: dict[tuple[int, int], Any] = {}
 _TRANSPOSED: dict[int, tuple[Any, Any]] = {}
+# A matrix's in-bounds ``a[i:j, k:l]`` by (rows, cols, row stride, column stride).
+_MATRICES: dict[tuple[int, int, int, int], Any] = {}
 _VIEW_CACHE_MAX = 1024
 _new = object.__new__
 
@@ -188,9 +190,15 @@ class Tensor(StorageView):
             shape = mapping.extents.shape
             if len(shape) == 1:
                 # ``a[i:j]`` of a vector, the commonest fresh view of all; in bounds with
-                # plain ints and no step it needs no slice.indices (the same answer).
+                # plain ints (None for an end) and no step it needs no slice.indices (the
+                # same answer); it reaches a sub-range of this validated view's elements,
+                # so it stays inside the buffer without a bounds re-check.
                 extent = shape[0]
                 start, stop = key.start, key.stop
+                if start is None:
+                    start = 0
+                if stop is None:
+                    stop = extent
                 if (key.step is None and type(start) is int and type(stop) is int
                         and 0 <= start <= stop <= extent):
                     stride = mapping.strides[0]
@@ -209,6 +217,10 @@ class Tensor(StorageView):
                                     self._accessor,
                                     self._offset + start * stride if count else self._offset)
             key = (key,)
+        if type(key) is tuple and len(key) == 2 and len(mapping.extents.shape) == 2:
+            quick = self._matrix_slice(key)
+            if quick is not None:
+                return quick
         if type(key) is tuple and all(type(k) is slice for k in key):
             # The common view (``a[0:n]``, ``a[:, ::2]``): slices only, no ellipsis or
             # new axis, in a loop that makes fresh views each step. The same result as
@@ -221,6 +233,46 @@ class Tensor(StorageView):
         shape_l, strides_l, offset = _basic_index(mapping.extents.shape, mapping.strides,
                                                   self._offset, key)
         return self._with(shape_l, strides_l, offset)
+
+    def _matrix_slice(self, key: tuple[Any, Any]) -> Tensor | None:
+        # ``a[i:j, k:l]`` of a matrix with no steps and plain in-bounds ints (None for an
+        # end): the view's rows and columns are sub-ranges of this validated view's, so it
+        # reaches a subset of the elements it reaches and cannot leave the buffer; no
+        # slice.indices and no bounds re-check. Anything else (steps, negative or out of
+        # range bounds, non-int bounds) returns None: the general path answers.
+        a, b = key
+        if type(a) is not slice or type(b) is not slice or a.step is not None or b.step is not None:
+            return None
+        mapping = self._mapping
+        rows, cols = mapping.extents.shape
+        r0, r1, c0, c1 = a.start, a.stop, b.start, b.stop
+        if r0 is None:
+            r0 = 0
+        if r1 is None:
+            r1 = rows
+        if c0 is None:
+            c0 = 0
+        if c1 is None:
+            c1 = cols
+        if not (type(r0) is int and type(r1) is int and type(c0) is int and type(c1) is int
+                and 0 <= r0 <= r1 <= rows and 0 <= c0 <= c1 <= cols):
+            return None
+        s0, s1 = mapping.strides
+        nr, nc = r1 - r0, c1 - c0
+        signature = (nr, nc, s0, s1)
+        found = _MATRICES.get(signature)
+        if found is None:
+            found = best_mapping((nr, nc), (s0, s1))
+            if len(_MATRICES) >= _VIEW_CACHE_MAX:
+                _MATRICES.clear()
+            _MATRICES[signature] = found
+        view = _new(Tensor)
+        view._storage = self._storage
+        view._accessor = self._accessor
+        view._mapping = found
+        # An empty view reaches nothing: it keeps this view's offset (as _basic_index does).
+        view._offset = self._offset + r0 * s0 + c0 * s1 if nr and nc else self._offset
+        return view
 
     @property
     def T(self) -> Tensor:
