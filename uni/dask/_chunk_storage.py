@@ -30,7 +30,7 @@ from uni.dask._grid import Index, chunk_size, tile_extent
 from uni.storage import Region, StorageBase
 
 if TYPE_CHECKING:
-    from uni.dask._tiled import TiledTensor
+    from uni.dask._tiled import TiledTensor  # annotations only: _tiled imports this module
 
 ChunkKey = tuple[str, Index]
 

@@ -13,7 +13,7 @@ from uni.dask import _layout
 from uni.dask._grid import Index
 
 if TYPE_CHECKING:
-    from uni.dask._tiled import TiledTensor
+    from uni.dask._tiled import TiledTensor  # annotations only: _tiled imports this module
 
 
 class SessionLike(Protocol):
