@@ -12,9 +12,10 @@ cluster; the input files sit in the page cache (they were just written).
 - reference: dask's own matmul, ``(da.from_zarr(A) @ da.from_zarr(B)).to_zarr(C2)`` into a
   raw-chunk store like C.
 
-Reported beside the medians: bytes read from the store (uni's cache counters; and ``rchar``
-of /proc/<pid>/io for both, which counts every read() the workers made), and bytes moved
-between workers (distributed's ``transfer_outgoing_bytes_total``). Ratio = reference / uni.
+Reported beside the medians: bytes read from the store (uni's cache counters: chunk bytes
+mapped, as uni reads chunk files through memory maps; and ``rchar`` of /proc/<pid>/io for
+both, which counts every read() the workers made, so not uni's mapped reads), and bytes
+moved between workers (distributed's ``transfer_outgoing_bytes_total``). Ratio = reference / uni.
 Every run is checked against numpy on the first 64 rows of C. Imports (uni, dask.array, zarr)
 and uni's first-call costs are paid on the workers before the timing, for both contenders.
 """

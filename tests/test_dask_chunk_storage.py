@@ -218,3 +218,42 @@ def test_versioned_reads_are_cached_by_chunk_and_version(tmp_path: Any) -> None:
     assert storage.load(None) is not first                  # no version known: no caching
     write(t, (0,), 2.0)                                     # a new file, whatever the epoch
     assert storage.load(5).tolist() == [2.0] * 3
+
+
+def test_a_read_maps_the_committed_file_and_keeps_seeing_its_version(tmp_path: Any) -> None:
+    t = ud.zeros(tmp_path / "t.zarr", (2048,), (2048,))      # 16 KiB: a few pages
+    write(t, (0,), 1.0)
+    storage = chunk_storage(t, (0,))
+    old = storage.load(7)
+    assert isinstance(old.base, memoryview)                 # the file's pages, not a copy
+    assert not old.flags.writeable
+    with pytest.raises(ValueError):
+        old.flags.writeable = True                          # a read-only map: never writable
+    write(t, (0,), 2.0)                                     # replaced by rename
+    assert old.tolist() == [1.0] * 2048                     # the mapped version is unchanged
+    assert storage.load(8).tolist() == [2.0] * 2048
+
+
+def test_a_committed_output_buffer_is_reused_only_once_nothing_refers_to_it(
+        tmp_path: Any) -> None:
+    t = ud.zeros(tmp_path / "t.zarr", (1 << 18,), (1 << 18,))    # 2 MiB: a huge-page buffer
+    kept: list[Any] = []
+
+    def fill(value: float, keep: bool) -> Any:
+        def body(out_tile: uni.Tensor) -> None:
+            with uni.acquire_host_write_access_sync(out_tile, overwrite=True) as lease:
+                view = np.asarray(lease.mdspan())
+                view[...] = value
+                if keep:
+                    kept.append(view)                       # someone holds the buffer
+        return body
+
+    CACHE.reset_counters()
+    run_tile_task(_task(t, 1, fill(1.0, keep=True), overwrite=True))
+    run_tile_task(_task(t, 2, fill(2.0, keep=False), overwrite=True))
+    assert CACHE.info()["reused"] == 0                      # the first buffer is still held
+    assert kept[0][0] == 1.0                                # and nobody wrote into it
+    run_tile_task(_task(t, 3, fill(3.0, keep=False), overwrite=True))
+    assert CACHE.info()["reused"] == 1                      # the second one came back
+    np.testing.assert_array_equal(stored(t), np.full(1 << 18, 3.0))
+    assert kept[0][0] == 1.0

@@ -4,13 +4,28 @@ Versions make it safe: a committed version never changes (a new commit is a new 
 new epoch), so an entry can never be stale. Input panels that many output tiles read (gemm's
 rows of A and columns of B) are then read from the store once per worker, not once per task.
 Entries are read-only numpy buffers shared by every reader on the worker.
+
+Where the data comes from, and why (8 MiB chunks, measured on this machine's workers):
+
+- A committed chunk file is read through a read-only memory map of it: its page-cache pages
+  are used in place, with no copy and no fresh memory (0.07 ms to map and touch, against
+  16 ms to read it into fresh memory in a worker, where new memory is slow to fault in).
+  uni and Zarr replace chunk files by rename and never rewrite one in place, so a mapped
+  version never changes under its readers.
+- Writable buffers (a task's staged output) come from :meth:`ReadCache.take`: anonymous
+  memory on a page boundary (on a 2 MiB one, advised as huge pages, from 2 MiB up), or a
+  spare: a buffer of a finished commit that nothing references any more.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import mmap
 import os
+import sys
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -20,6 +35,15 @@ from distributed import get_worker
 DEFAULT_BYTES = 256 << 20
 #: Share of a Dask worker's memory limit the cache may hold.
 WORKER_SHARE = 0.4
+#: Spare buffers kept for reuse, beyond the budget (at most this many).
+SPARE_BUFFERS = 4
+#: Alignment of the buffers take() makes (a page: whole pages land on whole pages).
+ALIGN = 4096
+#: Buffers at least this large are mapped on this boundary, as transparent huge pages.
+HUGE = 2 << 20
+_MADV_HUGEPAGE: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
+_MAP_PRIVATE_ANON: int | None = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                                 if hasattr(mmap, "MAP_ANONYMOUS") else None)
 
 
 def _default_budget() -> int:
@@ -45,6 +69,13 @@ class ReadCache:
         self.bytes_hit = 0        # served from the cache instead
         self.bytes_written = 0    # committed to the store
         self.evictions = 0
+        self.reused = 0
+        # Evicted buffers nobody else holds, by (bytes, dtype): handed out by take().
+        self._spare: dict[tuple[int, str], list[np.ndarray[Any, Any]]] = {}
+        self._spare_count = 0
+        # The arrays owning the memory of the buffers take() made, by id (weakly): only
+        # these are ever reused.
+        self._ours: dict[int, weakref.ref[np.ndarray[Any, Any]]] = {}
 
     @property
     def budget(self) -> int:
@@ -81,6 +112,52 @@ class ReadCache:
             self._held += value.nbytes
             self._evict()
 
+    def take(self, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """A writable flat buffer of ``count`` elements (contents undefined): a spare one
+        when there is one of that size and dtype, else new memory."""
+        key = (count * dtype.itemsize, dtype.str)
+        with self._lock:
+            spares = self._spare.get(key)
+            if spares:
+                buffer = spares.pop()
+                self._spare_count -= 1
+                self.reused += 1
+                buffer.flags.writeable = True  # nobody else refers to it (see recycle)
+                return buffer
+        buffer = aligned_empty(count, dtype)
+        owner = buffer.base  # what every view of it refers to (numpy collapses view chains)
+        assert isinstance(owner, np.ndarray)
+        self._ours[id(owner)] = weakref.ref(owner, self._forget(id(owner)))
+        return buffer
+
+    def _forget(self, ident: int) -> Any:
+        def forget(_ref: Any) -> None:
+            self._ours.pop(ident, None)
+        return forget
+
+    def recycle(self, buffer: np.ndarray[Any, Any]) -> None:
+        """Keep ``buffer`` (from :meth:`take`) as a spare if nothing but the caller's one name
+        refers to it; the caller must not use it afterwards."""
+        with self._lock:
+            self._keep_spare(buffer, 4)
+
+    def _keep_spare(self, buffer: np.ndarray[Any, Any], names: int) -> None:
+        # Only a buffer take() made (never a file map), that no one but the caller refers
+        # to: a view of it, a lease's handle or a memoryview each hold a reference to it or
+        # to the array that owns its memory (its base: one reference from the buffer, one
+        # from `owner` and one from getrefcount's argument). ``names``: what getrefcount
+        # sees when nobody else has it (the caller's names, parameters and the argument).
+        if (self._spare_count >= SPARE_BUFFERS or sys.getrefcount(buffer) > names
+                or buffer.ndim != 1 or not buffer.flags.c_contiguous):
+            return
+        owner = buffer.base
+        ref = self._ours.get(id(owner))
+        if ref is None or ref() is not owner or sys.getrefcount(owner) > 3:
+            return
+        del owner
+        self._spare.setdefault((buffer.nbytes, buffer.dtype.str), []).append(buffer)
+        self._spare_count += 1
+
     def count_read(self, nbytes: int) -> None:
         with self._lock:
             self.bytes_read += nbytes
@@ -95,10 +172,14 @@ class ReadCache:
             _, old = self._entries.popitem(last=False)
             self._held -= old.nbytes
             self.evictions += 1
+            self._keep_spare(old, 3)
+            del old
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._spare.clear()
+            self._spare_count = 0
             self._held = 0
 
     def info(self) -> dict[str, int]:
@@ -108,12 +189,42 @@ class ReadCache:
                 "held": self._held, "entries": len(self._entries), "hits": self.hits,
                 "misses": self.misses, "bytes_read": self.bytes_read, "bytes_hit": self.bytes_hit,
                 "bytes_written": self.bytes_written, "evictions": self.evictions,
+                "reused": self.reused, "spare": self._spare_count,
             }
 
     def reset_counters(self) -> None:
         with self._lock:
-            self.hits = self.misses = self.evictions = 0
+            self.hits = self.misses = self.evictions = self.reused = 0
             self.bytes_read = self.bytes_hit = self.bytes_written = 0
+
+
+def aligned_empty(count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """A new flat array of ``count`` elements whose data starts on a page boundary (on a
+    huge-page boundary, in memory advised as huge pages, from :data:`HUGE` bytes up)."""
+    nbytes = count * dtype.itemsize
+    if nbytes >= HUGE and _MADV_HUGEPAGE is not None and _MAP_PRIVATE_ANON is not None:
+        # Unmapped when the last view of it goes (numpy -> memoryview -> mmap).
+        region = mmap.mmap(-1, nbytes + HUGE, flags=_MAP_PRIVATE_ANON)
+        with contextlib.suppress(OSError):  # a kernel without THP: still aligned
+            region.madvise(_MADV_HUGEPAGE)
+        raw = np.frombuffer(region, np.uint8)
+        start = -raw.ctypes.data % HUGE
+    else:
+        raw = np.empty(nbytes + ALIGN, np.uint8)
+        start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype)
+
+
+def map_file(fd: int, nbytes: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
+    """The first ``nbytes`` of an open file as a read-only flat array over its page-cache
+    pages (the map keeps its own descriptor), or None where it cannot be mapped."""
+    if nbytes == 0:
+        return None
+    try:
+        region = mmap.mmap(fd, nbytes, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # a file system without mmap: the caller reads it
+        return None
+    return np.frombuffer(region, dtype)
 
 
 #: The one cache of this process.

@@ -25,7 +25,7 @@ from numpy.lib.stride_tricks import as_strided
 import uni
 from uni._errors import TileAccessError
 from uni.dask import _layout
-from uni.dask._cache import CACHE
+from uni.dask._cache import CACHE, map_file
 from uni.dask._grid import Index, chunk_size, tile_extent
 from uni.storage import Region, StorageBase
 
@@ -146,8 +146,10 @@ class ChunkStorage(StorageBase):
                 hit = CACHE.get(key)
                 if hit is not None:
                     return hit
-            buffer = np.empty(self.size, self.dtype)
-            _layout.read_file_into(fd, buffer)
+            buffer = map_file(fd, expected, self.dtype)
+            if buffer is None:
+                buffer = CACHE.take(self.size, self.dtype)
+                _layout.read_file_into(fd, buffer)
             CACHE.count_read(expected)
         finally:
             os.close(fd)
@@ -222,10 +224,9 @@ class ChunkStorage(StorageBase):
         if covering:
             # A promise to write every in-bounds element: the old contents are not read. The
             # padding of an edge chunk (outside the array) holds the fill value, as Zarr's.
-            if self._inbounds == self.size:
-                buffer = np.empty(self.size, self.dtype)
-            else:
-                buffer = np.full(self.size, self.tiled.fill_value, dtype=self.dtype)
+            buffer = CACHE.take(self.size, self.dtype)
+            if self._inbounds != self.size:
+                buffer.fill(self.tiled.fill_value)
         else:
             staged = None if ctx is None else ctx.staged.get(self.key)
             if staged is None:
@@ -233,7 +234,8 @@ class ChunkStorage(StorageBase):
                 # (uni's element ranges would allow it): only a whole-chunk overwrite clears.
                 self.check_poison()
                 staged = self.load(self._epoch_for_reading(ctx))
-            buffer = np.array(staged)
+            buffer = CACHE.take(self.size, self.dtype)
+            np.copyto(buffer, staged)
         with self._lock:
             self._covering[id(buffer)] = covering
             self.leases += 1
@@ -300,13 +302,21 @@ class ChunkStorage(StorageBase):
             raise
         CACHE.count_written(buffer.nbytes)
         if committed and epoch is not None:
-            # Write-through: readers of this version on this worker need not read the file.
+            # Write-through: readers of this version on this worker need not open the file
+            # again. What is kept is a map of the file just written (its page-cache pages),
+            # so that ``buffer`` can be reused by the next task (see uni.dask._cache).
             try:
-                st = os.stat(self.chunk_file)
+                fd = os.open(self.chunk_file, os.O_RDONLY)
             except FileNotFoundError:
                 return committed
-            if st.st_size == buffer.nbytes:
-                CACHE.put(self._cache_key(epoch, st), buffer)
+            try:
+                st = os.fstat(fd)
+                mapped = (map_file(fd, buffer.nbytes, self.dtype)
+                          if st.st_size == buffer.nbytes else None)
+            finally:
+                os.close(fd)
+            if mapped is not None:
+                CACHE.put(self._cache_key(epoch, st), mapped)
         return committed
 
     # Fault-injection points (tests replace them on workers to kill a commit halfway).

@@ -8,7 +8,7 @@ backend walk there, commits its one output chunk and returns a token of a few by
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -28,6 +28,7 @@ from uni.dask._chunk_storage import (
 )
 from uni.dask._grid import Index, broadcast_box, covering, tile_box
 from uni.dask._tiled import TiledTensor
+from uni.storage import HostStorage
 
 #: What a task returns: ("done" | "skipped", tile index, epoch, ((op, backend), ...)).
 Token = tuple[str, Index, int | None, tuple[tuple[str, str | None], ...]]
@@ -102,9 +103,11 @@ def run_tile_task(task: TileTask, deps: Any = None) -> Token:
                 f"{task.what} was registered as overwriting tile {index} of {out.path}, but "
                 "it did not write the whole tile through a write lease with overwrite=True"
             )
-        staged = ctx.staged.get(out_key)
+        staged = ctx.staged.pop(out_key, None)
         if staged is not None:
             chunk_storage(out, index).commit(staged, epoch)
+            CACHE.recycle(staged)  # the next task's output may reuse it (uni.dask._cache)
+            del staged
     except BaseException as err:
         # The storage may hold local poison from a failed lease; the cluster-wide state is
         # the sequencer's (and the marker's): a later task here starts from a fresh storage.
@@ -120,9 +123,21 @@ def run_tile_task(task: TileTask, deps: Any = None) -> Token:
 
 
 # -- bodies ----------------------------------------------------------------------------------
-def _host_view(lease: Any) -> uni.Tensor:
-    """The write lease's buffer as a host tensor (zero-copy) for uni's operations."""
-    return uni.from_numpy(np.asarray(lease.mdspan()))
+@contextlib.contextmanager
+def _host_view(lease: Any) -> Iterator[uni.Tensor]:
+    """The write lease's buffer as a host tensor (zero-copy) for uni's operations.
+
+    On the way out its storage drops its kept handles (which refer back to it), so that
+    nothing refers to the buffer once the task is done with it: the commit can then hand
+    the buffer on to the next task (``uni.dask._cache``) instead of faulting in new memory.
+    """
+    tensor = uni.from_numpy(np.asarray(lease.mdspan()))
+    try:
+        yield tensor
+    finally:
+        storage = tensor.storage
+        if isinstance(storage, HostStorage):
+            storage.drop_handles()
 
 
 @attrs.frozen
@@ -135,8 +150,8 @@ class GemmBody:
     def __call__(self, task: TileTask) -> None:
         i, j = task.index
         c_tile = task.out.tile(task.index)
-        with uni.acquire_host_write_access_sync(c_tile, overwrite=self.beta == 0) as lease:
-            acc = _host_view(lease)
+        with (uni.acquire_host_write_access_sync(c_tile, overwrite=self.beta == 0) as lease,
+              _host_view(lease) as acc):
             ktiles = self.a.grid[1]
             if ktiles == 0:  # an empty inner dimension: c = beta * c
                 m, n = acc.shape
@@ -157,8 +172,8 @@ class GemvBody:
     def __call__(self, task: TileTask) -> None:
         (i,) = task.index
         y_tile = task.out.tile(task.index)
-        with uni.acquire_host_write_access_sync(y_tile, overwrite=self.beta == 0) as lease:
-            acc = _host_view(lease)
+        with (uni.acquire_host_write_access_sync(y_tile, overwrite=self.beta == 0) as lease,
+              _host_view(lease) as acc):
             ktiles = self.a.grid[1]
             if ktiles == 0:
                 uni.gemv(uni.zeros((acc.shape[0], 0), self.a.dtype), uni.zeros((0,), self.x.dtype),
@@ -187,8 +202,8 @@ class CopyBody:
     def __call__(self, task: TileTask) -> None:
         out = task.out
         lo, hi = tile_box(task.index, out.shape, out.chunks)
-        with uni.acquire_host_write_access_sync(out.tile(task.index), overwrite=True) as lease:
-            acc = _host_view(lease)
+        with (uni.acquire_host_write_access_sync(out.tile(task.index), overwrite=True) as lease,
+              _host_view(lease) as acc):
             for index, inner, outer in covering(lo, hi, self.src.chunks):
                 uni.copy(self.src.tile(index)[inner], acc[outer])
 
@@ -201,9 +216,9 @@ class TransformBody:
 
     def __call__(self, task: TileTask) -> None:
         out = task.out
-        with uni.acquire_host_write_access_sync(out.tile(task.index),
-                                                overwrite=not self.in_place) as lease:
-            acc = _host_view(lease)
+        with (uni.acquire_host_write_access_sync(out.tile(task.index),
+                                                 overwrite=not self.in_place) as lease,
+              _host_view(lease) as acc):
             operands = []
             for src in self.inputs:
                 if src == out:
@@ -230,9 +245,10 @@ class BlockBody:
     block: np.ndarray[Any, Any] = attrs.field(eq=False)
 
     def __call__(self, task: TileTask) -> None:
-        with uni.acquire_host_write_access_sync(task.out.tile(task.index),
-                                                overwrite=True) as lease:
-            uni.copy(uni.from_numpy(aligned(np.asarray(self.block))), _host_view(lease))
+        with (uni.acquire_host_write_access_sync(task.out.tile(task.index),
+                                                 overwrite=True) as lease,
+              _host_view(lease) as acc):
+            uni.copy(uni.from_numpy(aligned(np.asarray(self.block))), acc)
 
 
 def store_block(block: np.ndarray[Any, Any], *, target: TiledTensor,

@@ -102,6 +102,13 @@ class HostStorage(StorageBase):
             found = handles[offset] = HostHandle(self.buffer, offset, self)
         return found
 
+    def drop_handles(self) -> None:
+        """Forget the kept handles. Each refers back to this storage, so while one is kept
+        the storage (and its buffer) outlives its last user until the next garbage
+        collection; a caller that wants the memory back at once (uni.dask reuses chunk
+        buffers) drops them when it is done."""
+        self._handles = {}
+
     def acquire_read(self, region: Region) -> HostHandle:
         return self.handle(region.offset)
 
