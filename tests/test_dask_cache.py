@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import numpy as np
 import pytest
 
 pytest.importorskip("distributed")
 
+from uni.dask import _cache
 from uni.dask._cache import ReadCache
 
 
@@ -76,3 +80,49 @@ def test_large_buffers_sit_on_a_huge_page_boundary_and_are_reused_too() -> None:
     del big
     cache.put("b", cache.take(count, f64))     # evicts "a"
     assert cache.take(count, f64).ctypes.data == address
+
+
+def test_spares_are_the_newest_few_and_sizes_nobody_asks_for_do_not_block_reuse() -> None:
+    f64 = np.dtype(np.float64)
+    cache = ReadCache(budget=1 << 20)
+    for count in (10, 20, 30, 40, 50):         # five sizes used once each, then never again
+        spare = cache.take(count, f64)
+        cache.recycle(spare)
+        del spare
+    assert cache.info()["spare"] == _cache.SPARE_BUFFERS   # the oldest size went
+    current = cache.take(64, f64)
+    address = current.ctypes.data
+    cache.recycle(current)
+    del current
+    assert cache.take(64, f64).ctypes.data == address       # still reused
+    cache.configure(1 << 20)                   # a new budget lets every spare go
+    assert cache.info()["spare"] == 0
+
+
+def test_reuse_is_off_where_reference_counts_cannot_be_trusted(monkeypatch: Any) -> None:
+    assert _cache._counts_are_exact()          # this interpreter: the counts are exact
+    monkeypatch.setattr(_cache, "_COUNTS_EXACT", False)
+    cache = ReadCache(budget=1 << 20)
+    lone = cache.take(8, np.dtype(np.float64))
+    cache.recycle(lone)
+    del lone
+    assert cache.info()["spare"] == 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd (Linux)")
+def test_a_mapped_file_holds_no_descriptor_and_is_unmapped_with_its_last_view(
+        tmp_path: Any) -> None:
+    path = tmp_path / "chunk"
+    np.arange(512.0).tofile(path)
+    before = len(os.listdir("/proc/self/fd"))
+    maps = []
+    for _ in range(50):
+        fd = os.open(path, os.O_RDONLY)
+        maps.append(_cache.map_file(fd, 512 * 8, np.dtype(np.float64)))
+        os.close(fd)
+    assert len(os.listdir("/proc/self/fd")) == before      # no descriptor per map
+    tail = maps[0][500:]
+    del maps
+    assert tail.tolist() == [float(i) for i in range(500, 512)]  # a view keeps it mapped
+    with pytest.raises(ValueError):
+        tail.flags.writeable = True

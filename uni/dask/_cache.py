@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import mmap
 import os
 import sys
@@ -35,7 +38,7 @@ from distributed import get_worker
 DEFAULT_BYTES = 256 << 20
 #: Share of a Dask worker's memory limit the cache may hold.
 WORKER_SHARE = 0.4
-#: Spare buffers kept for reuse, beyond the budget (at most this many).
+#: Spare buffers kept for reuse, beyond the budget (at most this many, the newest).
 SPARE_BUFFERS = 4
 #: Alignment of the buffers take() makes (a page: whole pages land on whole pages).
 ALIGN = 4096
@@ -70,9 +73,8 @@ class ReadCache:
         self.bytes_written = 0    # committed to the store
         self.evictions = 0
         self.reused = 0
-        # Evicted buffers nobody else holds, by (bytes, dtype): handed out by take().
-        self._spare: dict[tuple[int, str], list[np.ndarray[Any, Any]]] = {}
-        self._spare_count = 0
+        # Buffers nobody else holds, oldest first: handed out again by take().
+        self._spare: collections.deque[np.ndarray[Any, Any]] = collections.deque()
         # The arrays owning the memory of the buffers take() made, by id (weakly): only
         # these are ever reused.
         self._ours: dict[int, weakref.ref[np.ndarray[Any, Any]]] = {}
@@ -89,6 +91,7 @@ class ReadCache:
             return
         with self._lock:
             self._budget = max(0, int(budget))
+            self._spare.clear()
             self._evict()
 
     def get(self, key: Any) -> np.ndarray[Any, Any] | None:
@@ -115,15 +118,16 @@ class ReadCache:
     def take(self, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """A writable flat buffer of ``count`` elements (contents undefined): a spare one
         when there is one of that size and dtype, else new memory."""
-        key = (count * dtype.itemsize, dtype.str)
+        nbytes = count * dtype.itemsize
         with self._lock:
-            spares = self._spare.get(key)
-            if spares:
-                buffer = spares.pop()
-                self._spare_count -= 1
-                self.reused += 1
-                buffer.flags.writeable = True  # nobody else refers to it (see recycle)
-                return buffer
+            spares = self._spare
+            for i in range(len(spares) - 1, -1, -1):  # the newest first
+                found = spares[i]
+                if found.nbytes == nbytes and found.dtype == dtype:
+                    del spares[i]
+                    self.reused += 1
+                    found.flags.writeable = True  # nobody else refers to it (see recycle)
+                    return found
         buffer = aligned_empty(count, dtype)
         owner = buffer.base  # what every view of it refers to (numpy collapses view chains)
         assert isinstance(owner, np.ndarray)
@@ -147,16 +151,19 @@ class ReadCache:
         # to the array that owns its memory (its base: one reference from the buffer, one
         # from `owner` and one from getrefcount's argument). ``names``: what getrefcount
         # sees when nobody else has it (the caller's names, parameters and the argument).
-        if (self._spare_count >= SPARE_BUFFERS or sys.getrefcount(buffer) > names
-                or buffer.ndim != 1 or not buffer.flags.c_contiguous):
+        # Where the interpreter's counts do not say this (checked once, _COUNTS_EXACT),
+        # nothing is ever reused.
+        if (not _COUNTS_EXACT or sys.getrefcount(buffer) > names or buffer.ndim != 1
+                or not buffer.flags.c_contiguous):
             return
         owner = buffer.base
         ref = self._ours.get(id(owner))
         if ref is None or ref() is not owner or sys.getrefcount(owner) > 3:
             return
         del owner
-        self._spare.setdefault((buffer.nbytes, buffer.dtype.str), []).append(buffer)
-        self._spare_count += 1
+        self._spare.append(buffer)
+        if len(self._spare) > SPARE_BUFFERS:
+            self._spare.popleft()  # sizes nobody asks for any more do not stay
 
     def count_read(self, nbytes: int) -> None:
         with self._lock:
@@ -179,7 +186,6 @@ class ReadCache:
         with self._lock:
             self._entries.clear()
             self._spare.clear()
-            self._spare_count = 0
             self._held = 0
 
     def info(self) -> dict[str, int]:
@@ -189,7 +195,7 @@ class ReadCache:
                 "held": self._held, "entries": len(self._entries), "hits": self.hits,
                 "misses": self.misses, "bytes_read": self.bytes_read, "bytes_hit": self.bytes_hit,
                 "bytes_written": self.bytes_written, "evictions": self.evictions,
-                "reused": self.reused, "spare": self._spare_count,
+                "reused": self.reused, "spare": len(self._spare),
             }
 
     def reset_counters(self) -> None:
@@ -204,7 +210,13 @@ def aligned_empty(count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     nbytes = count * dtype.itemsize
     if nbytes >= HUGE and _MADV_HUGEPAGE is not None and _MAP_PRIVATE_ANON is not None:
         # Unmapped when the last view of it goes (numpy -> memoryview -> mmap).
-        region = mmap.mmap(-1, nbytes + HUGE, flags=_MAP_PRIVATE_ANON)
+        try:
+            region = mmap.mmap(-1, nbytes + HUGE, flags=_MAP_PRIVATE_ANON)
+        except OSError as err:
+            if err.errno == errno.ENOMEM:
+                raise MemoryError(f"cannot map {nbytes + HUGE} bytes for a chunk buffer"
+                                  ) from err
+            raise
         with contextlib.suppress(OSError):  # a kernel without THP: still aligned
             region.madvise(_MADV_HUGEPAGE)
         raw = np.frombuffer(region, np.uint8)
@@ -215,17 +227,79 @@ def aligned_empty(count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     return raw[start:start + nbytes].view(dtype)
 
 
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_int64]
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError, TypeError):  # no C library to map with: files are read
+        return None
+    return libc
+
+
+_LIBC = _libc() if os.name == "posix" and ctypes.sizeof(ctypes.c_void_p) == 8 else None
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
 def map_file(fd: int, nbytes: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
     """The first ``nbytes`` of an open file as a read-only flat array over its page-cache
-    pages (the map keeps its own descriptor), or None where it cannot be mapped."""
-    if nbytes == 0:
-        return None
-    try:
-        region = mmap.mmap(fd, nbytes, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # a file system without mmap: the caller reads it
-        return None
-    return np.frombuffer(region, dtype)
+    pages, or None where it cannot be mapped (the caller then reads the file).
 
+    mmap(2) through the C library rather than Python's mmap module, which keeps a duplicate
+    of the descriptor open for as long as the map lives: a cache of maps would then hold
+    one descriptor per chunk and run a worker out of them. The memory is unmapped when the
+    array (which every view of it refers to) goes.
+    """
+    if nbytes == 0 or _LIBC is None:
+        return None
+    address = _LIBC.mmap(None, nbytes, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        return None  # a file system without mmap, or no address space left: read it
+    try:
+        pages = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+        array = np.frombuffer(pages.toreadonly(), dtype)
+    except BaseException:
+        _LIBC.munmap(address, nbytes)
+        raise
+    weakref.finalize(array, _LIBC.munmap, address, nbytes)
+    return array
+
+
+def _counts_are_exact() -> bool:
+    """Do this interpreter's reference counts say what ``_keep_spare`` relies on? A buffer
+    nobody else holds must be kept, one with a view or a second name must not (CPython
+    versions that borrow references, or a build without the GIL, may count otherwise:
+    then nothing is reused)."""
+    if getattr(sys, "_is_gil_enabled", lambda: True)() is False:
+        return False
+    f64 = np.dtype(np.float64)
+    probe = ReadCache(budget=1 << 20)
+    lone = probe.take(8, f64)
+    probe.recycle(lone)
+    del lone
+    kept = len(probe._spare) == 1
+    viewed = probe.take(8, f64)
+    view = viewed[1:]
+    probe.recycle(viewed)
+    named = probe.take(8, f64)
+    alias = named
+    probe.recycle(named)
+    refused = len(probe._spare) == 0
+    evicted = probe.take(8, f64)
+    probe.configure(64)
+    probe.put("a", evicted)
+    del evicted
+    probe.put("b", probe.take(8, f64))  # evicts "a", which nobody else holds
+    kept_on_eviction = len(probe._spare) == 1
+    del view, alias
+    return kept and refused and kept_on_eviction
+
+
+_COUNTS_EXACT = True  # (for the check below, which runs the real code)
+_COUNTS_EXACT = _counts_are_exact()
 
 #: The one cache of this process.
 CACHE = ReadCache()
