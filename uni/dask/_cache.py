@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -229,7 +228,9 @@ def aligned_empty(count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
 
 def _libc() -> Any:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        # The running interpreter's own symbols, the C library's among them (no search:
+        # ctypes.util.find_library would start subprocesses).
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_int64]
