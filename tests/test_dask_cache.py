@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -95,7 +98,9 @@ def test_spares_are_the_newest_few_and_sizes_nobody_asks_for_do_not_block_reuse(
     cache.recycle(current)
     del current
     assert cache.take(64, f64).ctypes.data == address       # still reused
-    cache.configure(1 << 20)                   # a new budget lets every spare go
+    cache.configure(1 << 20)                   # the same budget (every task sets it): kept
+    assert cache.info()["spare"] == _cache.SPARE_BUFFERS - 1
+    cache.configure(2 << 20)                   # a new budget lets every spare go
     assert cache.info()["spare"] == 0
 
 
@@ -126,3 +131,38 @@ def test_a_mapped_file_holds_no_descriptor_and_is_unmapped_with_its_last_view(
     assert tail.tolist() == [float(i) for i in range(500, 512)]  # a view keeps it mapped
     with pytest.raises(ValueError):
         tail.flags.writeable = True
+
+
+@pytest.mark.skipif(_cache._LIBC is None, reason="maps need the C library's mmap")
+def test_the_pages_stay_mapped_while_anything_made_from_them_lives(tmp_path: Any) -> None:
+    path = tmp_path / "chunk"
+    np.arange(512.0).tofile(path)
+    fd = os.open(path, os.O_RDONLY)
+    mapped = _cache.map_file(fd, 512 * 8, np.dtype(np.float64))
+    os.close(fd)
+    assert mapped is not None
+    base = mapped.base                         # the memoryview under the array, not the array
+    del mapped
+    gc.collect()
+    assert np.frombuffer(base, np.float64)[-1] == 511.0
+
+
+@pytest.mark.skipif(_cache._LIBC is None, reason="maps need the C library's mmap")
+def test_maps_are_not_unmapped_under_a_thread_still_reading_at_exit(tmp_path: Any) -> None:
+    path = tmp_path / "chunk"
+    np.arange(1 << 16, dtype=np.float64).tofile(path)
+    program = f"""
+import os, threading, numpy as np
+from uni.dask._cache import CACHE, map_file
+fd = os.open({str(path)!r}, os.O_RDONLY)
+CACHE.put("k", map_file(fd, 8 << 16, np.dtype(np.float64)))
+os.close(fd)
+data = CACHE.get("k")
+def read():
+    while True:
+        assert data.sum() == {float(sum(range(1 << 16)))!r}
+threading.Thread(target=read, daemon=True).start()
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr.decode()[-2000:]

@@ -89,8 +89,10 @@ class ReadCache:
         if budget is None:
             return
         with self._lock:
-            self._budget = max(0, int(budget))
-            self._spare.clear()
+            budget = max(0, int(budget))
+            if budget != self._budget:  # every task configures: only a change drops spares
+                self._spare.clear()
+            self._budget = budget
             self._evict()
 
     def get(self, key: Any) -> np.ndarray[Any, Any] | None:
@@ -260,12 +262,15 @@ def map_file(fd: int, nbytes: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]
     if address is None or address == _MAP_FAILED:
         return None  # a file system without mmap, or no address space left: read it
     try:
-        pages = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
-        array = np.frombuffer(pages.toreadonly(), dtype)
+        region = (ctypes.c_char * nbytes).from_address(address)
+        array = np.frombuffer(memoryview(region).cast("B").toreadonly(), dtype)
     except BaseException:
         _LIBC.munmap(address, nbytes)
         raise
-    weakref.finalize(array, _LIBC.munmap, address, nbytes)
+    # On the ctypes object, which everything made from the pages refers to (the array, its
+    # views, and any memoryview or array built on its base). Not at interpreter exit: the
+    # cache keeps maps to the end, and daemon threads may still read them then.
+    weakref.finalize(region, _LIBC.munmap, address, nbytes).atexit = False
     return array
 
 
