@@ -130,25 +130,32 @@ def _trio_rows(number: int, repeats: int) -> list[dict[str, Any]]:
         await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
 
     async def main() -> None:
-        rows.append(_row("trio: uncontended async with read lease",
-                         await _uncontended(number, repeats),
-                         "await trio.lowlevel.checkpoint()",
-                         await _median(checkpoint, number, repeats)))
-        wakes = max(20, number // 20)
-        rows.append(_row("trio: lease released by another thread",
-                         await _cross_thread_lease(wakes, repeats, releaser),
-                         "run_sync_soon + reschedule from that thread",
-                         await _median(bare_wake, wakes, repeats),
-                         "includes the sync acquire + release around the wait"))
-        ops = max(20, number // 20)
-        awaited, sync = await _op_one_at_a_time(ops, repeats)
-        rows.append(_row("trio: await copy_async 1,000 f64", awaited, "sync uni.copy", sync))
+        await _loop_rows(rows, "trio", "await trio.lowlevel.checkpoint()", checkpoint,
+                         "run_sync_soon + reschedule from that thread", bare_wake, number,
+                         repeats, releaser)
 
     try:
         trio.run(main)
     finally:
         releaser.close()
     return rows
+
+
+async def _loop_rows(rows: list[dict[str, Any]], loop: str, yield_name: str,
+                     yield_once: Any, wake_name: str, bare_wake: Any, number: int,
+                     repeats: int, releaser: _Releaser) -> None:
+    """The three rows of one event loop, each against that loop's own bare mechanism."""
+    rows.append(_row(f"{loop}: uncontended async with read lease",
+                     await _uncontended(number, repeats), yield_name,
+                     await _median(yield_once, number, repeats)))
+    wakes = max(20, number // 20)
+    rows.append(_row(f"{loop}: lease released by another thread",
+                     await _cross_thread_lease(wakes, repeats, releaser), wake_name,
+                     await _median(bare_wake, wakes, repeats),
+                     "includes the sync acquire + release around the wait"))
+    ops = max(20, number // 20)
+    awaited, sync = await _op_one_at_a_time(ops, repeats)
+    rows.append(_row(f"{loop}: await copy_async 1,000 f64", awaited, "sync uni.copy", sync))
 
 
 # -- asyncio ------------------------------------------------------------------------------
@@ -166,19 +173,9 @@ def _asyncio_rows(number: int, repeats: int) -> list[dict[str, Any]]:
         await future
 
     async def main() -> None:
-        rows.append(_row("asyncio: uncontended async with read lease",
-                         await _uncontended(number, repeats),
-                         "await asyncio.sleep(0)",
-                         await _median(sleep0, number, repeats)))
-        wakes = max(20, number // 20)
-        rows.append(_row("asyncio: lease released by another thread",
-                         await _cross_thread_lease(wakes, repeats, releaser),
-                         "call_soon_threadsafe + set_result from that thread",
-                         await _median(bare_wake, wakes, repeats),
-                         "includes the sync acquire + release around the wait"))
-        ops = max(20, number // 20)
-        awaited, sync = await _op_one_at_a_time(ops, repeats)
-        rows.append(_row("asyncio: await copy_async 1,000 f64", awaited, "sync uni.copy", sync))
+        await _loop_rows(rows, "asyncio", "await asyncio.sleep(0)", sleep0,
+                         "call_soon_threadsafe + set_result from that thread", bare_wake,
+                         number, repeats, releaser)
 
     try:
         asyncio.run(main())

@@ -36,7 +36,6 @@ from uni import _demo
 from uni import _pipeline as p
 from uni.cli import main
 from uni.cuda._launch import current_stream
-from uni.storage._protocol import Region
 from uni.storage.host import HostStorage
 
 SHAPE = p.StreamShape(rows=96, k=24, m=16, blocks=6)
@@ -207,22 +206,8 @@ def test_the_cuda_stages_import_without_cuda_packages() -> None:
 
 
 # -- the plan on host memory (no streams) ------------------------------------------------------
-class HookedHost(HostStorage):
+class HookedHost(p.WriteHooked, HostStorage):
     """Host memory standing in for pinned or device memory; write leases report to ``hook``."""
-
-    hook: Any = None
-
-    def acquire_write(self, region: Region, *, overwrite: bool) -> Any:
-        if self.hook is not None:
-            self.hook.opened(self, region.lo)
-        return super().acquire_write(region, overwrite=overwrite)
-
-    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
-        try:
-            super().release_write(region, handle, error=error)
-        finally:
-            if self.hook is not None:
-                self.hook.closed(self, region.lo)
 
 
 class HostPlacement:

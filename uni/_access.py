@@ -189,23 +189,17 @@ def queue_range(storage: Any, lo: int, hi: int, queue: Any = None) -> tuple[int,
     then the offset: a storage moved to another queue meanwhile is caught when registering
     on the old, retired one).
     """
-    if queue is None:
-        queue = storage.access_queue
-    base = getattr(storage, "queue_offset", 0)
-    itemsize = storage.dtype.itemsize
-    unit = queue.unit
-    if base == 0 and unit == itemsize:
-        return lo, hi
-    if lo > hi:
-        return 1, 0
-    return (base + lo * itemsize) // unit, (base + hi * itemsize + itemsize - 1) // unit
+    return _in_units(storage, lo, hi, storage.access_queue if queue is None else queue, False)
 
 
 def inner_queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
     """The queue units that lie wholly inside elements ``lo..hi`` of ``storage``: what a
     write of every one of those elements is sure to have overwritten (``queue_range`` rounded
     inward; empty, ``lo > hi``, when no whole unit is inside)."""
-    queue = storage.access_queue
+    return _in_units(storage, lo, hi, storage.access_queue, True)
+
+
+def _in_units(storage: Any, lo: int, hi: int, queue: Any, inner: bool) -> tuple[int, int]:
     base = getattr(storage, "queue_offset", 0)
     itemsize = storage.dtype.itemsize
     unit = queue.unit
@@ -213,7 +207,10 @@ def inner_queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
         return lo, hi
     if lo > hi:
         return 1, 0
-    return -(-(base + lo * itemsize) // unit), (base + (hi + 1) * itemsize) // unit - 1
+    first, end = base + lo * itemsize, base + (hi + 1) * itemsize  # bytes [first, end)
+    if inner:
+        return -(-first // unit), end // unit - 1
+    return first // unit, (end - 1) // unit
 
 
 #: What to do about poisoned data, for a lease (the default of ``check_poison``).

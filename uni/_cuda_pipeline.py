@@ -86,11 +86,19 @@ from uni._executor import OpFuture
 from uni._factories import from_numpy
 from uni._mapping import layout_right
 from uni._ops import copy, copy_async, gemm_async, transform_async
-from uni._pipeline import SLOTS, Problem, Span, SpanLog, Step, StreamShape
+from uni._pipeline import (
+    SLOTS,
+    Problem,
+    Span,
+    SpanLog,
+    Step,
+    StreamShape,
+    WriteHook,
+    WriteHooked,
+)
 from uni._tensor import Tensor
 from uni.backends import cuda_reference as _cuda_reference
 from uni.cuda import CudaStorage, PinnedStorage, Stream
-from uni.storage._protocol import Region
 
 #: Where a step runs.
 HOST_WORKERS = "host workers"
@@ -275,14 +283,6 @@ def plan_json(shape: StreamShape) -> dict[str, Any]:
 
 
 # -- measured spans: events on the streams ----------------------------------------------
-class WriteHook(Protocol):
-    """Told when a write lease on a storage opens and when it is released."""
-
-    def opened(self, storage: object, lo: int) -> None: ...
-
-    def closed(self, storage: object, lo: int) -> None: ...
-
-
 def _timing_event(stream: Any) -> Any:
     try:
         return stream.record(timing=True)
@@ -420,42 +420,15 @@ async def _done(event: Any, deadline: float) -> bool:
 
 
 # -- storages whose write leases report to a hook ----------------------------------------
-class HookedPinned(PinnedStorage):
+class HookedPinned(WriteHooked, PinnedStorage):
     """Pinned memory whose write leases tell ``hook`` when they open and are released."""
 
-    hook: WriteHook | None = None
 
-    def acquire_write(self, region: Region, *, overwrite: bool) -> Any:
-        if self.hook is not None:
-            self.hook.opened(self, region.lo)
-        return super().acquire_write(region, overwrite=overwrite)
-
-    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
-        try:
-            super().release_write(region, handle, error=error)
-        finally:
-            if self.hook is not None:
-                self.hook.closed(self, region.lo)
-
-
-class HookedCuda(CudaStorage):
+class HookedCuda(WriteHooked, CudaStorage):
     """Device memory whose write leases tell ``hook`` when they open and are released."""
 
     # The release hook reports to the span log: leases must call it.
     release_is_noop = False
-    hook: WriteHook | None = None
-
-    def acquire_write(self, region: Region, *, overwrite: bool) -> Any:
-        if self.hook is not None:
-            self.hook.opened(self, region.lo)
-        return super().acquire_write(region, overwrite=overwrite)
-
-    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
-        try:
-            super().release_write(region, handle, error=error)
-        finally:
-            if self.hook is not None:
-                self.hook.closed(self, region.lo)
 
 
 # -- where the buffers and streams come from ---------------------------------------------

@@ -241,38 +241,47 @@ class SpanLog:
             self.spans.append(span)
 
 
-class _LoggedHostStorage(HostStorage):
+class WriteHook(Protocol):
+    """Told when a write lease on a storage opens and when it is released."""
+
+    def opened(self, storage: object, lo: int) -> None: ...
+
+    def closed(self, storage: object, lo: int) -> None: ...
+
+
+class WriteHooked:
+    """A mixin for a storage class (listed before it): its write leases tell ``hook`` when
+    they open and, whatever the release did, when they are released."""
+
+    hook: WriteHook | None = None
+
+    def acquire_write(self, region: Region, *, overwrite: bool) -> Any:
+        if self.hook is not None:
+            self.hook.opened(self, region.lo)
+        return super().acquire_write(region, overwrite=overwrite)  # type: ignore[misc]
+
+    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
+        try:
+            super().release_write(region, handle, error=error)  # type: ignore[misc]
+        finally:
+            if self.hook is not None:
+                self.hook.closed(self, region.lo)
+
+
+class _LoggedHostStorage(WriteHooked, HostStorage):
     """Host memory whose write leases are logged (staging and accumulator buffers)."""
 
     def __init__(self, size: int, dtype: Any, log: SpanLog) -> None:
         super().__init__(size, dtype)
-        self._log = log
-
-    def acquire_write(self, region: Region, *, overwrite: bool) -> Any:
-        self._log.opened(self, region.lo)
-        return super().acquire_write(region, overwrite=overwrite)
-
-    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
-        super().release_write(region, handle, error=error)
-        self._log.closed(self, region.lo)
+        self.hook = log
 
 
-class _LoggedMappedFile(MappedFileStorage):
+class _LoggedMappedFile(WriteHooked, MappedFileStorage):
     """The output file; a write lease's span includes its commit to the file."""
 
     def __init__(self, path: str, dtype: Any, size: int, log: SpanLog) -> None:
         super().__init__(path, dtype, size, mode="w+")
-        self._log = log
-
-    def acquire_write(self, region: Region, *, overwrite: bool) -> Any:
-        self._log.opened(self, region.lo)
-        return super().acquire_write(region, overwrite=overwrite)
-
-    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
-        try:
-            super().release_write(region, handle, error=error)
-        finally:
-            self._log.closed(self, region.lo)
+        self.hook = log
 
 
 # -- where the stages run ----------------------------------------------------------------------

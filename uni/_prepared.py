@@ -58,15 +58,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from uni._access import AccessSpec, PreparedAccess, PreparedGroup, queue_range
+from uni._access import AccessSpec, PreparedAccess, PreparedGroup, plain_storage, queue_range
 from uni._accessor import DefaultAccessor
 from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall
 from uni._dispatch import diagnostics_now, on_forget, overrides_now, plain
 from uni._executor import SMALL_ELEMENTS, SMALL_MACS
-from uni._handle import HOST
 from uni._mdspec import trusted_span
 from uni._tensor import Tensor
-from uni.storage.host import HostStorage
 
 __all__ = [
     "Prepared",
@@ -437,26 +435,6 @@ def entry_count() -> int:
 
 
 # -- preparing -------------------------------------------------------------------------------
-_preparable_types: dict[type, bool] = {}
-
-
-def _preparable(storage: Any) -> bool:
-    """Plain host memory whose acquisition is its handle and whose release is nothing:
-    a repeat may address it without calling any storage hook, exactly as the general
-    path's hooks would have let it."""
-    cls = type(storage)
-    known = _preparable_types.get(cls)
-    if known is None:
-        known = bool(
-            getattr(cls, "immediate", False) and getattr(cls, "release_is_noop", False)
-            and issubclass(cls, HostStorage)
-            and cls.acquire_read is HostStorage.acquire_read
-            and cls.acquire_write is HostStorage.acquire_write
-            and cls.handle is HostStorage.handle)
-        _preparable_types[cls] = known
-    return known and storage.domain is HOST
-
-
 def _same_view(a: Tensor, b: Tensor) -> bool:
     """``a`` and ``b`` reach the same elements of the same storage in the same order."""
     return (a._storage is b._storage and a._offset == b._offset
@@ -525,7 +503,7 @@ def offer(op: str, backend: Any, key: Key | None, views: tuple[Tensor, ...],
         _seen[key] = None
         return
     if not all(type(t) is Tensor and type(t._accessor) is DefaultAccessor
-               and _preparable(t._storage) for t in views):
+               and plain_storage(t._storage) for t in views):
         return
     folded = _folded(op, views)
     if any(t.size == 0 for t in views) or not _disjoint(views, modes, folded):
