@@ -112,6 +112,27 @@ def test_views_and_aliasing_are_not_prepared() -> None:
     assert _prepared.lookup("gemm", square, square, square) is None
 
 
+def test_a_storage_whose_instance_overrides_a_hook_is_never_prepared() -> None:
+    """A repeat skips the storage's hooks, so an instance that patched one must keep
+    taking the general path, which calls it every time."""
+    x = uni.from_numpy(np.arange(6.0))
+    y = uni.zeros((6,))
+    storage = x.storage
+    calls = []
+    original = storage.acquire_read
+
+    def counted(region: Any) -> Any:
+        calls.append(region.lo)
+        return original(region)
+
+    storage.acquire_read = counted  # an instance attribute: the class is still plain
+    for _ in range(4):
+        uni.copy(x, y)
+    assert _prepared.lookup("copy", x, y) is None
+    assert len(calls) == 4
+    np.testing.assert_array_equal(y.to_numpy(), np.arange(6.0))
+
+
 def test_fresh_views_of_the_same_operands_are_found_by_value() -> None:
     a, b, _ = _operands()
     ta, tb = uni.from_numpy(a.T.copy()), uni.from_numpy(b)
