@@ -10,8 +10,9 @@ Where the data comes from, and why (8 MiB chunks, measured on this machine's wor
 - A committed chunk file is read through a read-only memory map of it: its page-cache pages
   are used in place, with no copy and no fresh memory (0.07 ms to map and touch, against
   16 ms to read it into fresh memory in a worker, where new memory is slow to fault in).
-  uni and Zarr replace chunk files by rename and never rewrite one in place, so a mapped
-  version never changes under its readers.
+  uni and Zarr's ``LocalStore`` replace chunk files by rename and never rewrite one in
+  place, so a mapped version never changes under its readers (docs/scale-out.md says what
+  does: an fsspec-backed store).
 - Writable buffers (a task's staged output) come from :meth:`ReadCache.take`: anonymous
   memory on a page boundary (on a 2 MiB one, advised as huge pages, from 2 MiB up), or a
   spare: a buffer of a finished commit that nothing references any more.
