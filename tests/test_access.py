@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from poisoning import poison, poisoned
 
 import uni
 from uni._access import (
@@ -160,41 +161,28 @@ def test_inner_queue_ranges_are_the_units_wholly_inside() -> None:
     assert inner_queue_range(view, 3, 2) == (1, 0)
 
 
-def _poison(t: uni.Tensor) -> None:
-    with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(t, timeout=10):
-        raise RuntimeError("failed writer")
-
-
-def _poisoned(t: uni.Tensor) -> bool:
-    try:
-        uni.acquire_host_read_access_sync(t, timeout=10).release()
-    except uni.PoisonedError:
-        return True
-    return False
-
-
 def test_a_narrower_dtype_overwrite_clears_only_whole_units() -> None:
     buf = np.zeros(4)  # float64: the queue's unit is 8 bytes
     t64 = uni.from_numpy(buf)
     t32 = uni.from_numpy(buf.view(np.float32))
     assert t64.storage.access_queue is t32.storage.access_queue
-    _poison(t64[0:1])  # bytes 0..7
+    poison(t64[0:1])  # bytes 0..7
     with uni.acquire_host_write_access_sync(t32[1:2], overwrite=True) as lease:  # bytes 4..7
         np.asarray(lease.mdspan())[...] = 1.0
-    assert _poisoned(t64[0:1]) and _poisoned(t32[0:1])  # bytes 0..3 were never rewritten
+    assert poisoned(t64[0:1]) and poisoned(t32[0:1])  # bytes 0..3 were never rewritten
     with uni.acquire_host_write_access_sync(t32[0:2], overwrite=True) as lease:  # bytes 0..7
         np.asarray(lease.mdspan())[...] = 1.0
-    assert not _poisoned(t64[0:1]) and not _poisoned(t32)
+    assert not poisoned(t64[0:1]) and not poisoned(t32)
 
 
 def test_a_narrower_view_overwritten_again_through_its_own_dtype_clears() -> None:
     buf = np.zeros(4)
     t32 = uni.from_numpy(buf.view(np.float32))
     uni.from_numpy(buf)  # the float64 way in: unit 8, so t32's elements are half units
-    _poison(t32[1:2])
+    poison(t32[1:2])
     with uni.acquire_host_write_access_sync(t32[1:2], overwrite=True):
         pass
-    assert not _poisoned(t32)  # the same element space: the view itself is vouched for
+    assert not poisoned(t32)  # the same element space: the view itself is vouched for
 
 
 def test_poison_keys_views_by_their_element_space_not_the_storage_object() -> None:
@@ -206,9 +194,9 @@ def test_poison_keys_views_by_their_element_space_not_the_storage_object() -> No
     assert spec(a[0:1]).view_key() != spec(b[0:1]).view_key()
     # One at the same offset and element size indexes the same bytes the same way.
     assert spec(a[0:1]).view_key() == spec(uni.from_numpy(raw[4:6])[0:1]).view_key()
-    _poison(a[0:1])  # memory element 4
-    assert _poisoned(b[1:2]) and _poisoned(keep[4:5])  # memory element 4 again
-    assert not _poisoned(a[1:2])  # a's other elements: exact in its own space
+    poison(a[0:1])  # memory element 4
+    assert poisoned(b[1:2]) and poisoned(keep[4:5])  # memory element 4 again
+    assert not poisoned(a[1:2])  # a's other elements: exact in its own space
 
 
 def test_a_prepared_group_begins_only_when_nothing_is_in_the_way() -> None:

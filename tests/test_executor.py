@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from poisoning import poison, poisoned
 
 import uni
 from uni._executor import OperationAccess as OpAccess
@@ -250,26 +251,13 @@ def test_op_future_result_timeout_names_the_operation_and_done_says_without_wait
     assert future.done() and "done" in repr(future)
 
 
-def _poison(t: uni.Tensor) -> None:
-    with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(t, timeout=10):
-        raise RuntimeError("failed writer")
-
-
-def _poisoned(t: uni.Tensor) -> bool:
-    try:
-        uni.acquire_host_read_access_sync(t, timeout=10).release()
-    except uni.PoisonedError:
-        return True
-    return False
-
-
 def test_an_input_folded_into_another_storages_write_is_checked_for_poison() -> None:
     # Two storages over one foreign buffer share a queue: B (elements 2..5) is folded into
     # the write of A (elements 0..3) without a request of its own.
     raw = np.frombuffer(bytearray(8 * 8), dtype=np.float64)
     a, b = uni.from_numpy(raw[0:4]), uni.from_numpy(raw[2:6])
     assert a.storage is not b.storage and a.storage.access_queue is b.storage.access_queue
-    _poison(b)
+    poison(b)
     access = OpAccess("copy", [b], [a], [True])
     assert access.folded(0) and access.reads[0].separate
     with pytest.raises(uni.PoisonedError, match="copy: the input of shape") as info:
@@ -279,58 +267,58 @@ def test_an_input_folded_into_another_storages_write_is_checked_for_poison() -> 
     assert snapshot(a) == []  # everything given back
     with pytest.raises(uni.PoisonedError):
         uni.copy(b, a)
-    assert _poisoned(b) and _poisoned(b[2:])  # nothing cleared the input's poison
+    assert poisoned(b) and poisoned(b[2:])  # nothing cleared the input's poison
 
 
 def test_a_widened_write_clears_poison_over_the_output_only() -> None:
     raw = np.frombuffer(bytearray(8 * 8), dtype=np.float64)
     a, b = uni.from_numpy(raw[0:4]), uni.from_numpy(raw[2:6])
-    _poison(b[1:3])  # memory elements 3..4
+    poison(b[1:3])  # memory elements 3..4
     # Input b[::3] reads memory 2 and 5 (clean), output a[1:3] writes 1..2: the write is
     # widened over 1..5, the poisoned elements in between are neither read nor written.
     access = OpAccess("copy", [b[::3]], [a[1:3]], [True])
     assert access.folded(0)
     access.acquire()
     access.finish(None)
-    assert _poisoned(b[1:3])
-    assert not _poisoned(a[1:3]) and not _poisoned(b[::3])
+    assert poisoned(b[1:3])
+    assert not poisoned(a[1:3]) and not poisoned(b[::3])
 
 
 def test_an_overlapping_copy_overwriting_a_poisoned_output_succeeds_and_clears() -> None:
     t = uni.from_numpy(np.arange(8.0))
-    _poison(t[0:1])
+    poison(t[0:1])
     uni.copy(t[1:5], t[0:4])  # reads 1..4 (clean), overwrites 0..3: like a separate source
     assert np.asarray(t).tolist() == [1.0, 2.0, 3.0, 4.0, 4.0, 5.0, 6.0, 7.0]
-    assert not _poisoned(t)
+    assert not poisoned(t)
 
 
 def test_an_overlapping_copy_from_a_poisoned_input_is_refused() -> None:
     t = uni.from_numpy(np.arange(8.0))
-    _poison(t[4:5])
+    poison(t[4:5])
     with pytest.raises(uni.PoisonedError, match="copy: the input of shape") as info:
         uni.copy(t[1:5], t[0:4])
     assert "allow_poisoned=True" in str(info.value)
     assert np.asarray(t[0:4]).tolist() == [0.0, 1.0, 2.0, 3.0]  # untouched, not poisoned
-    assert _poisoned(t[4:5]) and not _poisoned(t[0:4])
+    assert poisoned(t[4:5]) and not poisoned(t[0:4])
 
 
 def test_a_poisoned_output_that_gemm_reads_names_the_operation_remedy() -> None:
     a, b, c = uni.zeros((2, 2)), uni.zeros((2, 2)), uni.zeros((2, 2))
-    _poison(c)
+    poison(c)
     with pytest.raises(uni.PoisonedError, match="gemm: the output") as info:
         uni.gemm(a, b, c, beta=1.0)
     assert "gemm reads its old contents" in str(info.value)
     uni.gemm(a, b, c)  # beta=0 overwrites it fully: allowed, and it clears the poison
-    assert not _poisoned(c)
+    assert not poisoned(c)
 
 
 def test_an_async_operation_refused_for_a_folded_poisoned_input_poisons_its_output() -> None:
     raw = np.frombuffer(bytearray(8 * 8), dtype=np.float64)
     a, b = uni.from_numpy(raw[0:4]), uni.from_numpy(raw[4:8])
-    _poison(b[0:2])
+    poison(b[0:2])
     out = uni.from_numpy(raw[2:6])  # another storage overlapping b: b is folded into it
     future = uni.copy_async(b, out)
     with pytest.raises(uni.PoisonedError, match="copy: the input"):
         future.result(timeout=10)
     # Operations queued after it must not compute from stale data.
-    assert _poisoned(out) and not _poisoned(a[0:2])
+    assert poisoned(out) and not poisoned(a[0:2])

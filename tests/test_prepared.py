@@ -451,17 +451,23 @@ def test_a_failing_prepared_kernel_poisons_what_the_general_path_poisons(
 
 
 # -- review findings --------------------------------------------------------------------------
+def _two_regions_and_a_gemm(repeats: int) -> tuple[Any, ...]:
+    """One foreign buffer in two registered regions (``left``, ``c``) and a gemm into ``c``
+    run ``repeats`` times (so it is prepared); bridging the regions later merges them."""
+    mem = np.frombuffer(bytearray(8 * 32), dtype=np.float64)
+    left = uni.from_numpy(mem[0:16].reshape(4, 4))
+    c = uni.from_numpy(mem[16:32].reshape(4, 4))
+    a, b = uni.from_numpy(np.eye(4)), uni.from_numpy(np.full((4, 4), 2.0))
+    for _ in range(repeats):
+        uni.gemm(a, b, c)
+    return mem, left, a, b, c
+
+
 def test_the_repeat_follows_a_storage_onto_the_queue_a_merge_moved_it_to() -> None:
     # A prepared entry knew c's queue; a storage bridging two regions merges them and moves
     # c to the other region's queue. The repeat must order on the queue c is on now: this
     # thread's write lease on c refuses it, as it refuses the general path.
-    raw = bytearray(8 * 32)
-    mem = np.frombuffer(raw, dtype=np.float64)
-    left = uni.from_numpy(mem[0:16].reshape(4, 4))
-    c = uni.from_numpy(mem[16:32].reshape(4, 4))
-    a, b = uni.from_numpy(np.eye(4)), uni.from_numpy(np.full((4, 4), 2.0))
-    for _ in range(3):
-        uni.gemm(a, b, c)
+    mem, left, a, b, c = _two_regions_and_a_gemm(3)
     before = c.storage.access_queue
     whole = uni.from_numpy(mem)  # bridges both regions
     assert c.storage.access_queue is not before  # the setting this test is about
@@ -647,13 +653,7 @@ def test_a_merge_drops_an_entry_found_by_identity() -> None:
     # As the merge test above, with the identity record in place: the moved storage's old
     # queue is retired, the held run refuses it, the entry goes, and a new one is made on
     # the queue c is on now (which this thread's write lease then holds).
-    raw = bytearray(8 * 32)
-    mem = np.frombuffer(raw, dtype=np.float64)
-    left = uni.from_numpy(mem[0:16].reshape(4, 4))
-    c = uni.from_numpy(mem[16:32].reshape(4, 4))
-    a, b = uni.from_numpy(np.eye(4)), uni.from_numpy(np.full((4, 4), 2.0))
-    for _ in range(4):
-        uni.gemm(a, b, c)
+    mem, left, a, b, c = _two_regions_and_a_gemm(4)
     old = _prepared.lookup_identity("gemm", a, b, c)
     assert old is not None
     whole = uni.from_numpy(mem)  # bridges both regions: c moves to another queue

@@ -501,31 +501,34 @@ def _offered(future: OpFuture, job: Job | None, offer: Callable[[Any, Job], None
     return future
 
 
+def _product_async(op: str, make_job: Callable[..., Job | None], run: Any, key: Any, a: Any,
+                   b: Any, c: Any, alpha: Any, beta: Any, backends: Sequence[Any] | None,
+                   stream: Any) -> OpFuture:
+    # gemm_async and gemv_async: the prepared repeat inline when it covers the call, else
+    # the general path, offered for preparing once it ran on the default walk.
+    if backends is not None or stream is not None:
+        return _async(op, make_job(a, b, c, alpha, beta, backends, owner=None), stream)
+    done = _prepared_future(op, run, a, b, c, alpha, beta)
+    if done is not None:
+        return done
+    job = make_job(a, b, c, alpha, beta, None, owner=None)
+    return _offered(_async(op, job, None), job, lambda backend, job: _prepared.offer(
+        op, backend, key(a, b, c), _views(job), ("read", "read", "write")))
+
+
 def gemm_async(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
                backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
     """Register gemm's leases now and run it once granted (uni's workers for host data);
     ``await`` the returned future, or call ``.result()``."""
-    if backends is not None or stream is not None:
-        return _async("gemm", _gemm_job(a, b, c, alpha, beta, backends, owner=None), stream)
-    done = _prepared_future("gemm", _prepared.run_gemm, a, b, c, alpha, beta)
-    if done is not None:
-        return done
-    job = _gemm_job(a, b, c, alpha, beta, None, owner=None)
-    return _offered(_async("gemm", job, None), job, lambda backend, job: _prepared.offer(
-        "gemm", backend, _prepared.gemm_key(a, b, c), _views(job), ("read", "read", "write")))
+    return _product_async("gemm", _gemm_job, _prepared.run_gemm, _prepared.gemm_key, a, b, c,
+                          alpha, beta, backends, stream)
 
 
 def gemv_async(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
                backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
     """Register gemv's leases now and run it once granted; ``await`` the result."""
-    if backends is not None or stream is not None:
-        return _async("gemv", _gemv_job(a, x, y, alpha, beta, backends, owner=None), stream)
-    done = _prepared_future("gemv", _prepared.run_gemv, a, x, y, alpha, beta)
-    if done is not None:
-        return done
-    job = _gemv_job(a, x, y, alpha, beta, None, owner=None)
-    return _offered(_async("gemv", job, None), job, lambda backend, job: _prepared.offer(
-        "gemv", backend, _prepared.gemv_key(a, x, y), _views(job), ("read", "read", "write")))
+    return _product_async("gemv", _gemv_job, _prepared.run_gemv, _prepared.gemv_key, a, x, y,
+                          alpha, beta, backends, stream)
 
 
 def copy_async(src: Any, dst: Any, *, backends: Sequence[Any] | None = None,

@@ -39,7 +39,7 @@ from uni._promotion import (
     store_cast,
 )
 from uni.backends._common import host_signature, host_spans, unvectorised
-from uni.backends.blas._elementwise import execute, prepare_execute
+from uni.backends.blas._elementwise import execute, prepare_execute, with_scalars
 from uni.ops import is_element_op, is_ufunc_op, ufunc_loop
 
 __all__ = ["NumpyBackend", "numpy_backend"]
@@ -283,11 +283,8 @@ def _prepare_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]) -> Callable[.
             _store(np.asarray(ufunc(*args, signature=loop, casting="unsafe")), out)
 
     def run(*scalars: Any) -> bool:
-        args = template.copy()
-        try:
-            for (i, convert), x in zip(converters, scalars, strict=True):
-                args[i] = convert(x)
-        except DTypeError:
+        args = with_scalars(template, converters, scalars)
+        if args is None:
             return False
         kernel(args)
         return True

@@ -198,6 +198,19 @@ def execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: Any = 
     _promotion.store_cast(result, out.dtype, out=out)
 
 
+def with_scalars(template: list[Any], converters: Sequence[tuple[int, Callable[[Any], Any]]],
+                 scalars: Sequence[Any]) -> list[Any] | None:
+    """A prepared call's arguments: ``template`` with each scalar converted into its place,
+    or None when one does not fit its dtype (the caller's general path then says so)."""
+    args = template.copy()
+    try:
+        for (i, convert), x in zip(converters, scalars, strict=True):
+            args[i] = convert(x)
+    except DTypeError:
+        return None
+    return args
+
+
 def prepare_execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: Any
                     ) -> Callable[..., bool] | None:
     """``execute(op, out, inputs, dtype=dtype)`` made once for repeats on these arrays.
@@ -262,11 +275,8 @@ def prepare_execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype
         return run_floats
 
     def run(*scalars: Any) -> bool:
-        args = template.copy()
-        try:
-            for (i, convert), x in zip(converters, scalars, strict=True):
-                args[i] = convert(x)
-        except DTypeError:
+        args = with_scalars(template, converters, scalars)
+        if args is None:
             return False
         if plain:
             kernel(*args, out=out, dtype=compute)
