@@ -1,20 +1,38 @@
 """The numeric core of the ``blas`` backend: gemm and gemv on numpy strided views.
 
-The routines call the Fortran-ABI BLAS that scipy ships, through the function pointers that
-``scipy.linalg.cython_blas`` exports as PyCapsules. scipy's f2py wrappers
-(``scipy.linalg.blas.dgemm``) are not used because they silently copy any operand that is not
-contiguous, so they cannot express a padded leading dimension or a transposed view; here every
-operand BLAS can address is passed in place, and everything else is declined, never copied.
+The routines call a Fortran-ABI OpenBLAS directly, by address, so that every operand BLAS can
+address is passed in place (a padded leading dimension, a transposed view) and everything
+else is declined, never copied. scipy's f2py wrappers (``scipy.linalg.blas.dgemm``) are not
+used because they silently copy any operand that is not contiguous.
 
-Facts about the ABI, checked when the routines are first used (see ``_load``):
+Two libraries are tried, in this order (``_load``; ``library()`` says which one is in use):
 
-- scipy's BLAS is LP64 (``scipy_openblas32``): every integer argument is a 32-bit ``int *``.
-  The capsule's name is the C signature of the exported function and is parsed to confirm it.
-- The capsules point at Cython wrappers with exactly the 13 (gemm) / 11 (gemv) documented
-  arguments; the wrappers forward to the Fortran symbol themselves, so no hidden Fortran
-  string-length arguments appear at this boundary.
+1. numpy's own OpenBLAS, the one ``numpy.matmul`` calls, so that uni's gemm costs what numpy's
+   BLAS costs on this machine. numpy's wheels link ``scipy_openblas64`` (symbols
+   ``scipy_?gemm_64_``; numpy 1.26's ``openblas64_`` has ``?gemm_64_``); the symbols are found
+   with dlsym on numpy's ``_multiarray_umath`` extension, whose lookup also searches the
+   libraries it links. Every integer argument is passed as an ``int64 *``. An LP64 library
+   handed those would read their low 32 bits, which are right for values below 2**31 on a
+   little-endian machine, so no self-test could tell the two apart: the 64-bit limit is only
+   trusted when numpy's build configuration (``numpy.show_config``) says ``USE64BITINT``, and
+   is 2**31 - 1 otherwise.
+2. scipy's OpenBLAS (``scipy_openblas32``, LP64), through the function pointers that
+   ``scipy.linalg.cython_blas`` exports as PyCapsules; where numpy has no such library
+   (macOS wheels use Accelerate; a numpy built against a system BLAS). Each capsule's name
+   is the C signature of the exported function and is parsed to confirm ``int *`` (32-bit)
+   integers and exactly the 13 (gemm) / 11 (gemv) documented arguments.
+
+Facts about the ABI that both rely on:
+
+- OpenBLAS's Fortran-ABI entry points (``interface/gemm.c``, ``interface/gemv.c``) are C
+  functions taking exactly the documented pointer arguments, integers as ``blasint *``
+  (64-bit in an ILP64 build), with no hidden Fortran string-length arguments; scipy's
+  capsules point at Cython wrappers with the same arguments that forward to them.
 - ``ctypes.CFUNCTYPE`` releases the GIL for the duration of a call, so independent calls from
   several threads run concurrently.
+- A library is used only after a self-test (``_self_test``) gives exact answers through the
+  very call path the backend uses; if numpy's fails, scipy's is tried; if both fail, the
+  backend reports UNAVAILABLE.
 
 Edge rules (SPEC §5) are enforced here rather than left to the BLAS build, because BLAS
 builds have differed on them across versions (e.g. OpenBLAS 0.3.27 made ?scal with a zero
@@ -30,10 +48,12 @@ factor propagate NaN, and its gemv applies beta through ?scal):
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
 from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 
@@ -41,14 +61,15 @@ from uni._mapping import nests, reach
 from uni._probe import Decline
 from uni.backends._geometry import plan_gemm, plan_gemv
 
-__all__ = ["available", "gemm", "gemm_batched", "gemv", "gemv_batched", "prepare_gemm",
-           "prepare_gemv"]
+__all__ = ["Library", "available", "gemm", "gemm_batched", "gemv", "gemv_batched", "library",
+           "prepare_gemm", "prepare_gemv"]
 
 Array: TypeAlias = npt.NDArray[Any]
 Scalar: TypeAlias = "int | float | complex | np.number[Any]"
 
-# BLAS integers are 32-bit (LP64): extents, leading dimensions and increments must fit.
-_INT_MAX: Final = 2**31 - 1
+# Extents, leading dimensions and increments must fit the library's BLAS integer.
+_INT32_MAX: Final = 2**31 - 1
+_INT64_MAX: Final = 2**63 - 1
 
 # Every argument of a Fortran-ABI routine is passed by pointer; the pointers travel as plain
 # integers through c_void_p, which is the cheapest conversion ctypes offers.
@@ -65,11 +86,24 @@ _N: Final = ctypes.addressof(_N_CHAR)
 _T: Final = ctypes.addressof(_T_CHAR)
 _C: Final = ctypes.addressof(_C_CHAR)
 
-_Int6 = ctypes.c_int * 6  # M, N, K, ld1, ld2, ldc
-_Int5 = ctypes.c_int * 5  # M, N, lda, incx, incy
-_INT_SIZE: Final = ctypes.sizeof(ctypes.c_int)
-# Byte offsets of the 2nd..6th integer in those buffers.
-_I1, _I2, _I3, _I4, _I5 = (i * _INT_SIZE for i in range(1, 6))
+
+
+@attrs.frozen
+class Library:
+    """Which BLAS the backend calls: the package that ships it, how its routines are reached
+    (``symbols`` with ``{}`` for the routine, e.g. ``dgemm``), the width of the integers
+    passed to it and the largest value they may hold (2**31 - 1 unless the library is known
+    to be ILP64)."""
+
+    package: str = attrs.field(validator=attrs.validators.in_(("numpy", "scipy")))
+    symbols: str
+    int_bits: int = attrs.field(validator=attrs.validators.in_((32, 64)))
+    int_max: int = attrs.field(validator=attrs.validators.in_((_INT32_MAX, _INT64_MAX)))
+
+    @int_max.validator
+    def _fits(self, _attribute: object, value: int) -> None:
+        if value >= 2 ** (self.int_bits - 1):
+            raise ValueError(f"int_max {value} does not fit {self.int_bits}-bit integers")
 
 
 class _ArrayInterface(ctypes.Structure):
@@ -114,15 +148,24 @@ _CACHE_MAX: Final = 512
 class _Kind:
     """Per-dtype BLAS entry points, scalar layout and caches."""
 
-    __slots__ = ("align_mask", "gemm", "gemm_plans", "gemv", "gemv_plans", "is_complex",
-                 "itemsize", "scalar_cache", "scalars")
+    __slots__ = ("align_mask", "beta_zero_ignores_c", "dtype", "gemm", "gemm_plans", "gemv", "gemv_plans",
+                 "int_max", "int_offsets", "int_type", "is_complex", "itemsize", "scalar_cache",
+                 "scalars")
 
     def __init__(
         self, dtype: np.dtype[Any], gemm: _GemmFn, gemv: _GemmFn,
-        scalars: type[ctypes.Array[Any]],
+        scalars: type[ctypes.Array[Any]], int_type: type[ctypes.c_int | ctypes.c_int64],
+        int_max: int,
     ) -> None:
+        self.dtype = dtype
         self.gemm = gemm
         self.gemv = gemv
+        # The library's BLAS integer: plans are built in it, and byte offsets 0..5 address the
+        # 1st..6th integer of a plan's buffer.
+        self.int_type = int_type
+        self.int_offsets = tuple(i * ctypes.sizeof(int_type) for i in range(6))
+        self.int_max = int_max
+        self.beta_zero_ignores_c: bool | None = None
         self.is_complex = dtype.kind == "c"
         self.itemsize = dtype.itemsize
         # Strides are checked to be itemsize multiples, so numpy's alignment of the data
@@ -140,13 +183,13 @@ _ScalarEntry: TypeAlias = tuple["ctypes.Array[Any]", int, int, complex, complex]
 # (fn, swap, trans1, trans2, ints, &M, &N, &K, &ld1, &ld2, &ldc, span_a, span_b, span_c);
 # swap: b is BLAS's first operand (row-major c). Spans are byte extents from the first element.
 _GemmPlan: TypeAlias = tuple[
-    _GemmFn, bool, int, int, "ctypes.Array[ctypes.c_int]", int, int, int, int, int, int,
+    _GemmFn, bool, int, int, "ctypes.Array[Any]", int, int, int, int, int, int,
     int, int, int,
 ]
 # (fn, trans, ints, &M, &N, &lda, &incx, &incy, x_offset, y_offset, span_a, span_x, span_y);
 # the offsets move a negative-increment vector's pointer to its lowest address.
 _GemvPlan: TypeAlias = tuple[
-    _GemmFn, int, "ctypes.Array[ctypes.c_int]", int, int, int, int, int, int, int, int, int, int,
+    _GemmFn, int, "ctypes.Array[Any]", int, int, int, int, int, int, int, int, int, int,
 ]
 
 
@@ -156,8 +199,9 @@ def _remember(cache: dict[object, Any], key: object, value: object) -> None:
     cache[key] = value
 
 
-# dtype -> _Kind once loaded; an empty dict means the BLAS could not be loaded (UNAVAILABLE).
+# dtype -> _Kind once loaded; an empty dict means no BLAS could be loaded (UNAVAILABLE).
 _kinds: dict[np.dtype[Any], _Kind] | None = None
+_library: Library | None = None
 _load_lock = threading.Lock()
 
 _LETTERS: Final[dict[str, tuple[np.dtype[Any], type[ctypes.Array[Any]]]]] = {
@@ -202,20 +246,85 @@ def _signature_ok(signature: str, letter: str, expected: tuple[str, ...]) -> boo
 
 
 def _load() -> dict[np.dtype[Any], _Kind]:
-    global _kinds
+    global _kinds, _library
     with _load_lock:
         if _kinds is not None:
             return _kinds
+        for source in _SOURCES:
+            loaded = _load_source(source)
+            if loaded is not None:
+                _library, _kinds = loaded
+                return _kinds
+        _kinds = {}
+        return _kinds
+
+
+# numpy's first: it is the library numpy.matmul calls, which is what uni's gemm is compared with.
+_SOURCES: Final = ("numpy", "scipy")
+
+
+def _load_source(source: str) -> tuple[Library, dict[np.dtype[Any], _Kind]] | None:
+    """One source's library and entry points, self-tested; None when it is absent or fails."""
+    loader = _load_numpy if source == "numpy" else _load_scipy
+    try:
+        loaded = loader()
+    except (ImportError, KeyError, AttributeError, TypeError, ValueError, OSError):
+        # Absent library, a build without these symbols or capsules, an unexpected config.
+        return None
+    if loaded is None or not _self_test(loaded[1]):
+        return None
+    return loaded
+
+
+# numpy's OpenBLAS symbol spellings: scipy_openblas64 (numpy >= 2.0), openblas64_ (numpy 1.26).
+_NUMPY_SYMBOLS: Final = ("scipy_{}_64_", "{}_64_")
+_NUMPY_EXTENSIONS: Final = ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath")
+
+
+def _numpy_blas_is_ilp64() -> bool:
+    """Whether numpy's build configuration says its OpenBLAS has 64-bit integers."""
+    config: Any = np.show_config(mode="dicts")
+    blas = config["Build Dependencies"]["blas"]
+    return "USE64BITINT" in str(blas.get("openblas configuration", "")).split()
+
+
+def _load_numpy() -> tuple[Library, dict[np.dtype[Any], _Kind]] | None:
+    extension = None
+    for name in _NUMPY_EXTENSIONS:
         try:
-            kinds = _load_kinds()
-        except (ImportError, KeyError, AttributeError, ValueError, OSError):
-            # No scipy, or a scipy without these capsules: the backend is unavailable.
-            kinds = {}
-        _kinds = kinds
-        return kinds
+            extension = importlib.import_module(name)
+            break
+        except ImportError:
+            continue
+    if extension is None:
+        return None
+    # dlsym on the extension's handle also searches the libraries it links, numpy's BLAS too.
+    handle = ctypes.CDLL(extension.__file__)
+    for symbols in _NUMPY_SYMBOLS:
+        if hasattr(handle, symbols.format("dgemm")):
+            break
+    else:
+        return None
+    int_max = _INT64_MAX if _numpy_blas_is_ilp64() else _INT32_MAX
+    library = Library("numpy", symbols, 64, int_max)
+
+    def address(routine: str) -> int:
+        pointer: int | None = ctypes.cast(getattr(handle, symbols.format(routine)),
+                                          ctypes.c_void_p).value
+        if not pointer:
+            raise AttributeError(symbols.format(routine))
+        return pointer
+
+    kinds: dict[np.dtype[Any], _Kind] = {}
+    for letter, (dtype, scalars) in _LETTERS.items():
+        kinds[dtype] = _Kind(dtype, _GEMM_PROTO(address(letter + "gemm")),
+                             _GEMV_PROTO(address(letter + "gemv")), scalars, ctypes.c_int64,
+                             int_max)
+    return library, kinds
 
 
-def _load_kinds() -> dict[np.dtype[Any], _Kind]:
+def _load_scipy() -> tuple[Library, dict[np.dtype[Any], _Kind]] | None:
+    # Imported only when numpy's BLAS is unusable: scipy is then the one that provides BLAS.
     from scipy.linalg import cython_blas
 
     capi: dict[str, object] = cython_blas.__pyx_capi__
@@ -240,11 +349,9 @@ def _load_kinds() -> dict[np.dtype[Any], _Kind]:
         gemm_fn = entry(letter + "gemm", letter, _GEMM_SIG, _GEMM_PROTO)
         gemv_fn = entry(letter + "gemv", letter, _GEMV_SIG, _GEMV_PROTO)
         if gemm_fn is None or gemv_fn is None:
-            return {}
-        kinds[dtype] = _Kind(dtype, gemm_fn, gemv_fn, scalars)
-    if not _self_test(kinds):
-        return {}
-    return kinds
+            return None
+        kinds[dtype] = _Kind(dtype, gemm_fn, gemv_fn, scalars, ctypes.c_int, _INT32_MAX)
+    return Library("scipy", "scipy.linalg.cython_blas.{}", 32, _INT32_MAX), kinds
 
 
 def _self_test(kinds: dict[np.dtype[Any], _Kind]) -> bool:
@@ -279,9 +386,16 @@ def _self_test(kinds: dict[np.dtype[Any], _Kind]) -> bool:
 
 
 def available() -> bool:
-    """Whether scipy's BLAS could be loaded and passed its self-test."""
+    """Whether a BLAS (numpy's or scipy's) could be loaded and passed its self-test."""
     kinds = _kinds if _kinds is not None else _load()
     return bool(kinds)
+
+
+def library() -> Library | None:
+    """The BLAS the backend calls (loading it on first use); None when none could be loaded."""
+    if _kinds is None:
+        _load()
+    return _library
 
 
 _SCALAR_TYPES: Final = (int, float, complex, np.number)
@@ -397,23 +511,24 @@ def _plan_gemm(
                ((a_shape, a_strides), (b_shape, b_strides), (c_shape, c_strides))]
     if strides[2] is None or (k and (strides[0] is None or strides[1] is None)):
         return Decline.UNSUPPORTED_LAYOUT
-    if max(m, n, k) > _INT_MAX:
+    if max(m, n, k) > kind.int_max:
         return Decline.UNSUPPORTED_SHAPE
     ea, eb, ec = (st or (0, 0) for st in strides)
     geometry = plan_gemm((m, k), (ea[0], ea[1]), (k, n), (eb[0], eb[1]), (m, n),
                          (ec[0], ec[1]), conj_a and kind.is_complex, conj_b and kind.is_complex)
     if isinstance(geometry, Decline):
         return geometry
-    if not geometry.fits_int32:
-        return Decline.UNSUPPORTED_LAYOUT
     g = geometry
-    ints = _Int6(g.m, g.n, g.k, g.ld_first, g.ld_second, g.ldc)
+    if max(g.ld_first, g.ld_second, g.ldc) > kind.int_max:
+        return Decline.UNSUPPORTED_LAYOUT
+    ints = (kind.int_type * 6)(g.m, g.n, g.k, g.ld_first, g.ld_second, g.ldc)
     p = ctypes.addressof(ints)
+    _, i1, i2, i3, i4, i5 = kind.int_offsets
     span_c = _span(c_shape, c_strides, isz)
     if k == 0:
         return kind.gemm, g.swap, _N, _N, ints, p, p, p, p, p, p, 0, 0, span_c
     return (kind.gemm, g.swap, _FLAGS[g.trans_first], _FLAGS[g.trans_second], ints, p,
-            p + _I1, p + _I2, p + _I3, p + _I4, p + _I5, _span(a_shape, a_strides, isz),
+            p + i1, p + i2, p + i3, p + i4, p + i5, _span(a_shape, a_strides, isz),
             _span(b_shape, b_strides, isz), span_c)
 
 
@@ -524,24 +639,20 @@ def _gemm(
     return None
 
 
-_beta_zero_checked: dict[np.dtype[Any], bool] = {}
-
-
-def _beta_zero_ignores_c(kind: _Kind, dtype: np.dtype[Any]) -> bool:
-    """Does this BLAS overwrite c when beta == 0 (NaN in c ignored)? Checked once per dtype."""
-    known = _beta_zero_checked.get(dtype)
+def _beta_zero_ignores_c(kind: _Kind) -> bool:
+    """Does this BLAS overwrite c when beta == 0 (NaN in c ignored)? Checked once per kind."""
+    known = kind.beta_zero_ignores_c
     if known is None:
-        a = np.ones((3, 3), dtype=dtype, order="F")
-        c = np.full((3, 3), np.nan, dtype=dtype, order="F")
-        ints = (ctypes.c_int * 4)(3, 3, 3, 3)
+        a = np.ones((3, 3), dtype=kind.dtype, order="F")
+        c = np.full((3, 3), np.nan, dtype=kind.dtype, order="F")
+        ints = (kind.int_type * 4)(3, 3, 3, 3)
         base = ctypes.addressof(ints)
-        step = ctypes.sizeof(ctypes.c_int)
+        _, i1, i2, i3, _, _ = kind.int_offsets
         one = kind.scalars(*([1.0, 0.0, 0.0, 0.0] if kind.is_complex else [1.0, 0.0]))
         p_one = ctypes.addressof(one)
-        kind.gemm(_N, _N, base, base + step, base + 2 * step, p_one, _data(a),
-                  base + 3 * step, _data(a), base + 3 * step,
-                  p_one + ctypes.sizeof(one) // 2, _data(c), base + 3 * step)
-        known = _beta_zero_checked[dtype] = bool(np.all(c == 3))
+        kind.gemm(_N, _N, base, base + i1, base + i2, p_one, _data(a), base + i3, _data(a),
+                  base + i3, p_one + ctypes.sizeof(one) // 2, _data(c), base + i3)
+        known = kind.beta_zero_ignores_c = bool(np.all(c == 3))
     return known
 
 
@@ -576,7 +687,7 @@ def prepare_gemm(
     if (da | db | dc) & kind.align_mask or _overlaps(c, a) or _overlaps(c, b):
         return None
     first, second = (db, da) if swap else (da, db)
-    direct_beta0 = _beta_zero_ignores_c(kind, c.dtype)
+    direct_beta0 = _beta_zero_ignores_c(kind)
 
     def scalars_for(alpha: Scalar, beta: Scalar) -> tuple[ctypes.Array[Any], int, int] | None:
         entry = _make_scalars(kind, alpha, beta)
@@ -734,22 +845,23 @@ def _plan_gemv(
     strides = _element_strides((*a_shape, n, m), (*a_strides, x_stride, y_stride), isz)
     if strides is None or (m > 1 and strides[3] == 0):
         return Decline.UNSUPPORTED_LAYOUT
-    if max(m, n) > _INT_MAX:
+    if max(m, n) > kind.int_max:
         return Decline.UNSUPPORTED_SHAPE
     geometry = plan_gemv((m, n), (strides[0], strides[1]), strides[2], strides[3],
                          conj_a and kind.is_complex)
     if isinstance(geometry, Decline):
         return geometry
-    if not geometry.fits_int32:
-        return Decline.UNSUPPORTED_LAYOUT
     g = geometry
-    ints = _Int5(g.m, g.n, g.lda, g.incx, g.incy)
+    if max(g.lda, abs(g.incx), abs(g.incy)) > kind.int_max:
+        return Decline.UNSUPPORTED_LAYOUT
+    ints = (kind.int_type * 5)(g.m, g.n, g.lda, g.incx, g.incy)
     p = ctypes.addressof(ints)
+    _, i1, i2, i3, i4, _ = kind.int_offsets
     span_y = (m - 1) * abs(g.incy) * isz + isz
     if n == 0:
         return kind.gemv, _N, ints, p, p, p, p, p, 0, g.y_offset * isz, 0, 0, span_y
     span_x = (n - 1) * abs(g.incx) * isz + isz
-    return (kind.gemv, _FLAGS[g.trans], ints, p, p + _I1, p + _I2, p + _I3, p + _I4,
+    return (kind.gemv, _FLAGS[g.trans], ints, p, p + i1, p + i2, p + i3, p + i4,
             g.x_offset * isz, g.y_offset * isz, _span(a_shape, a_strides, isz), span_x, span_y)
 
 
