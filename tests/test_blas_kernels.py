@@ -3,10 +3,14 @@
 Layout names: C = column-major, R = row-major (for gemm, the order of C, A, B in that order).
 Views are cut out of larger buffers filled with a sentinel, so a kernel that reads or writes
 outside a view, or that works on a copy, shows up as a wrong result or a changed sentinel.
+
+Every test runs once per BLAS source the kernels can load (numpy's own OpenBLAS, the default
+where numpy ships one, and scipy's, the fallback), through the ``source`` fixture.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import threading
 import time
@@ -26,6 +30,18 @@ SENTINEL = 1234.5
 RTOL = {np.float32: 1e-4, np.complex64: 1e-4, np.float64: 1e-12, np.complex128: 1e-12}
 
 Array = np.ndarray[Any, Any]
+
+
+@pytest.fixture(scope="module", autouse=True, params=bk._SOURCES)
+def source(request: pytest.FixtureRequest) -> Any:
+    """Point the kernels at one source's library for the module's tests, then restore."""
+    loaded = bk._load_source(request.param)
+    if loaded is None:
+        pytest.skip(f"{request.param}'s BLAS cannot be loaded here")
+    saved = bk._library, bk._kinds
+    bk._library, bk._kinds = loaded
+    yield request.param
+    bk._library, bk._kinds = saved
 
 
 def is_complex(dtype: Any) -> bool:
@@ -766,3 +782,129 @@ def test_blas_call_releases_the_gil() -> None:
     worker.join()
     # Holding the GIL would stall this loop for a whole call (`duration`).
     assert longest < 0.5 * duration, (longest, duration)
+
+
+# --------------------------------------------------------------------------------------------
+# which library
+# --------------------------------------------------------------------------------------------
+
+
+def numpy_ships_openblas64() -> bool:
+    """Whether numpy's build links an ILP64 scipy-openblas (what its pip wheels ship)."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    except (TypeError, KeyError):
+        return False
+    return blas.get("name") == "scipy-openblas" and "USE64BITINT" in str(
+        blas.get("openblas configuration", "")).split()
+
+
+def reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the next call load a library afresh (monkeypatch restores the fixture's)."""
+    monkeypatch.setattr(bk, "_kinds", None)
+    monkeypatch.setattr(bk, "_library", None)
+
+
+def test_default_library_is_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not numpy_ships_openblas64():
+        pytest.skip("this numpy does not link scipy-openblas64 (e.g. Accelerate, system BLAS)")
+    reload(monkeypatch)
+    assert bk.library() == bk.Library("numpy", "scipy_{}_64_", 64, 2**63 - 1)
+    assert bk.available()
+    assert bk._kinds is not None
+    assert bk._kinds[np.dtype(np.float64)].int_type is ctypes.c_int64
+
+
+def test_scipy_is_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(30)
+    a, b = random_values(rng, (4, 3), np.float64), random_values(rng, (3, 5), np.float64)
+    want = a @ b
+    reload(monkeypatch)
+    monkeypatch.setattr(bk, "_load_numpy", lambda: None)  # a numpy without such a library
+    assert bk.library() == bk.Library("scipy", "scipy.linalg.cython_blas.{}", 32, 2**31 - 1)
+    c = np.zeros((4, 5))
+    assert bk.gemm(a, b, c) is None
+    assert_close(c, want)
+
+
+def test_a_failed_self_test_moves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library whose answers are wrong is never used: the next source is, or none."""
+    if bk._load_source("numpy") is None:
+        pytest.skip("numpy's BLAS cannot be loaded here")
+    real_self_test = bk._self_test
+    failing: list[str] = ["numpy"]
+    packages: dict[int, str] = {}
+    for name in ("numpy", "scipy"):
+        loader = getattr(bk, f"_load_{name}")
+
+        def tagged(loader: Any = loader, name: str = name) -> Any:
+            loaded = loader()
+            packages[id(loaded[1])] = name
+            return loaded
+
+        monkeypatch.setattr(bk, f"_load_{name}", tagged)
+    # The double only makes the failure happen; the self-test itself still runs on each.
+    monkeypatch.setattr(bk, "_self_test", lambda kinds: real_self_test(kinds)
+                        and packages[id(kinds)] not in failing)
+    reload(monkeypatch)
+    library = bk.library()
+    assert library is not None and library.package == "scipy"
+    failing.append("scipy")
+    reload(monkeypatch)
+    assert bk.library() is None and not bk.available()
+    c = np.zeros((2, 2))
+    assert bk.gemm(np.ones((2, 2)), np.ones((2, 2)), c) is Decline.UNAVAILABLE
+    assert bk.gemv(np.ones((2, 2)), np.ones(2), np.zeros(2)) is Decline.UNAVAILABLE
+    assert not c.any()
+
+
+def plans_beyond_int32(kind: Any) -> dict[str, Any]:
+    """Plans (no data: shapes and strides only) with one BLAS integer just above 2**31 - 1."""
+    big, isz = 2**31, 8
+    return {
+        "gemm m": bk._plan_gemm(kind, (big, 2), (2 * isz, isz), (2, 2), (2 * isz, isz),
+                                (big, 2), (2 * isz, isz), False, False),
+        "gemm ld": bk._plan_gemm(kind, (2, 2), (big * isz, isz), (2, 2), (2 * isz, isz),
+                                 (2, 2), (2 * isz, isz), False, False),
+        "gemv n": bk._plan_gemv(kind, (2, big), (big * isz, isz), isz, isz, False),
+        "gemv incx": bk._plan_gemv(kind, (2, 2), (2 * isz, isz), big * isz, isz, False),
+    }
+
+
+@pytest.mark.parametrize("ilp64", [False, True], ids=["config-lp64", "config-ilp64"])
+def test_numpy_int_limit_follows_its_config(monkeypatch: pytest.MonkeyPatch,
+                                            ilp64: bool) -> None:
+    """int64 arguments alone do not prove ILP64 (an LP64 library reads their low halves
+    right below 2**31): only numpy's build configuration lifts the 2**31 - 1 limit."""
+    if bk._load_source("numpy") is None:
+        pytest.skip("numpy's BLAS cannot be loaded here")
+    monkeypatch.setattr(bk, "_numpy_blas_is_ilp64", lambda: ilp64)
+    loaded = bk._load_numpy()
+    assert loaded is not None
+    library, kinds = loaded
+    assert library.int_max == (2**63 - 1 if ilp64 else 2**31 - 1)
+    assert bk._self_test(kinds)
+    plans = plans_beyond_int32(kinds[np.dtype(np.float64)])
+    if ilp64:
+        for name, plan in plans.items():
+            assert not isinstance(plan, Decline), name
+            assert 2**31 in [abs(v) for v in plan[2 if name.startswith("gemv") else 4]], name
+    else:
+        assert plans == {"gemm m": Decline.UNSUPPORTED_SHAPE, "gemm ld": Decline.UNSUPPORTED_LAYOUT,
+                         "gemv n": Decline.UNSUPPORTED_SHAPE,
+                         "gemv incx": Decline.UNSUPPORTED_LAYOUT}
+
+
+def test_int_limit_of_the_loaded_library(source: str) -> None:
+    library = bk.library()
+    assert library is not None and library.package == source
+    plans = plans_beyond_int32(bk._kinds[np.dtype(np.float64)])  # type: ignore[index]
+    declined = {name for name, plan in plans.items() if isinstance(plan, Decline)}
+    assert declined == (set() if library.int_max > 2**31 else set(plans))
+
+
+def test_library_record_is_consistent() -> None:
+    with pytest.raises(ValueError, match="does not fit 32-bit"):
+        bk.Library("scipy", "{}", 32, 2**63 - 1)
+    with pytest.raises(ValueError):
+        bk.Library("mkl", "{}", 64, 2**63 - 1)
