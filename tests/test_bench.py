@@ -54,6 +54,7 @@ def _check_schema(doc: dict[str, Any]) -> None:
     for lib in machine["blas"]:
         assert isinstance(lib["library"], str) and isinstance(lib["threads"], int)
         assert lib["used_by"] in ("numpy", "scipy", "system")
+        assert isinstance(lib["blas_backend"], bool)
     gpu = machine["gpu"]
     assert isinstance(gpu["available"], bool) and isinstance(gpu["devices"], list)
     assert (gpu["reason"] is None) == gpu["available"]

@@ -262,6 +262,13 @@ def test_blas_threads_apply_to_the_runs_and_are_restored(
     assert "--blas-threads must be at least 1, got 0" in capsys.readouterr().err
 
 
+def test_the_blas_line_names_the_library_the_blas_backend_calls() -> None:
+    used = [lib for lib in _machine.blas() if lib["blas_backend"]]
+    assert len(used) == 1
+    with _demo.blas_threads(1) as libraries:
+        assert libraries == [f"{used[0]['library']} {used[0]['version']}, 1 thread per call"]
+
+
 def test_the_default_leaves_one_core_to_the_overlapping_stages(
         capsys: pytest.CaptureFixture[str]) -> None:
     cores = _machine.cores()["usable"]

@@ -320,7 +320,7 @@ def blas_threads(threads: int) -> Iterator[list[str]]:
     """Limit BLAS to ``threads`` per call (both runs alike); yields the libraries as set."""
     with threadpoolctl.threadpool_limits(threads, user_api="blas"):
         found = _machine.blas()
-        used = [b for b in found if b["used_by"] == "scipy"] or found  # uni's blas backend's
+        used = [b for b in found if b["blas_backend"]] or found
         yield [f"{b['library']} {b['version']}, {b['threads']} "
                f"thread{'' if b['threads'] == 1 else 's'} per call" for b in used]
 

@@ -91,7 +91,8 @@ def run() -> int:
         print("  (no BLAS library found loaded by threadpoolctl)")
     for lib in libraries:
         print(f"  {lib['library']} {lib['version']}, {lib['threads']} threads, "
-              f"{lib['used_by']}'s ({lib['filepath']})")
+              f"{lib['used_by']}'s ({lib['filepath']})"
+              + (", called by the blas backend" if lib["blas_backend"] else ""))
     gpu = _machine.gpu()
     cores = _machine.cores()
     print(f"cpu:      {_machine.cpu_model()}, {cores['usable']} of {cores['logical']} cores usable")

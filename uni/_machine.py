@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import scipy
-import scipy.linalg.blas  # loads scipy's BLAS, the one uni's blas backend calls, for threadpoolctl
+import scipy.linalg.blas  # loads scipy's BLAS (the blas backend's fallback) so threadpoolctl lists it
 import threadpoolctl
 
 from uni import cuda
+from uni.backends.blas import _kernels
 
 
 def cpu_model() -> str:
@@ -49,10 +50,14 @@ def _loaded_by(filepath: str) -> str:
 
 
 def blas() -> list[dict[str, Any]]:
-    """Every BLAS library loaded in this process: name, version, threads and who loaded it.
+    """Every BLAS library loaded in this process: name, version, threads, the package that
+    shipped it (``used_by``: "numpy", "scipy" or "system") and whether it is the one uni's
+    ``blas`` backend calls (``blas_backend``).
 
-    uni's ``blas`` backend calls scipy's (``scipy.linalg.blas``); numpy links its own build.
+    That is numpy's own OpenBLAS where numpy ships one (the library ``numpy.matmul`` calls),
+    else scipy's; ``uni.backends.blas._kernels.library()`` says which.
     """
+    used = _kernels.library()
     out = []
     for info in threadpoolctl.threadpool_info():
         if info.get("user_api") != "blas":
@@ -65,6 +70,7 @@ def blas() -> list[dict[str, Any]]:
             "threading_layer": info.get("threading_layer"),
             "architecture": info.get("architecture"),
             "used_by": _loaded_by(filepath),
+            "blas_backend": used is not None and _loaded_by(filepath) == used.package,
             "filepath": filepath,
         })
     return out

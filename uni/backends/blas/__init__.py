@@ -1,11 +1,12 @@
-"""blas: scipy's BLAS for gemm/gemv, numpy ufuncs for transforms, a blocked strided copy.
+"""blas: OpenBLAS for gemm/gemv, numpy ufuncs for transforms, a blocked strided copy.
 
-gemm and gemv call the Fortran routines directly (``_kernels``) so operands with a leading
-dimension, transposed views and conjugate-transposes need no temporary copy; the geometry
-(trans flags, leading dimensions, the row-major swap, conjugates folded into the flags) is
-the shared planner's, ``uni.backends._geometry``. What BLAS cannot address is declined with
-the reason, and the walk moves on. A small gemm it ran can be *prepared* for repeats
-(:meth:`Blas.prepare`).
+gemm and gemv call the Fortran routines directly (``_kernels``): numpy's own OpenBLAS (the
+one ``numpy.matmul`` calls), or scipy's where numpy ships none (``_kernels.library()`` says
+which). So operands with a leading dimension, transposed views and conjugate-transposes
+need no temporary copy; the geometry (trans flags, leading dimensions, the row-major swap,
+conjugates folded into the flags) is the shared planner's, ``uni.backends._geometry``. What
+BLAS cannot address is declined with the reason, and the walk moves on. A small gemm it ran
+can be *prepared* for repeats (:meth:`Blas.prepare`).
 """
 
 from __future__ import annotations
@@ -32,12 +33,19 @@ __all__ = ["Blas", "blas"]
 _BLAS_KINDS = frozenset("fc")
 
 _WHY: dict[Decline, str] = {
-    Decline.UNAVAILABLE: "scipy's BLAS could not be loaded here",
-    Decline.UNSUPPORTED_SHAPE: "an extent, leading dimension or increment beyond 32-bit BLAS integers",
+    Decline.UNAVAILABLE: (
+        "neither numpy's OpenBLAS nor scipy's BLAS could be loaded here (or both failed their "
+        "self-test)"
+    ),
+    Decline.UNSUPPORTED_SHAPE: (
+        "an extent beyond the BLAS library's integers (2**31 - 1 unless numpy's OpenBLAS is "
+        "ILP64; `uni info` names the library)"
+    ),
     Decline.UNSUPPORTED_LAYOUT: (
         "BLAS needs each matrix to have a unit-stride axis and a leading dimension that "
         "reaches past it (no negative or zero strides, no steps on both axes), vectors a "
-        "non-zero increment, and aligned data"
+        "non-zero increment, and aligned data, with leading dimensions and increments that "
+        "fit the BLAS library's integers"
     ),
     Decline.UNSUPPORTED_ACCESSOR: (
         "BLAS has only conjugate-transpose ('C'): a conjugated matrix must be stored in the "

@@ -542,14 +542,14 @@ def gemm(
     unconjugated values; ignored for real dtypes). Returns None on success, or a Decline having
     touched nothing when BLAS cannot address the operands without a temporary copy:
 
-    - UNAVAILABLE: scipy's BLAS could not be loaded.
+    - UNAVAILABLE: no BLAS (numpy's or scipy's) could be loaded.
     - UNSUPPORTED_INSTANCE: not numpy arrays, mixed or unsupported dtypes (non-native byte
       order included), read-only c, a non-numeric or (for a real dtype) complex scalar, or c
       sharing memory with a or b.
-    - UNSUPPORTED_SHAPE: not 2-D, or an extent beyond 32-bit BLAS integers.
+    - UNSUPPORTED_SHAPE: not 2-D, or an extent beyond the library's BLAS integers (``library()``).
     - UNSUPPORTED_LAYOUT: an operand with no unit-stride axis plus a legal leading dimension
       (negative or zero strides, steps on both axes, strides not a multiple of the itemsize),
-      or a misaligned operand.
+      a leading dimension beyond the library's BLAS integers, or a misaligned operand.
     - UNSUPPORTED_ACCESSOR: a conjugate BLAS cannot express (only 'C' = conjugate-transpose
       exists, so a conjugated operand must be stored transposed relative to c's order).
 
