@@ -7,18 +7,18 @@ the backend walk (its cached decision), the kernel, releasing — on tensors mad
 uni.from_numpy. References, measured in the same run:
 
 - gemm n=2048, f64 and f32, alpha=2, beta=3, layouts CCC/RRR/CRC/RCR (c, a, b; C = column-,
-  R = row-major): a raw ``scipy.linalg.blas.?gemm`` call on Fortran-ordered operands (the
-  same BLAS library; target uni >= 0.97x, i.e. raw time / uni time >= 0.97), and numpy's
-  ``2 * (a @ b) + 3 * c`` (numpy links its own OpenBLAS build);
+  R = row-major): a raw ``scipy.linalg.blas.?gemm`` call on Fortran-ordered operands
+  (scipy's OpenBLAS build, the same library as uni's only where uni falls back to it; target
+  uni >= 0.97x, i.e. raw time / uni time >= 0.97), and numpy's ``2 * (a @ b) + 3 * c``;
 - gemv f64 n=8192 (row- and column-major a) against numpy ``a @ x`` (target >= 0.95x);
 - contiguous copy of 256 MiB against ``numpy.copyto`` (target >= 0.95x);
 - 8x8 f64 gemm per call against numpy ``matmul(a, b, out=c)`` (target: uni <= 4x numpy).
 
 A ratio is reference time / uni time (above 1: uni is faster), the median over repeats of
 pairs timed back to back; contenders alternate (forwards, then backwards) so that drift in
-the machine's speed hits them alike, and calls into the two OpenBLAS builds (scipy's, which
-uni uses, and numpy's) are separated by a pause so one library's spinning threads do not
-slow the other. Medians are of >= 5 repeats.
+the machine's speed hits them alike, and calls into the two OpenBLAS builds (numpy's, which
+uni uses where numpy ships one, and scipy's) are separated by a pause so one library's
+spinning threads do not slow the other. Medians are of >= 5 repeats.
 
 OpenBLAS reads OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE when it loads; some environments set
 them in ways that slow one library or the other. Run as a script, this re-executes itself
@@ -27,7 +27,7 @@ once without them (and says so) so both libraries run with their own detection; 
 environment it ran under in its machine info.)
 
 ``--quick``: n=256 f64 layouts CCC and RRR against raw ?gemm, gemv n=1024 against raw
-dgemv (same-library references: no pauses between BLAS builds), a 16 MiB copy, 8x8.
+dgemv (scipy's build), a 16 MiB copy, 8x8.
 """
 
 from __future__ import annotations
@@ -50,12 +50,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _timing import paired_ratio, print_table, result
 
 import uni
+from uni.backends.blas import _kernels
 
 _UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _MARK = "UNI_BENCH_OPS_REEXEC"
 Array = np.ndarray[Any, Any]
 SETTLE_S = 0.3
 Result = dict[str, Any]
+
+
+def uni_library() -> str:
+    """The OpenBLAS build uni's blas backend calls ("numpy" or "scipy"), for the pauses."""
+    library = _kernels.library()
+    return library.package if library is not None else "scipy"
 
 
 class Case:
@@ -137,7 +144,7 @@ def bench_gemm(n: int, repeats: int, layouts: tuple[str, ...] = ("CCC", "RRR", "
             np.testing.assert_allclose(c, 2 * (a.astype(np.float64) @ b) + 3 * c_start,
                                        rtol=1e-3 if dtype == np.float32 else 1e-9,
                                        atol=1e-2 if dtype == np.float32 else 1e-9)
-            cases = {"uni": Case(ours, "scipy"), "raw": Case(raw, "scipy")}
+            cases = {"uni": Case(ours, uni_library()), "raw": Case(raw, "scipy")}
             if with_numpy:
                 cases["numpy"] = Case(numpy, "numpy")
             t = timings(cases, repeats, reset)
@@ -185,7 +192,7 @@ def bench_gemv(n: int, repeats: int, reference: str = "numpy") -> list[Result]:
         check_blas_ran(ours)
         np.testing.assert_allclose(y, a_row @ x, rtol=1e-9, atol=1e-9)
         contender = Case(numpy, "numpy") if reference == "numpy" else Case(raw, "scipy")
-        t = timings({"uni": Case(ours, "scipy"), "reference": contender}, repeats)
+        t = timings({"uni": Case(ours, uni_library()), "reference": contender}, repeats)
         results.append(result(f"uni.gemv f64 n={n} {label}-major a", median(t["uni"]),
                               "numpy a@x" if reference == "numpy" else "raw scipy dgemv",
                               median(t["reference"]),
