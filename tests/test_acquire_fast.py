@@ -1,18 +1,21 @@
-"""The uncontended sync lease (``LeasePlan.open_now``) against the general path.
+"""The uncontended sync lease (``uni._lease.open_lease``) against the general path.
 
 Every acquisition of a tensor view over plain host memory without a timeout first tries the
 fast path, which grants only when nothing is in the way; these tests check that it gives the
-same grants, errors, ordering and poisoning as the general path (``open_now`` switched off),
-and that everything it must not handle still reaches the general path.
+same grants, errors, ordering and poisoning as the general path (the fast path switched off),
+and that everything it must not handle still reaches the general path. Every test runs twice:
+with the C twin (``uni._fastlease``) and with the Python code it was written from.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import random
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,11 +23,38 @@ import pytest
 import trio
 
 import uni
-from uni._access import Access, AccessSpec, LeasePlan, plain_storage
+import uni._acquire
+import uni._lease
+from uni._access import Access, AccessSpec, LeasePlan, open_lease_py, plain_storage
 from uni._access_queue import HostFence
 
 read = uni.acquire_host_read_access_sync
 write = uni.acquire_host_write_access_sync
+
+C_BUILT = uni._lease.FASTLEASE.startswith("C")
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with the C twin, then with the Python code (acquire and release both)."""
+    if request.param == "c":
+        if not C_BUILT:
+            pytest.skip(f"the C twin is not in use: {uni._lease.FASTLEASE}")
+        import uni._fastlease as _fastlease  # built: uni._lease imported it
+        monkeypatch.setattr(uni._acquire, "open_lease", _fastlease.open_lease)
+        monkeypatch.setattr(uni._lease, "finish_access", _fastlease.finish_access)
+    else:
+        monkeypatch.setattr(uni._acquire, "open_lease", open_lease_py)
+        monkeypatch.setattr(uni._lease, "finish_access", Access.finish)
+    return str(request.param)
+
+
+def test_the_c_twin_is_built_where_ci_requires_it() -> None:
+    # CI sets UNI_REQUIRE_FASTLEASE: a build that silently fell back would fail here rather
+    # than skip the C half of this file and lose the fast lease unnoticed.
+    if not os.environ.get("UNI_REQUIRE_FASTLEASE"):
+        pytest.skip("UNI_REQUIRE_FASTLEASE is not set (CI sets it)")
+    assert C_BUILT, uni._lease.FASTLEASE
 
 
 def warm(t: uni.Tensor) -> tuple[LeasePlan, LeasePlan]:
@@ -37,16 +67,16 @@ def warm(t: uni.Tensor) -> tuple[LeasePlan, LeasePlan]:
 
 
 def fast_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count the accesses ``open_now`` makes (index 0: made, index 1: declined)."""
+    """Count the leases the fast path makes (index 0: made, index 1: declined)."""
     counts = [0, 0]
-    original = LeasePlan.open_now
+    original: Callable[[LeasePlan], Any] = uni._acquire.open_lease
 
-    def counted(self: LeasePlan) -> Access | None:
-        access = original(self)
-        counts[access is None] += 1
-        return access
+    def counted(plan: LeasePlan) -> Any:
+        lease = original(plan)
+        counts[lease is None] += 1
+        return lease
 
-    monkeypatch.setattr(LeasePlan, "open_now", counted)
+    monkeypatch.setattr(uni._acquire, "open_lease", counted)
     return counts
 
 
@@ -364,17 +394,108 @@ def _run(steps: list[tuple[str, int, int, str]]) -> list[Any]:
 def test_fast_and_general_paths_agree(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same grants, errors (with their messages), queue states and poisoning, step by
     step, with the fast path on and off, on 20 seeded random programs per block."""
-    original = LeasePlan.open_now
+    original = uni._acquire.open_lease
     made = 0
     for seed in range(block * 20, block * 20 + 20):
         steps = _program(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            monkeypatch.setattr(LeasePlan, "open_now", original)
+            monkeypatch.setattr(uni._acquire, "open_lease", original)
             counts = fast_count(monkeypatch)
             fast = _run(steps)
-            monkeypatch.setattr(LeasePlan, "open_now", lambda self: None)
+            monkeypatch.setattr(uni._acquire, "open_lease", lambda plan: None)
             general = _run(steps)
         assert fast == general, f"seed {seed}"
         made += counts[0]
     assert made > 100  # the fast path did take part
+
+
+def test_a_fence_elsewhere_in_the_queue_does_not_stop_the_fast_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A released writer whose work is not over leaves a fence on its range only: a lease of
+    # other elements of the same memory is still granted at once (the queue is asked which
+    # fences apply, under its lock), and one on the fenced range goes the general way.
+    base = uni.from_numpy(np.zeros(8))
+    left, right = base[0:4], base[4:8]
+    warm(left)
+    warm(right)
+    access = Access(AccessSpec.of_view(left, "write"))
+    access.open()
+    fence = HostFence("a slow writer")
+    access.finish(None, fence)
+    counts = fast_count(monkeypatch)
+    with read(right):
+        pass
+    assert counts == [1, 0]
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(read(left).release() is None))
+    thread.start()
+    time.sleep(0.05)
+    assert got == [] and counts == [1, 1]
+    fence.set()
+    thread.join(10)
+    assert got == [True]
+
+
+def test_a_new_thread_owns_its_fast_leases() -> None:
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+    errors: list[str] = []
+
+    def worker() -> None:
+        with write(t):
+            try:
+                read(t)
+            except uni.LeaseConflictError as err:
+                errors.append(str(err))
+
+    for _ in range(2):  # the second thread may reuse the first one's ident
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join(10)
+    assert len(errors) == 2 and all("can never be granted" in e for e in errors)
+    with write(t):
+        pass  # nothing left behind
+
+
+def test_a_failure_inside_the_queue_leaves_it_unlocked_and_unchanged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A test double makes the queue's own helpers fail: the error reaches the caller, the
+    # lock is let go, and no request is left registered (acquire) or half-released.
+    t = uni.from_numpy(np.zeros(8))
+    warm(t)
+    queue = t.storage.access_queue
+    access = Access(AccessSpec.of_view(t[0:2], "write"))
+    access.open()
+    fence = HostFence("pending")
+    access.finish(None, fence)  # a fenced entry: the fast path must ask which fences apply
+
+    def broken(*args: object) -> list[object]:
+        raise RuntimeError("broken on purpose")
+
+    with monkeypatch.context() as m:
+        m.setattr(type(queue), "_fences_for_locked", broken)
+        with pytest.raises(RuntimeError, match="on purpose"):
+            read(t[4:8])
+    assert not queue.busy() and queue.snapshot() == []
+    fence.set()
+
+    held = read(t)
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(write(t[6:8]).release() is None))
+    waiter.start()
+    for _ in range(500):
+        if queue.pending_count():
+            break
+        time.sleep(0.01)
+    assert queue.pending_count() == 1
+    with monkeypatch.context() as m:
+        m.setattr(type(queue), "_grant_locked", broken)
+        with pytest.raises(RuntimeError, match="on purpose"):
+            held.release()
+    assert not queue.busy() and not held.active
+    assert [mode for mode, *_ in queue.snapshot()] == ["write"]  # the writer, still waiting
+    with read(t[0:1]):
+        pass  # its release grants whatever is grantable: the writer
+    waiter.join(10)
+    assert got == [True]

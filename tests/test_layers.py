@@ -26,7 +26,9 @@ def module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
     return ".".join(parts)
 
 
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+# A compiled module is seen through its stub (``uni/_fastlease.pyi`` for ``_fastlease.c``).
+MODULES = {module_name(p): p for p in sorted(
+    [*PACKAGE.rglob("*.py"), *(s for s in PACKAGE.rglob("*.pyi") if not s.with_suffix(".py").exists())])}
 
 
 def layer_map(text: str | None = None) -> list[list[str]]:
@@ -52,7 +54,8 @@ def placements(modules: dict[str, pathlib.Path] = MODULES, text: str | None = No
             if entry.endswith("/"):
                 folders[entry.rstrip("/").replace("/", ".")] = number
             else:
-                files[entry.removesuffix(".py").replace("/", ".").removesuffix(".__init__")] = number
+                files[entry.removesuffix(".pyi").removesuffix(".py").replace("/", ".")
+                      .removesuffix(".__init__")] = number
     out: dict[str, tuple[int, str | None]] = {}
     for name in modules:
         if name in files:

@@ -29,12 +29,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from uni._access_queue import (
+    _NO_FENCES,
     CURRENT_THREAD,
     AccessQueue,
     AccessRequest,
     Fence,
     HeldRun,
+    Owner,
     RetiredQueue,
+    _owner,
     all_fences,
     current_owner,
 )
@@ -667,7 +670,7 @@ class LeasePlan:
         queue: AccessQueue = storage.access_queue  # the queue first, then the offset
         where = self.where
         if where is None or where[0] is not queue:
-            where = self.where = (queue, *queue_range(storage, spec.lo, spec.hi, queue))
+            where = self.where_for(queue)
         access: Access = _Opened()
         if queue.try_grant(self.mode, self.write, where[1], where[2], spec, CURRENT_THREAD,
                            access) is None:
@@ -683,6 +686,36 @@ class LeasePlan:
         access._lock = None
         access.error = None
         return access
+
+    def where_for(self, queue: AccessQueue) -> tuple[AccessQueue, int, int]:
+        """``(queue, lo, hi)``: the view's range in ``queue``'s units, worked out and kept."""
+        spec = self.spec
+        where = self.where = (queue, *queue_range(spec.storage, spec.lo, spec.hi, queue))
+        return where
+
+
+def open_lease_py(plan: LeasePlan) -> Any:
+    """A ``plan.lease`` over :meth:`LeasePlan.open_now`'s access, or None (nothing made).
+
+    The reference for ``uni._fastlease.open_lease``, its C twin, and the fallback where that
+    is not built (:data:`uni._lease.open_lease` is whichever is in use).
+    """
+    access = plan.open_now()
+    if access is None:
+        return None
+    lease = _new(plan.lease)  # _Lease.__init__, inline
+    lease._access = access
+    return lease
+
+
+_new = object.__new__
+
+
+def configure_fastlease(module: Any, lease: type) -> None:
+    """Hand ``uni._fastlease`` (``module``) the classes and objects whose slots it works on;
+    ``lease`` is the base class of every lease (``uni._lease._Lease``)."""
+    module.configure(LeasePlan, AccessSpec, AccessQueue, AccessRequest, _Opened, Owner, lease,
+                     _owner, current_owner, _NO_FENCES, _OPEN, _ENDED)
 
 
 class AccessShare:

@@ -28,7 +28,7 @@ from uni._access_queue import normalize_timeout
 from uni._errors import DomainError, LeaseError
 from uni._eventloop import running_library, unsupported_loop
 from uni._handle import HOST, Domain, HostHandle
-from uni._lease import ReadTensorLease, WriteTensorLease, _Lease, lease_for
+from uni._lease import ReadTensorLease, WriteTensorLease, _Lease, lease_for, open_lease
 from uni._mapping import check_fits
 from uni._mdspec import DataDescriptor
 from uni.storage.host import HostStorage
@@ -266,10 +266,8 @@ def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
         except AttributeError:
             plan = None
         if plan is not None:
-            access = plan.open_now()
-            if access is not None:
-                lease = _new(plan.lease)  # _Lease.__init__, inline
-                lease._access = access
+            lease = open_lease(plan)
+            if lease is not None:
                 return lease
     return _acquire_sync(x, "read", HOST, "acquire_host_read_access_sync", timeout=timeout,
                          overwrite=False, allow_poisoned=allow_poisoned)
@@ -288,10 +286,8 @@ def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
         except AttributeError:
             plan = None
         if plan is not None:
-            access = plan.open_now()
-            if access is not None:
-                lease = _new(plan.lease)  # _Lease.__init__, inline
-                lease._access = access
+            lease = open_lease(plan)
+            if lease is not None:
                 return lease
     return _acquire_sync(x, "write", HOST, "acquire_host_write_access_sync", timeout=timeout,
                          overwrite=overwrite, allow_poisoned=allow_poisoned)

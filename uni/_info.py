@@ -12,6 +12,7 @@ import numpy as np
 from uni import __version__, _machine, backends, cuda
 from uni._dtypes import SUPPORTED_DTYPES
 from uni._errors import KernelDispatchError
+from uni._lease import FASTLEASE
 from uni.storage import HostStorage, MappedFileStorage
 
 
@@ -86,6 +87,7 @@ def run() -> int:
                  for b in walk]
         print(f"  {name:<22} {' -> '.join(marks)}")
     libraries = _machine.blas()
+    print(f"leases:   uncontended host leases in {FASTLEASE}")
     print("blas:")
     if not libraries:
         print("  (no BLAS library found loaded by threadpoolctl)")
