@@ -1,9 +1,13 @@
-"""The one compiled part of uni: the uncontended host lease in C (uni/_fastlease.c).
+"""uni's compiled parts, both optional: the uncontended host lease (uni/_fastlease.c) and the
+prepared BLAS call (uni/backends/blas/_blascall.c).
 
-Optional: where it cannot be built (no C compiler, no Python headers) the install goes on and
-uni uses the Python twin of the same code (``uni info`` says which one runs).
+Where they cannot be built (no C compiler, no Python headers) the install goes on and uni
+runs the Python code each was written from (``uni info`` says which runs).
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("uni._fastlease", ["uni/_fastlease.c"], optional=True)])
+setup(ext_modules=[
+    Extension("uni._fastlease", ["uni/_fastlease.c"], optional=True),
+    Extension("uni.backends.blas._blascall", ["uni/backends/blas/_blascall.c"], optional=True),
+])

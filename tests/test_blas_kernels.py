@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import threading
 import time
 import tracemalloc
@@ -908,3 +909,62 @@ def test_library_record_is_consistent() -> None:
         bk.Library("scipy", "{}", 32, 2**63 - 1)
     with pytest.raises(ValueError):
         bk.Library("mkl", "{}", 64, 2**63 - 1)
+
+
+# prepared runs: packed calls (uni/backends/blas/_blascall.c) against ctypes
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("routine", ["gemm", "gemv"])
+def test_prepared_runs_agree_packed_and_through_ctypes(
+        routine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same bytes out, with the packed call and with ctypes, on seeded random layouts,
+    dtypes and scalars (each run prepared afresh, as the first call of a repeat is)."""
+    if bk.call_packed is None:
+        pytest.skip("uni.backends.blas._blascall is not built: prepared runs use ctypes")
+    packed = bk.call_packed
+    rng = np.random.default_rng(11)
+    ran = 0
+    for _ in range(500):
+        dtype = DTYPES[int(rng.integers(len(DTYPES)))]
+        m, n, k = (int(v) for v in rng.integers(1, 6, size=3))
+        a, _, _ = random_view(rng, (m, k), dtype, False)
+        if routine == "gemm":
+            b, _, _ = random_view(rng, (k, n), dtype, False)
+        else:
+            b, _, _ = random_view(rng, (k,), dtype, False)
+        out_shape = (m, n) if routine == "gemm" else (m,)
+        start = random_values(rng, out_shape, dtype)
+        alpha, beta = [(1, 0), (2, 1), (0.5, -1.5)][int(rng.integers(3))]
+        results = []
+        for call in (packed, None):
+            monkeypatch.setattr(bk, "call_packed", call)
+            c = start.copy()
+            prepare = bk.prepare_gemm if routine == "gemm" else bk.prepare_gemv
+            run = prepare(a, b, c)
+            if run is None:
+                break
+            ok = run(alpha, beta)
+            results.append((ok, c.tobytes()))
+        if len(results) == 2:
+            assert results[0] == results[1]
+            ran += results[0][0]
+    assert ran > 50
+
+
+def test_the_packed_call_refuses_what_it_cannot_call() -> None:
+    if bk.call_packed is None:
+        pytest.skip("uni.backends.blas._blascall is not built")
+    with pytest.raises(ValueError, match="expected 11 or 13 pointers"):
+        bk.call_packed(1, b"\0" * 8)
+    with pytest.raises(TypeError, match="packed"):
+        bk.call_packed(1, bytearray(13 * 8))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="null routine"):
+        bk.call_packed(0, b"\0" * (13 * ctypes.sizeof(ctypes.c_void_p)))
+
+
+def test_the_packed_call_is_built_where_ci_requires_it() -> None:
+    # CI sets UNI_REQUIRE_FASTLEASE (both compiled parts): a silent fallback fails here.
+    if not os.environ.get("UNI_REQUIRE_FASTLEASE"):
+        pytest.skip("UNI_REQUIRE_FASTLEASE is not set (CI sets it)")
+    assert bk.call_packed is not None

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any, Final, TypeAlias
@@ -709,10 +710,11 @@ def prepare_gemm(
     # without argtypes (ctypes passes c_void_p objects as they are: no conversion of 13
     # Python ints per call), with the scalars' buffer kept beside it.
     raw = _raw_gemm(fn)
+    address = _address(fn)
     fixed = tuple(_VP(v) for v in (t1, t2, pm, pn, pk))
     mid = tuple(_VP(v) for v in (first, pl1, second, pl2))
     tail = (_VP(dc), _VP(plc))
-    calls: dict[object, tuple[tuple[Any, ...], object] | None] = {}
+    calls: dict[object, tuple[tuple[Any, ...], object, bytes] | None] = {}
 
     # Default argument: the closure owns the plan's ints. It holds no view of the operands:
     # its caller runs it only on the live storages it was prepared for (their buffers stay
@@ -723,21 +725,46 @@ def prepare_gemm(
             call = calls[key]
         except KeyError:
             scalars = scalars_for(alpha, beta)
-            call = calls[key] = None if scalars is None else (
-                (*fixed, _VP(scalars[1]), *mid, _VP(scalars[2]), *tail), scalars[0])
+            if scalars is None:
+                call = calls[key] = None
+            else:
+                args = (*fixed, _VP(scalars[1]), *mid, _VP(scalars[2]), *tail)
+                call = calls[key] = (args, scalars[0], _pack(args))
             if len(calls) > 64:
                 calls.clear()
         except TypeError:
             return False
         if call is None:
             return False
-        raw(*call[0])
+        if call_packed is None:
+            raw(*call[0])
+        else:
+            call_packed(address, call[2])
         return True
 
     return run
 
 
 _RAW_GEMM: dict[int, Any] = {}
+
+# Prepared runs pass the same pointers every time: packed once, they cost one C call instead
+# of a ctypes conversion per argument (see uni/backends/blas/_blascall.c); without the
+# compiled helper they go through ctypes as before.
+call_packed: Callable[[int, bytes], None] | None
+try:
+    from uni.backends.blas._blascall import call as call_packed
+except ImportError:
+    call_packed = None
+
+
+def _address(fn: Any) -> int:
+    """The address of the routine behind a CFUNCTYPE object."""
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
+def _pack(args: tuple[Any, ...]) -> bytes:
+    """``args`` (c_void_p objects) as native pointers, for ``call_packed``."""
+    return struct.pack(f"{len(args)}P", *(a.value or 0 for a in args))
 
 
 def _raw_gemm(fn: Any) -> Any:
@@ -958,6 +985,10 @@ def prepare_gemv(a: Array, x: Array, y: Array) -> Callable[[Scalar, Scalar], boo
     if (da | dx | dy) & kind.align_mask or _overlaps(y, a) or _overlaps(y, x):
         return None
     xp, yp = dx + x_off, dy + y_off
+    address = _address(fn)
+    # Packed arguments per scalars buffer (its address), each kept with its buffer: a buffer
+    # the kind's cache let go stays alive here, so no address is ever reused under a pack.
+    packs: dict[int, tuple[bytes, object]] = {}
 
     def run(alpha: Scalar, beta: Scalar, _keep: object = ints, y: Array = y) -> bool:
         scalars = _scalar_entry(kind, alpha, beta)
@@ -967,7 +998,17 @@ def prepare_gemv(a: Array, x: Array, y: Array) -> Callable[[Scalar, Scalar], boo
             return False  # alpha == 0 never reads a or x: the general path handles it
         if scalars[4] == 0:
             y.fill(0)
-        fn(trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy)
+        if call_packed is None:
+            fn(trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy)
+            return True
+        pack = packs.get(scalars[1])
+        if pack is None:
+            if len(packs) > 64:
+                packs.clear()
+            pack = packs[scalars[1]] = (struct.pack(
+                "11P", trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy),
+                scalars[0])
+        call_packed(address, pack[0])
         return True
 
     return run
