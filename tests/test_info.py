@@ -38,3 +38,15 @@ def test_every_known_backend_is_listed() -> None:
     names = _info.known_backends()
     assert {"blas", "cpu_reference"} <= set(names)
     assert len(names) == len(set(names))
+
+
+def test_info_says_which_lease_and_blas_call_code_runs(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from uni._lease import FASTLEASE  # what uni._lease chose at import
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"leases:   uncontended host leases in {FASTLEASE}" in out
+    monkeypatch.setattr(_info.blas_kernels, "call_packed", None)
+    assert main(["info"]) == 0
+    assert "prepared repeats call it through ctypes (uni.backends.blas._blascall is not built)" \
+        in capsys.readouterr().out

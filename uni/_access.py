@@ -711,11 +711,25 @@ def open_lease_py(plan: LeasePlan) -> Any:
 _new = object.__new__
 
 
-def configure_fastlease(module: Any, lease: type) -> None:
+#: The version of the Python code ``uni/_fastlease.c`` twins (its ``VERSION``): raise both
+#: together whenever ``open_now``, ``try_grant``, ``Access.finish`` or ``release`` change.
+FASTLEASE_VERSION: Final = 1
+
+
+def configure_fastlease(module: Any, lease: type) -> str | None:
     """Hand ``uni._fastlease`` (``module``) the classes and objects whose slots it works on;
-    ``lease`` is the base class of every lease (``uni._lease._Lease``)."""
-    module.configure(LeasePlan, AccessSpec, AccessQueue, AccessRequest, _Opened, Owner, lease,
-                     _owner, current_owner, _NO_FENCES, _OPEN, _ENDED)
+    ``lease`` is the base class of every lease (``uni._lease._Lease``). Returns why it cannot
+    be used (a stale build: another version, slots it no longer finds), else None."""
+    version = getattr(module, "VERSION", None)
+    if version != FASTLEASE_VERSION:
+        return (f"uni._fastlease is a stale build (version {version}, the Python code is "
+                f"{FASTLEASE_VERSION}): rebuild it with `pip install -e .`")
+    try:
+        module.configure(LeasePlan, AccessSpec, AccessQueue, AccessRequest, _Opened, Owner,
+                         lease, _owner, current_owner, _NO_FENCES, _OPEN, _ENDED)
+    except (TypeError, AttributeError, RuntimeError) as err:
+        return f"uni._fastlease does not fit these classes ({err}): rebuild it"
+    return None
 
 
 class AccessShare:

@@ -308,7 +308,7 @@ open_lease(PyObject *self, PyObject *plan)
                 conflict = 1;  /* not ours to judge: the general path decides */
                 break;
             }
-            if (qlo <= hi && lo <= qhi && (is_write || SLOT(q, o_r_write) == Py_True)) {
+            if (qlo <= hi && lo <= qhi && (is_write || SLOT(q, o_r_write) != Py_False)) {
                 conflict = 1;
                 break;
             }
@@ -320,9 +320,9 @@ open_lease(PyObject *self, PyObject *plan)
             if (tail == NULL || !PyList_CheckExact(tail))
                 fenced = 1;
             else if (PyList_GET_SIZE(tail)) {
-                PyObject *fences = PyObject_CallMethod(queue, "_fences_for_locked", "OOO",
-                                                       lo_obj, hi_obj,
-                                                       is_write ? Py_True : Py_False);
+                PyObject *fences = PyObject_CallMethodObjArgs(
+                    queue, s_fences_for_locked, lo_obj, hi_obj,
+                    is_write ? Py_True : Py_False, NULL);
                 if (fences == NULL)
                     failed = 1;
                 else {
@@ -376,9 +376,15 @@ open_lease(PyObject *self, PyObject *plan)
     PyTypeObject *lt = (PyTypeObject *)lease_type;
     PyObject *lease = lt->tp_alloc(lt, 0);
     if (lease == NULL) {
-        /* Out of memory with the grant made: end the access as finish() would. */
+        /* Out of memory with the grant made: end the access as finish() would, with the
+         * MemoryError kept aside meanwhile (Python code must not run with it set). */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
         PyObject *r = PyObject_CallMethodNoArgs(acc, s_finish);
+        if (r == NULL)
+            PyErr_Clear();
         Py_XDECREF(r);
+        PyErr_Restore(et, ev, etb);
         goto done;
     }
     put(lease, o_lease_access, acc);
@@ -436,7 +442,13 @@ finish_access(PyObject *self, PyObject *acc)
         }
         else {
             pending = SLOT(queue, o_q_pending);
-            int any = pending == NULL ? -1 : PyObject_IsTrue(pending);
+            int any;
+            if (pending == NULL) {
+                PyErr_SetString(PyExc_AttributeError, "AccessQueue._pending is unset");
+                any = -1;
+            }
+            else
+                any = PyObject_IsTrue(pending);
             if (any < 0)
                 failed = 1;
             else if (any && (woken = PyObject_CallMethodNoArgs(queue, s_grant_locked)) == NULL)
@@ -489,8 +501,18 @@ static struct PyModuleDef module = {
     "The uncontended host lease in C (a twin of uni._access.open_lease_py).", -1, methods,
 };
 
+/* What this build was written against: uni/_access.py checks it (FASTLEASE_VERSION) and
+ * uses the Python code when a stale build (the .so is not rebuilt by editing Python) differs.
+ * Raise both together whenever open_now, try_grant, finish or release change. */
+#define FASTLEASE_VERSION 1
+
 PyMODINIT_FUNC
 PyInit__fastlease(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", FASTLEASE_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

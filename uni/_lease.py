@@ -234,15 +234,19 @@ def lease_for(access: Access, is_tensor: bool) -> _Lease:
 # errors and ordering: tests/test_acquire_fast.py runs with each.
 open_lease: Callable[[Any], Any]
 finish_access: Callable[[Access], BaseException | None]
+_unusable: str | None
 try:
     import uni._fastlease as _fastlease
 except ImportError as _missing:
-    open_lease = open_lease_py
-    finish_access = Access.finish
-    #: Which implementation the uncontended lease uses, in words (``uni info`` shows it).
-    FASTLEASE = f"Python (uni._fastlease is not built: {_missing})"
+    _unusable = f"uni._fastlease is not built: {_missing}"
 else:
-    configure_fastlease(_fastlease, _Lease)
+    _unusable = configure_fastlease(_fastlease, _Lease)
+if _unusable is None:
     open_lease = _fastlease.open_lease
     finish_access = _fastlease.finish_access
+    #: Which implementation the uncontended lease uses, in words (``uni info`` shows it).
     FASTLEASE = "C (uni._fastlease)"
+else:
+    open_lease = open_lease_py
+    finish_access = Access.finish
+    FASTLEASE = f"Python ({_unusable})"
