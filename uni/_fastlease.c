@@ -122,35 +122,48 @@ configure(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "configure(): the opened type must be a request");
         return NULL;
     }
-    if (offset_of(t_plan, "handle", &o_plan_handle) || offset_of(t_plan, "spec", &o_plan_spec)
-        || offset_of(t_plan, "where", &o_plan_where) || offset_of(t_plan, "mode", &o_plan_mode)
-        || offset_of(t_plan, "write", &o_plan_write) || offset_of(t_plan, "lease", &o_plan_lease)
-        || offset_of(t_spec, "storage", &o_spec_storage)
-        || offset_of(t_queue, "_lock", &o_q_lock) || offset_of(t_queue, "_entries", &o_q_entries)
-        || offset_of(t_queue, "has_poison", &o_q_has_poison)
-        || offset_of(t_queue, "retired", &o_q_retired) || offset_of(t_queue, "_tail", &o_q_tail)
-        || offset_of(t_queue, "_pending", &o_q_pending)
-        || offset_of(t_request, "_waiter", &o_r_waiter)
-        || offset_of(t_request, "_write", &o_r_write)
-        || offset_of(t_request, "fences", &o_r_fences)
-        || offset_of(t_request, "granted", &o_r_granted)
-        || offset_of(t_request, "group", &o_r_group) || offset_of(t_request, "hi", &o_r_hi)
-        || offset_of(t_request, "holder", &o_r_holder) || offset_of(t_request, "lo", &o_r_lo)
-        || offset_of(t_request, "mode", &o_r_mode)
-        || offset_of(t_request, "owner_thread", &o_r_owner)
-        || offset_of(t_request, "queue", &o_r_queue)
-        || offset_of(t_request, "released", &o_r_released)
-        || offset_of(t_opened, "_lock", &o_a_lock)
-        || offset_of(t_opened, "_primary_done", &o_a_primary_done)
-        || offset_of(t_opened, "_state", &o_a_state) || offset_of(t_opened, "error", &o_a_error)
-        || offset_of(t_opened, "handle", &o_a_handle)
-        || offset_of(t_opened, "poison_range", &o_a_poison_range)
-        || offset_of(t_opened, "spec", &o_a_spec)
-        || offset_of(t_opened, "unclaimed", &o_a_unclaimed)
-        || offset_of(t_opened, "written", &o_a_written)
-        || offset_of(t_owner, "ident", &o_owner_ident)
-        || offset_of(t_lease, "_access", &o_lease_access))
-        return NULL;
+    /* Every slot written or read, by class: its offset from the member descriptor. */
+    const struct { PyTypeObject *type; const char *name; Py_ssize_t *out; } slots[] = {
+        {t_plan, "handle", &o_plan_handle},
+        {t_plan, "spec", &o_plan_spec},
+        {t_plan, "where", &o_plan_where},
+        {t_plan, "mode", &o_plan_mode},
+        {t_plan, "write", &o_plan_write},
+        {t_plan, "lease", &o_plan_lease},
+        {t_spec, "storage", &o_spec_storage},
+        {t_queue, "_lock", &o_q_lock},
+        {t_queue, "_entries", &o_q_entries},
+        {t_queue, "has_poison", &o_q_has_poison},
+        {t_queue, "retired", &o_q_retired},
+        {t_queue, "_tail", &o_q_tail},
+        {t_queue, "_pending", &o_q_pending},
+        {t_request, "_waiter", &o_r_waiter},
+        {t_request, "_write", &o_r_write},
+        {t_request, "fences", &o_r_fences},
+        {t_request, "granted", &o_r_granted},
+        {t_request, "group", &o_r_group},
+        {t_request, "hi", &o_r_hi},
+        {t_request, "holder", &o_r_holder},
+        {t_request, "lo", &o_r_lo},
+        {t_request, "mode", &o_r_mode},
+        {t_request, "owner_thread", &o_r_owner},
+        {t_request, "queue", &o_r_queue},
+        {t_request, "released", &o_r_released},
+        {t_opened, "_lock", &o_a_lock},
+        {t_opened, "_primary_done", &o_a_primary_done},
+        {t_opened, "_state", &o_a_state},
+        {t_opened, "error", &o_a_error},
+        {t_opened, "handle", &o_a_handle},
+        {t_opened, "poison_range", &o_a_poison_range},
+        {t_opened, "spec", &o_a_spec},
+        {t_opened, "unclaimed", &o_a_unclaimed},
+        {t_opened, "written", &o_a_written},
+        {t_owner, "ident", &o_owner_ident},
+        {t_lease, "_access", &o_lease_access},
+    };
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++)
+        if (offset_of(slots[i].type, slots[i].name, slots[i].out) < 0)
+            return NULL;
     if ((s_acquire = PyUnicode_InternFromString("acquire")) == NULL
         || (s_release = PyUnicode_InternFromString("release")) == NULL
         || (s_access_queue = PyUnicode_InternFromString("access_queue")) == NULL
