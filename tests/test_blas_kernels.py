@@ -752,23 +752,34 @@ def test_concurrent_calls_are_correct() -> None:
             assert_close(out, want)
 
 
-def test_blas_call_releases_the_gil() -> None:
-    """While one thread is inside a long BLAS call, another keeps running Python code."""
+@pytest.mark.parametrize("path", ["general", "prepared"])
+def test_blas_call_releases_the_gil(path: str) -> None:
+    """While one thread is inside a long BLAS call, another keeps running Python code: the
+    general call (ctypes) and a prepared run (the packed call, where it is built)."""
     rng = np.random.default_rng(25)
     n = 1200
     a = random_values(rng, (n, n), np.float64)
     b = random_values(rng, (n, n), np.float64)
     c = np.zeros((n, n))
+    if path == "general":
+        def call() -> object:
+            return bk.gemm(a, b, c)
+    else:
+        run = bk.prepare_gemm(a, b, c)
+        assert run is not None
+
+        def call() -> object:
+            return run(1, 0)
     start = time.perf_counter()
-    bk.gemm(a, b, c)
+    call()
     duration = time.perf_counter() - start
     inside = threading.Event()
     done = threading.Event()
 
     def work() -> None:
         inside.set()
-        bk.gemm(a, b, c)
-        bk.gemm(a, b, c)
+        call()
+        call()
         done.set()
 
     worker = threading.Thread(target=work)
@@ -879,7 +890,7 @@ def test_numpy_int_limit_follows_its_config(monkeypatch: pytest.MonkeyPatch,
     right below 2**31): only numpy's build configuration lifts the 2**31 - 1 limit."""
     if bk._load_source("numpy") is None:
         pytest.skip("numpy's BLAS cannot be loaded here")
-    monkeypatch.setattr(bk, "_numpy_blas_is_ilp64", lambda: ilp64)
+    monkeypatch.setattr(bk, "_numpy_blas_is_ilp64", lambda handle, symbols: ilp64)
     loaded = bk._load_numpy()
     assert loaded is not None
     library, kinds = loaded
@@ -894,6 +905,23 @@ def test_numpy_int_limit_follows_its_config(monkeypatch: pytest.MonkeyPatch,
         assert plans == {"gemm m": Decline.UNSUPPORTED_SHAPE, "gemm ld": Decline.UNSUPPORTED_LAYOUT,
                          "gemv n": Decline.UNSUPPORTED_SHAPE,
                          "gemv incx": Decline.UNSUPPORTED_LAYOUT}
+
+
+def test_the_ilp64_answer_comes_from_the_library_then_numpys_config(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    umath = pytest.importorskip("numpy._core._multiarray_umath")  # numpy 2's BLAS symbols
+    handle = ctypes.CDLL(umath.__file__)
+    if not hasattr(handle, "scipy_dgemm_64_"):
+        pytest.skip("numpy here has no scipy-openblas64")
+    # The library's own answer, checked against numpy's build configuration (another source).
+    assert bk._numpy_blas_is_ilp64(handle, "scipy_{}_64_") is numpy_ships_openblas64()
+
+    class NoConfig:  # a test double: a library without openblas_get_config64_
+        pass
+
+    assert bk._numpy_blas_is_ilp64(NoConfig(), "scipy_{}_64_") is numpy_ships_openblas64()
+    monkeypatch.setattr(np, "show_config", lambda mode=None: {"Build Dependencies": {}})
+    assert bk._numpy_blas_is_ilp64(NoConfig(), "scipy_{}_64_") is False  # unreadable: 32-bit
 
 
 def test_int_limit_of_the_loaded_library(source: str) -> None:
@@ -950,6 +978,31 @@ def test_prepared_runs_agree_packed_and_through_ctypes(
             assert results[0] == results[1]
             ran += results[0][0]
     assert ran > 50
+
+
+@pytest.mark.parametrize("routine", ["gemm", "gemv"])
+def test_a_prepared_run_follows_changing_scalars(routine: str) -> None:
+    """One prepared run, called again and again with a seeded sequence of (alpha, beta)
+    pairs (repeats among them) while the kind's scalar cache is cleared now and then: every
+    result is numpy's, whichever call path runs (packed or ctypes)."""
+    rng = np.random.default_rng(41)
+    kind = bk._kinds[np.dtype(np.complex128)] if bk._kinds else None
+    if kind is None:
+        pytest.skip("no BLAS loaded")
+    a = random_values(rng, (4, 3), np.complex128)
+    b = random_values(rng, (3, 5) if routine == "gemm" else (3,), np.complex128)
+    out = np.zeros((4, 5) if routine == "gemm" else (4,), dtype=np.complex128)
+    run = (bk.prepare_gemm if routine == "gemm" else bk.prepare_gemv)(a, b, out)
+    assert run is not None
+    pairs: list[tuple[complex, complex]] = [(1, 0), (2 - 1j, 0.5), (-1.5, 1j), (3, 0), (1j, 2)]
+    for step in range(300):
+        alpha, beta = pairs[int(rng.integers(len(pairs)))]
+        if step % 37 == 0:
+            kind.scalar_cache.clear()
+        start = random_values(rng, out.shape, np.complex128)
+        out[...] = start
+        assert run(alpha, beta)
+        np.testing.assert_allclose(out, alpha * (a @ b) + beta * start, rtol=1e-12, atol=1e-12)
 
 
 def test_the_packed_call_refuses_what_it_cannot_call() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 import uni
 from uni import _info, _machine
+from uni._lease import FASTLEASE
 from uni.cli import main
 
 
@@ -42,11 +43,13 @@ def test_every_known_backend_is_listed() -> None:
 
 def test_info_says_which_lease_and_blas_call_code_runs(monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from uni._lease import FASTLEASE  # what uni._lease chose at import
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert f"leases:   uncontended host leases in {FASTLEASE}" in out
+    packed = "the blas backend's prepared repeats call it packed, in C"
+    assert (packed in out) is (_info.blas_kernels.call_packed is not None)
     monkeypatch.setattr(_info.blas_kernels, "call_packed", None)
     assert main(["info"]) == 0
+    out = capsys.readouterr().out
     assert "prepared repeats call it through ctypes (uni.backends.blas._blascall is not built)" \
-        in capsys.readouterr().out
+        in out and packed not in out

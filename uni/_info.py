@@ -98,9 +98,10 @@ def run() -> int:
               + (", called by the blas backend" if lib["blas_backend"] else ""))
     gpu = _machine.gpu()
     cores = _machine.cores()
-    packed = "packed, in C" if blas_kernels.call_packed is not None else (
-        "through ctypes (uni.backends.blas._blascall is not built)")
-    print(f"  the blas backend's prepared repeats call it {packed}")
+    if blas_kernels.available():
+        packed = "packed, in C" if blas_kernels.call_packed is not None else (
+            "through ctypes (uni.backends.blas._blascall is not built)")
+        print(f"  the blas backend's prepared repeats call it {packed}")
     print(f"cpu:      {_machine.cpu_model()}, {cores['usable']} of {cores['logical']} cores usable")
     if gpu["available"]:
         print(f"cuda:     available: {', '.join(gpu['devices']) or 'devices not listed'}")

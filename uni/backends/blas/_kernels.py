@@ -14,8 +14,8 @@ Two libraries are tried, in this order (``_load``; ``library()`` says which one 
    libraries it links. Every integer argument is passed as an ``int64 *``. An LP64 library
    handed those would read their low 32 bits, which are right for values below 2**31 on a
    little-endian machine, so no self-test could tell the two apart: the 64-bit limit is only
-   trusted when numpy's build configuration (``numpy.show_config``) says ``USE64BITINT``, and
-   is 2**31 - 1 otherwise.
+   trusted when the library's own configuration string (``openblas_get_config64_``; numpy's
+   ``show_config`` where it has none) says ``USE64BITINT``, and is 2**31 - 1 otherwise.
 2. scipy's OpenBLAS (``scipy_openblas32``, LP64), through the function pointers that
    ``scipy.linalg.cython_blas`` exports as PyCapsules; where numpy has no such library
    (macOS wheels use Accelerate; a numpy built against a system BLAS). Each capsule's name
@@ -282,11 +282,29 @@ _NUMPY_SYMBOLS: Final = ("scipy_{}_64_", "{}_64_")
 _NUMPY_EXTENSIONS: Final = ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath")
 
 
-def _numpy_blas_is_ilp64() -> bool:
-    """Whether numpy's build configuration says its OpenBLAS has 64-bit integers."""
-    config: Any = np.show_config(mode="dicts")
-    blas = config["Build Dependencies"]["blas"]
-    return "USE64BITINT" in str(blas.get("openblas configuration", "")).split()
+def _numpy_blas_is_ilp64(handle: ctypes.CDLL, symbols: str) -> bool:
+    """Whether numpy's OpenBLAS says it was built with 64-bit integers.
+
+    Asked of the library itself (``openblas_get_config``, with the symbols' prefix and the
+    ``64_`` suffix) and, where it has no such entry, of numpy's build configuration; anything
+    unreadable counts as no (the 32-bit limit, which is right for either kind of library).
+    """
+    prefix = symbols.split("{}")[0]
+    try:
+        get_config = getattr(handle, f"{prefix}openblas_get_config64_")
+    except AttributeError:
+        get_config = None
+    if get_config is not None:
+        get_config.restype = ctypes.c_char_p
+        get_config.argtypes = []
+        text: bytes | None = get_config()
+        return b"USE64BITINT" in (text or b"").split()
+    try:
+        config: Any = np.show_config(mode="dicts")
+        blas = config["Build Dependencies"]["blas"]
+        return "USE64BITINT" in str(blas.get("openblas configuration", "")).split()
+    except (KeyError, TypeError, AttributeError):
+        return False
 
 
 def _load_numpy() -> tuple[Library, dict[np.dtype[Any], _Kind]] | None:
@@ -306,7 +324,7 @@ def _load_numpy() -> tuple[Library, dict[np.dtype[Any], _Kind]] | None:
             break
     else:
         return None
-    int_max = _INT64_MAX if _numpy_blas_is_ilp64() else _INT32_MAX
+    int_max = _INT64_MAX if _numpy_blas_is_ilp64(handle, symbols) else _INT32_MAX
     library = Library("numpy", symbols, 64, int_max)
 
     def address(routine: str) -> int:
