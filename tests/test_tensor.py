@@ -7,6 +7,8 @@ and no view ever reaches outside its buffer.
 from __future__ import annotations
 
 import math
+import operator
+import os
 from typing import Any
 
 import numpy as np
@@ -934,3 +936,58 @@ def test_the_quick_vector_and_matrix_slices_with_open_ends_match_the_general_vie
         m[0:1, 0:1, 0:1]
     with pytest.raises(TypeError):
         m[0:1, "a":"b"]
+
+
+# --------------------------------------------------------------------------------------------
+# t[i:j] of a vector: the C twin (uni/_fastview.c) against the Python code
+# --------------------------------------------------------------------------------------------
+
+
+def _outcome(fn: Any, *args: Any) -> Any:
+    """What a view call gives: the view's parts and values, or the error's type and text."""
+    try:
+        view = fn(*args)
+    except Exception as err:
+        return (type(err), str(err))
+    if view is None:
+        return None
+    with uni.acquire_host_read_access_sync(view) as lease:
+        values = lease.numpy().tolist()
+    return (type(view), view._storage, view._accessor, view._offset, view._mapping, values)
+
+
+def test_vector_slices_in_c_match_the_python_code() -> None:
+    """``t[key]`` (the C method where built) and the Python method give the same view or the
+    same error, on seeded vectors of every stride and slice keys of every kind."""
+    import uni._tensor as tensor_module  # which __getitem__ is in use, and the Python one
+    rng = np.random.default_rng(7)
+    # Mostly what the quick path takes (None, 0..7), and each thing it must leave alone.
+    bounds: list[Any] = [None, None, None, *range(8), *range(8), True, np.int64(2), 2**70,
+                         -1, -3, -7]
+    quick = 0
+    for _ in range(1000):
+        base = np.arange(float(rng.integers(0, 13)))
+        step = int(rng.choice([1, 1, 2, -1, -3]))
+        t = uni.from_numpy(base)[::step] if base.size else uni.from_numpy(base)
+        start, stop = (bounds[int(rng.integers(len(bounds)))] for _ in range(2))
+        key = slice(start, stop, ([None] * 6 + [1, 2, -1, 0])[int(rng.integers(10))])
+        ours = _outcome(operator.getitem, t, key)
+        assert ours == _outcome(tensor_module.getitem_py, t, key), key
+        if tensor_module.FASTVIEW.startswith("C"):
+            import uni._fastview as fastview  # built: uni._tensor imported it
+            twin = _outcome(fastview.slice_vector, t, key)
+            assert twin == _outcome(tensor_module._slice_vector_py, t, key), key
+            quick += twin is not None
+    matrix = uni.from_numpy(np.arange(12.0).reshape(3, 4))
+    assert _outcome(operator.getitem, matrix, slice(1, 3)) == _outcome(tensor_module.getitem_py, matrix,
+                                                     slice(1, 3))
+    if tensor_module.FASTVIEW.startswith("C"):
+        assert quick > 100  # the quick path did take part
+        assert uni.Tensor.__getitem__ is not tensor_module.getitem_py
+
+
+def test_the_view_code_in_use_is_named() -> None:
+    import uni._tensor as tensor_module  # FASTVIEW: what it chose at import
+    assert tensor_module.FASTVIEW.startswith(("C (uni._fastview)", "Python (uni._fastview"))
+    if os.environ.get("UNI_REQUIRE_FASTLEASE"):  # CI: every compiled part must be built
+        assert tensor_module.FASTVIEW == "C (uni._fastview)"

@@ -13,6 +13,7 @@ from uni import __version__, _machine, backends, cuda
 from uni._dtypes import SUPPORTED_DTYPES
 from uni._errors import KernelDispatchError
 from uni._lease import FASTLEASE
+from uni._tensor import FASTVIEW
 from uni.backends.blas import _kernels as blas_kernels
 from uni.storage import HostStorage, MappedFileStorage
 
@@ -89,6 +90,7 @@ def run() -> int:
         print(f"  {name:<22} {' -> '.join(marks)}")
     libraries = _machine.blas()
     print(f"leases:   uncontended host leases in {FASTLEASE}")
+    print(f"views:    vector slices (t[i:j]) in {FASTVIEW}")
     print("blas:")
     if not libraries:
         print("  (no BLAS library found loaded by threadpoolctl)")

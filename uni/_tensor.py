@@ -36,6 +36,9 @@ _TRANSPOSED: dict[int, tuple[Any, Any]] = {}
 _MATRICES: dict[tuple[int, int, int, int], Any] = {}
 _VIEW_CACHE_MAX = 1024
 _new = object.__new__
+#: The version of _slice_vector_py that uni/_fastview.c twins (its VERSION): raise both
+#: together whenever that function changes.
+_FASTVIEW_VERSION = 1
 
 
 def _vector_mapping(count: int, stride: int) -> Any:
@@ -46,6 +49,38 @@ def _vector_mapping(count: int, stride: int) -> Any:
             _VECTORS.clear()
         _VECTORS[count, stride] = found
     return found
+
+
+def _slice_vector_py(view: Any, key: slice) -> Tensor | None:
+    """``view[key]`` when ``view`` is a vector and ``key`` a slice with no step and plain int
+    (or None) bounds inside it, the commonest fresh view of all; else None (nothing made).
+
+    In bounds it needs no ``slice.indices`` (the same answer), and it reaches a sub-range of
+    the validated view's elements, so it stays inside the buffer without a bounds re-check.
+    The reference for ``uni._fastview.slice_vector``, its C twin (``_slice_vector`` is
+    whichever is in use).
+    """
+    mapping = view._mapping
+    shape = mapping.extents.shape
+    if len(shape) != 1 or key.step is not None:
+        return None
+    extent = shape[0]
+    start, stop = key.start, key.stop
+    if start is None:
+        start = 0
+    if stop is None:
+        stop = extent
+    if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= extent:
+        return None
+    stride = mapping.strides[0]
+    count = stop - start
+    found = _VECTORS.get((count, stride))
+    out = _new(Tensor)
+    out._storage = view._storage
+    out._accessor = view._accessor
+    out._mapping = found if found is not None else _vector_mapping(count, stride)
+    out._offset = view._offset + start * stride if count else view._offset
+    return out
 
 
 class Tensor(StorageView):
@@ -185,31 +220,19 @@ class Tensor(StorageView):
         )
 
     def __getitem__(self, key: Any) -> Tensor:
+        if type(key) is slice:
+            quick_view = _slice_vector_py(self, key)
+            if quick_view is not None:
+                return quick_view
+        return self._getitem_py(key)
+
+    def _getitem_py(self, key: Any) -> Tensor:
+        """``self[key]`` for every key but the plain vector slice (``__getitem__`` makes it)."""
         mapping = self._mapping
         if type(key) is slice:
             shape = mapping.extents.shape
             if len(shape) == 1:
-                # ``a[i:j]`` of a vector, the commonest fresh view of all; in bounds with
-                # plain ints (None for an end) and no step it needs no slice.indices (the
-                # same answer); it reaches a sub-range of this validated view's elements,
-                # so it stays inside the buffer without a bounds re-check.
                 extent = shape[0]
-                start, stop = key.start, key.stop
-                if start is None:
-                    start = 0
-                if stop is None:
-                    stop = extent
-                if (key.step is None and type(start) is int and type(stop) is int
-                        and 0 <= start <= stop <= extent):
-                    stride = mapping.strides[0]
-                    count = stop - start
-                    found = _VECTORS.get((count, stride))
-                    view = _new(Tensor)
-                    view._storage = self._storage
-                    view._accessor = self._accessor
-                    view._mapping = found if found is not None else _vector_mapping(count, stride)
-                    view._offset = self._offset + start * stride if count else self._offset
-                    return view
                 stride = mapping.strides[0]
                 start, stop, step = key.indices(extent)
                 count = len(range(start, stop, step))
@@ -561,3 +584,24 @@ def _reshape_strides(
             stride *= new_shape[news[k]]
         oi, ni = o_end, n_end
     return new_strides
+
+
+# ``t[i:j]`` of a vector: in C where uni._fastview is built (uni/_fastview.c: there
+# Tensor.__getitem__ becomes a C method that calls self._getitem_py for every other key), else
+# the Python code it twins. tests/test_tensor.py checks that both give the same views.
+#: Which implementation makes vector slices, in words (``uni info`` shows it).
+FASTVIEW: str
+#: The Python ``Tensor.__getitem__`` (the C one replaces it where uni._fastview is built).
+getitem_py = Tensor.__getitem__
+try:
+    import uni._fastview as _fastview
+except ImportError as _missing:
+    FASTVIEW = f"Python (uni._fastview is not built: {_missing})"
+else:
+    if getattr(_fastview, "VERSION", None) != _FASTVIEW_VERSION:
+        FASTVIEW = (f"Python (uni._fastview is a stale build, version "
+                    f"{getattr(_fastview, 'VERSION', None)}: rebuild it with `pip install -e .`)")
+    else:
+        _fastview.configure(Tensor, StorageView, _VECTORS, _vector_mapping)
+        Tensor.__getitem__ = _fastview.getitem_method()  # type: ignore[method-assign]
+        FASTVIEW = "C (uni._fastview)"
