@@ -8,7 +8,7 @@ runs the Python code each was written from (``uni info`` says which runs).
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("uni._fastlease", ["uni/_fastlease.c"], optional=True),
-    Extension("uni._fastview", ["uni/_fastview.c"], optional=True),
+    Extension("uni._fastlease", ["uni/_fastlease.c"], depends=["uni/_slots.h"], optional=True),
+    Extension("uni._fastview", ["uni/_fastview.c"], depends=["uni/_slots.h"], optional=True),
     Extension("uni.backends.blas._blascall", ["uni/backends/blas/_blascall.c"], optional=True),
 ])

@@ -25,6 +25,8 @@
 #include <structmember.h>
 #include <pythread.h>
 
+#include "_slots.h"
+
 /* Types, objects and slot offsets from configure(). */
 static PyTypeObject *t_plan, *t_spec, *t_queue, *t_request, *t_opened, *t_owner, *t_lease;
 static PyObject *owner_var, *current_owner, *no_fences, *state_open, *state_ended;
@@ -45,7 +47,6 @@ static Py_ssize_t o_a_lock, o_a_primary_done, o_a_state, o_a_error, o_a_handle,
 static Py_ssize_t o_owner_ident, o_lease_access;
 static int configured;
 
-#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
 /* Store a new reference to v in a slot, dropping what was there. */
 static inline void
@@ -57,29 +58,6 @@ put(PyObject *obj, Py_ssize_t off, PyObject *v)
     Py_XDECREF(old);
 }
 
-/* The offset of slot `name` of `type`: its member descriptor must be a writable object slot. */
-static int
-offset_of(PyTypeObject *type, const char *name, Py_ssize_t *out)
-{
-    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
-    if (d == NULL)
-        return -1;
-    if (!PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
-        Py_DECREF(d);
-        return -1;
-    }
-    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-    if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", type->tp_name,
-                     name);
-        Py_DECREF(d);
-        return -1;
-    }
-    *out = m->offset;
-    Py_DECREF(d);
-    return 0;
-}
 
 static int
 type_arg(PyObject *obj, PyTypeObject **out)

@@ -10,30 +10,14 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "_slots.h"
+
 static PyTypeObject *t_tensor;
 static PyObject *vectors, *vector_mapping, *s_extents, *s_shape, *s_strides, *s_general;
 static Py_ssize_t o_storage, o_accessor, o_mapping, o_offset;
 static int configured;
 
-#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
-static int
-offset_of(PyTypeObject *type, const char *name, Py_ssize_t *out)
-{
-    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
-    if (d == NULL)
-        return -1;
-    int ok = PyObject_TypeCheck(d, &PyMemberDescr_Type)
-             && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX
-             && !(((PyMemberDescrObject *)d)->d_member->flags & READONLY);
-    if (ok)
-        *out = ((PyMemberDescrObject *)d)->d_member->offset;
-    else
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", type->tp_name,
-                     name);
-    Py_DECREF(d);
-    return ok ? 0 : -1;
-}
 
 static PyObject *
 configure(PyObject *self, PyObject *args)
