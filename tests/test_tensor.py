@@ -991,3 +991,53 @@ def test_the_view_code_in_use_is_named() -> None:
     assert tensor_module.FASTVIEW.startswith(("C (uni._fastview)", "Python (uni._fastview"))
     if os.environ.get("UNI_REQUIRE_FASTLEASE"):  # CI: every compiled part must be built
         assert tensor_module.FASTVIEW == "C (uni._fastview)"
+
+
+def test_a_stale_or_unfitting_view_build_leaves_the_python_method() -> None:
+    import uni._tensor as tensor_module  # install_fastview and the method in use
+    in_use = uni.Tensor.__getitem__
+
+    class Stale:  # test doubles: a build of another version, one that no longer fits
+        VERSION = tensor_module._FASTVIEW_VERSION + 1
+
+    class Unfitting:
+        VERSION = tensor_module._FASTVIEW_VERSION
+
+        @staticmethod
+        def configure(*parts: object) -> None:
+            raise TypeError("StorageView._offset is not a writable object slot")
+
+    assert "stale build" in tensor_module.install_fastview(Stale)
+    assert "_offset is not a writable" in tensor_module.install_fastview(Unfitting)
+    assert uni.Tensor.__getitem__ is in_use  # neither touched the method
+
+
+def test_a_vector_of_another_librarys_mapping_slices_the_same_either_way() -> None:
+    # uni's own mappings hold Python ints; one from elsewhere may hold numpy ints, which the
+    # C method leaves to the Python one (same answer, no error).
+    import uni._tensor as tensor_module  # the Python __getitem__, to compare with
+
+    class Extents:
+        shape = (np.int64(10),)
+
+    class Mapping:
+        extents = Extents()
+        strides = (1,)
+
+        def required_span_size(self) -> int:
+            return 10
+
+        def min_offset(self) -> int:
+            return 0
+
+        def max_offset(self) -> int:
+            return 9
+
+    base = uni.from_numpy(np.arange(10.0))
+    t = uni.Tensor.__new__(uni.Tensor)
+    t._storage, t._mapping, t._accessor, t._offset = (base._storage, Mapping(),
+                                                      base._accessor, 0)
+    ours, theirs = t[2:5], tensor_module.getitem_py(t, slice(2, 5))
+    assert (ours._offset, ours._mapping, ours._storage) == (
+        theirs._offset, theirs._mapping, theirs._storage)
+    assert ours.shape == (3,)

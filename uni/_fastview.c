@@ -82,6 +82,12 @@ quick(PyObject *view, PyObject *key)
     PyObject *accessor = SLOT(view, o_accessor), *offset = SLOT(view, o_offset);
     if (mapping == NULL || storage == NULL || accessor == NULL || offset == NULL)
         Py_RETURN_NONE;
+    /* Held, not borrowed: the mapping's attributes and _vector_mapping are Python code,
+     * which could rebind the view's slots meanwhile. */
+    Py_INCREF(mapping);
+    Py_INCREF(storage);
+    Py_INCREF(accessor);
+    Py_INCREF(offset);
     PyObject *result = NULL, *extents = NULL, *shape = NULL, *strides = NULL, *stride = NULL;
     PyObject *pair = NULL, *found = NULL, *new_offset = NULL;
     if ((extents = PyObject_GetAttr(mapping, s_extents)) == NULL
@@ -89,9 +95,14 @@ quick(PyObject *view, PyObject *key)
         goto done;
     if (!PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) != 1)
         goto none;
-    Py_ssize_t extent = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 0));
-    if (extent == -1 && PyErr_Occurred())
-        goto done;
+    PyObject *extent_obj = PyTuple_GET_ITEM(shape, 0);
+    if (!PyLong_CheckExact(extent_obj))
+        goto none;  /* another library's mapping: the Python method answers */
+    Py_ssize_t extent = PyLong_AsSsize_t(extent_obj);
+    if (extent == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        goto none;
+    }
     Py_ssize_t start, stop;
     if (!bound(sl->start, 0, &start) || !bound(sl->stop, extent, &stop)
         || !(0 <= start && start <= stop && stop <= extent))
@@ -133,7 +144,7 @@ quick(PyObject *view, PyObject *key)
     SLOT(out, o_storage) = storage;
     Py_INCREF(accessor);
     SLOT(out, o_accessor) = accessor;
-    SLOT(out, o_mapping) = found;
+    SLOT(out, o_mapping) = found;  /* the reference found holds moves into the view */
     found = NULL;
     SLOT(out, o_offset) = new_offset;
     new_offset = NULL;
@@ -143,6 +154,10 @@ none:
     Py_INCREF(Py_None);
     result = Py_None;
 done:
+    Py_DECREF(mapping);
+    Py_DECREF(storage);
+    Py_DECREF(accessor);
+    Py_DECREF(offset);
     Py_XDECREF(extents);
     Py_XDECREF(shape);
     Py_XDECREF(strides);
@@ -180,7 +195,7 @@ getitem(PyObject *self, PyObject *key)
 
 static PyMethodDef getitem_def = {
     "__getitem__", getitem, METH_O,
-    "self[key]: a view (metadata only). A plain vector slice is made in C "
+    "__getitem__($self, key, /)\n--\n\nself[key]: a view (metadata only). A plain vector slice is made in C "
     "(uni/_fastview.c); every other key by the Python method (Tensor._getitem_py).",
 };
 

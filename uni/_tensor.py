@@ -589,19 +589,31 @@ def _reshape_strides(
 # ``t[i:j]`` of a vector: in C where uni._fastview is built (uni/_fastview.c: there
 # Tensor.__getitem__ becomes a C method that calls self._getitem_py for every other key), else
 # the Python code it twins. tests/test_tensor.py checks that both give the same views.
-#: Which implementation makes vector slices, in words (``uni info`` shows it).
-FASTVIEW: str
 #: The Python ``Tensor.__getitem__`` (the C one replaces it where uni._fastview is built).
 getitem_py = Tensor.__getitem__
+
+
+def install_fastview(module: Any) -> str:
+    """Make ``module`` (``uni._fastview``) make vector slices, if it fits this code; the
+    implementation in use, in words (a stale or unfitting build leaves the Python code)."""
+    version = getattr(module, "VERSION", None)
+    if version != _FASTVIEW_VERSION:
+        return (f"Python (uni._fastview is a stale build, version {version}: rebuild it with "
+                "`pip install -e .`)")
+    try:
+        module.configure(Tensor, StorageView, _VECTORS, _vector_mapping)
+    except (TypeError, AttributeError, RuntimeError) as err:
+        # A build that no longer fits these classes (or a second configure, on reload).
+        return f"Python (uni._fastview does not fit these classes ({err}): rebuild it)"
+    Tensor.__getitem__ = module.getitem_method()  # type: ignore[method-assign]
+    return "C (uni._fastview)"
+
+
+#: Which implementation makes vector slices, in words (``uni info`` shows it).
+FASTVIEW: str
 try:
     import uni._fastview as _fastview
 except ImportError as _missing:
     FASTVIEW = f"Python (uni._fastview is not built: {_missing})"
 else:
-    if getattr(_fastview, "VERSION", None) != _FASTVIEW_VERSION:
-        FASTVIEW = (f"Python (uni._fastview is a stale build, version "
-                    f"{getattr(_fastview, 'VERSION', None)}: rebuild it with `pip install -e .`)")
-    else:
-        _fastview.configure(Tensor, StorageView, _VECTORS, _vector_mapping)
-        Tensor.__getitem__ = _fastview.getitem_method()  # type: ignore[method-assign]
-        FASTVIEW = "C (uni._fastview)"
+    FASTVIEW = install_fastview(_fastview)
