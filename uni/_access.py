@@ -43,6 +43,7 @@ from uni._access_queue import (
 )
 from uni._errors import LeaseError, LeaseReleasedError, PoisonedError
 from uni._handle import HOST
+from uni._twins import fit_twin
 from uni.storage._protocol import Region
 from uni.storage.host import HostStorage
 
@@ -720,16 +721,9 @@ def configure_fastlease(module: Any, lease: type) -> str | None:
     """Hand ``uni._fastlease`` (``module``) the classes and objects whose slots it works on;
     ``lease`` is the base class of every lease (``uni._lease._Lease``). Returns why it cannot
     be used (a stale build: another version, slots it no longer finds), else None."""
-    version = getattr(module, "VERSION", None)
-    if version != FASTLEASE_VERSION:
-        return (f"uni._fastlease is a stale build (version {version}, the Python code is "
-                f"{FASTLEASE_VERSION}): rebuild it with `pip install -e .`")
-    try:
-        module.configure(LeasePlan, AccessSpec, AccessQueue, AccessRequest, _Opened, Owner,
-                         lease, _owner, current_owner, _NO_FENCES, _OPEN, _ENDED)
-    except (TypeError, AttributeError, RuntimeError) as err:
-        return f"uni._fastlease does not fit these classes ({err}): rebuild it"
-    return None
+    return fit_twin(module, FASTLEASE_VERSION, LeasePlan, AccessSpec, AccessQueue,
+                    AccessRequest, _Opened, Owner, lease, _owner, current_owner, _NO_FENCES,
+                    _OPEN, _ENDED)
 
 
 class AccessShare:

@@ -236,7 +236,7 @@ open_lease: Callable[[Any], Any]
 finish_access: Callable[[Access], BaseException | None]
 _unusable: str | None
 try:
-    import uni._fastlease as _fastlease
+    import uni._fastlease as _fastlease  # optional C part: absent where no compiler built it
 except ImportError as _missing:
     _unusable = f"uni._fastlease is not built: {_missing}"
 else:

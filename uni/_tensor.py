@@ -19,6 +19,7 @@ from uni._extents import Extents
 from uni._handle import HOST
 from uni._mapping import best_mapping, c_strides, check_fits
 from uni._mdspec import DataDescriptor, MdSpan, MdSpec
+from uni._twins import fit_twin
 from uni.storage._protocol import default_accessor_of
 
 # Tensors up to this many elements show their values in repr, like numpy's summarised print.
@@ -596,15 +597,10 @@ getitem_py = Tensor.__getitem__
 def install_fastview(module: Any) -> str:
     """Make ``module`` (``uni._fastview``) make vector slices, if it fits this code; the
     implementation in use, in words (a stale or unfitting build leaves the Python code)."""
-    version = getattr(module, "VERSION", None)
-    if version != _FASTVIEW_VERSION:
-        return (f"Python (uni._fastview is a stale build, version {version}: rebuild it with "
-                "`pip install -e .`)")
-    try:
-        module.configure(Tensor, StorageView, _VECTORS, _vector_mapping)
-    except (TypeError, AttributeError, RuntimeError) as err:
-        # A build that no longer fits these classes (or a second configure, on reload).
-        return f"Python (uni._fastview does not fit these classes ({err}): rebuild it)"
+    unusable = fit_twin(module, _FASTVIEW_VERSION, Tensor, StorageView, _VECTORS,
+                        _vector_mapping)
+    if unusable is not None:
+        return f"Python ({unusable})"
     Tensor.__getitem__ = module.getitem_method()  # type: ignore[method-assign]
     return "C (uni._fastview)"
 
@@ -612,7 +608,7 @@ def install_fastview(module: Any) -> str:
 #: Which implementation makes vector slices, in words (``uni info`` shows it).
 FASTVIEW: str
 try:
-    import uni._fastview as _fastview
+    import uni._fastview as _fastview  # optional C part: absent where no compiler built it
 except ImportError as _missing:
     FASTVIEW = f"Python (uni._fastview is not built: {_missing})"
 else:

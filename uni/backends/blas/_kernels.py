@@ -139,6 +139,11 @@ def _data(x: Array) -> int:
     return addr or 0
 
 
+def _address(fn: Any) -> int:
+    """The address of the routine behind a ctypes function object."""
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
 # Plans (trans flags, BLAS integers) depend only on shapes and strides, and (alpha, beta) pairs
 # repeat; both are cached per dtype so a small call costs a dict lookup, not a re-derivation.
 # The cached ctypes buffers are only ever read by BLAS, so threads may share them. The caches are
@@ -328,8 +333,7 @@ def _load_numpy() -> tuple[Library, dict[np.dtype[Any], _Kind]] | None:
     library = Library("numpy", symbols, 64, int_max)
 
     def address(routine: str) -> int:
-        pointer: int | None = ctypes.cast(getattr(handle, symbols.format(routine)),
-                                          ctypes.c_void_p).value
+        pointer = _address(getattr(handle, symbols.format(routine)))
         if not pointer:
             raise AttributeError(symbols.format(routine))
         return pointer
@@ -747,7 +751,7 @@ def prepare_gemm(
                 call = calls[key] = None
             else:
                 args = (*fixed, _VP(scalars[1]), *mid, _VP(scalars[2]), *tail)
-                call = calls[key] = (args, scalars[0], _pack(args))
+                call = calls[key] = (args, scalars[0], _pack(*(a.value for a in args)))
             if len(calls) > 64:
                 calls.clear()
         except TypeError:
@@ -770,25 +774,20 @@ _RAW_GEMM: dict[int, Any] = {}
 # compiled helper they go through ctypes as before.
 call_packed: Callable[[int, bytes], None] | None
 try:
-    from uni.backends.blas._blascall import call as call_packed
+    from uni.backends.blas._blascall import call as call_packed  # optional C part: absent where unbuilt
 except ImportError:
     call_packed = None
 
 
-def _address(fn: Any) -> int:
-    """The address of the routine behind a CFUNCTYPE object."""
-    return ctypes.cast(fn, ctypes.c_void_p).value or 0
-
-
-def _pack(args: tuple[Any, ...]) -> bytes:
-    """``args`` (c_void_p objects) as native pointers, for ``call_packed``."""
-    return struct.pack(f"{len(args)}P", *(a.value or 0 for a in args))
+def _pack(*pointers: int | None) -> bytes:
+    """``pointers`` (None: a null pointer) packed as native pointers, for ``call_packed``."""
+    return struct.pack(f"{len(pointers)}P", *(p or 0 for p in pointers))
 
 
 def _raw_gemm(fn: Any) -> Any:
     """The routine behind ``fn`` (a CFUNCTYPE of 13 c_void_p) as a prototype without
     argtypes, called with c_void_p objects only (one per routine, made once)."""
-    address = ctypes.cast(fn, ctypes.c_void_p).value or 0
+    address = _address(fn)
     raw = _RAW_GEMM.get(address)
     if raw is None:
         raw = _RAW_GEMM[address] = ctypes.CFUNCTYPE(None)(address)
@@ -1023,8 +1022,8 @@ def prepare_gemv(a: Array, x: Array, y: Array) -> Callable[[Scalar, Scalar], boo
         if pack is None:
             if len(packs) > 64:
                 packs.clear()
-            pack = packs[scalars[1]] = (struct.pack(
-                "11P", trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy),
+            pack = packs[scalars[1]] = (_pack(
+                trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy),
                 scalars[0])
         call_packed(address, pack[0])
         return True
