@@ -65,7 +65,6 @@ main() {
         # shellcheck disable=SC2086
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$site" $wheels || echo "FAIL install: pip could not install the wheels"
-        "$PY" scripts/gpu_env.py report
     elif [ -d "$REPO/.whl" ]; then
         echo "== .whl/ holds nothing that is needed here"
     else
@@ -73,6 +72,11 @@ main() {
     fi
     export PYTHONPATH="$site:$REPO${PYTHONPATH:+:$PYTHONPATH}"
     export PYTHONUNBUFFERED=1
+    if [ -n "$wheels" ]; then
+        # Read through the new PYTHONPATH: the versions every later step imports.
+        echo "== with the carried packages first on PYTHONPATH:"
+        "$PY" scripts/gpu_env.py report
+    fi
 
     # 2. Is there a usable device? (Detection never hangs: the cuInit probe is time-limited.)
     "$PY" - "$WORK/cuda.json" <<'EOF'

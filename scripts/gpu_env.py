@@ -40,6 +40,12 @@ PINS: dict[str, tuple[str, str, bool]] = {
     "threadpoolctl": ("any", r".", False),
 }
 
+#: Carried together: cuda-core's compiled parts are built against one cuda-bindings (and
+#: call cuda-pathfinder), so a carried cuda-core brings the carried ones along even where the
+#: image's versions meet their own pins (its cuda-bindings 13.0 under a cuda-core 1.2.2 built
+#: with 13.5 is a mix nobody has tested).
+TOGETHER: dict[str, tuple[str, ...]] = {"cuda-core": ("cuda-bindings", "cuda-pathfinder")}
+
 #: What gpu-check.json keeps of ``uni demo --device cuda --json`` (the whole file is in OUT).
 DEMO_KEYS = ("ok", "where", "ratio", "bound", "slowest", "backends", "error")
 
@@ -74,20 +80,33 @@ def wheel_name(path: str) -> tuple[str, str]:
 
 def choose_wheels(versions: dict[str, str | None], wheels: list[str]
                   ) -> tuple[list[str], list[str]]:
-    """(wheels to install, unmet packages with no usable wheel) for the carried ``wheels``."""
-    chosen, lacking = [], []
+    """(wheels to install, unmet packages with no usable wheel) for the carried ``wheels``:
+    the unmet packages', and their companions' (:data:`TOGETHER`) where those differ."""
+    lacking = []
     by_name: dict[str, list[str]] = {}
     for w in wheels:
         name, _version = wheel_name(w)
         by_name.setdefault(name, []).append(w)
-    for name in unmet(versions):
-        _text, pattern, carry = PINS[name]
+
+    def best(name: str) -> str | None:
+        pattern = PINS[name][1]
         good = [w for w in by_name.get(_normal(name), []) if re.match(pattern, wheel_name(w)[1])]
-        if good and carry:
-            chosen.append(sorted(good)[-1])
-        elif carry:
+        return sorted(good)[-1] if good else None
+
+    picked: dict[str, str] = {}
+    for name in unmet(versions):
+        if not PINS[name][2]:
+            continue
+        wheel = best(name)
+        if wheel is None:
             lacking.append(name)
-    return chosen, lacking
+            continue
+        picked[name] = wheel
+        for companion in TOGETHER.get(name, ()):
+            other = best(companion)
+            if other is not None and wheel_name(other)[1] != versions.get(companion):
+                picked[companion] = other
+    return [picked[name] for name in PINS if name in picked], lacking
 
 
 def report() -> int:

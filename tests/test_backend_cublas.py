@@ -11,9 +11,12 @@ row- and column-major outputs x padded leading dimensions, batched or not.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -424,6 +427,139 @@ def test_the_module_imports_without_nvmath() -> None:
     assert "nvmath-python is not installed" in done.stdout
 
 
+_no_cublas_here = pytest.mark.skipif(
+    "__import__('uni.backends.cublas').backends.cublas.library_reason() is None",
+    reason="the cuBLAS library loads on this machine")
+
+
+@_no_cublas_here
+def test_a_missing_cublas_library_is_found_before_any_call() -> None:
+    # nvmath.bindings.cublas imports without the library (it loads it in cublasCreate);
+    # nvidia-cublas is not installed on this machine.
+    cb._forget_library()
+    try:
+        reason = cb.library_reason()
+        assert reason is not None and "libcublas" in reason and "nvidia-cublas" in reason
+        assert cb.library_reason() is reason  # checked once
+    finally:
+        cb._forget_library()
+
+
+@_no_cublas_here
+def test_without_the_cublas_library_a_gemm_is_declined_not_failed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The driver made to look usable (on purpose), so that only the library is missing: the
+    # backend must decline UNAVAILABLE (the walk then goes on to cuda_reference) instead of
+    # failing in cublasCreate.
+    from uni._calls import GemmCall
+
+    monkeypatch.setattr(cb._driver, "unavailable_reason", lambda: None)
+    a, b, c = _fake((2, 3), np.float64), _fake((3, 4), np.float64), _fake((2, 4), np.float64)
+    found = cb.cublas.try_kernel("gemm", GemmCall(*_spans(a, b, c), 1, 0))
+    assert isinstance(found, Declined) and found.reason is Decline.UNAVAILABLE
+    assert "libcublas" in found.detail
+    assert not cb.cublas.available()
+
+
+class FakeCublas:
+    """Records handle creation and destruction (the lifecycle has no GPU to run on here)."""
+
+    class PointerMode:
+        HOST = 0
+
+    def __init__(self) -> None:
+        self.created: list[int] = []
+        self.destroyed: list[int] = []
+        self.streams: dict[int, int] = {}
+        self.done = threading.Event()
+
+    def create(self) -> int:
+        self.created.append(0x1000 + len(self.created))
+        return self.created[-1]
+
+    def set_stream(self, handle: int, stream: int) -> None:
+        self.streams[handle] = stream
+
+    def set_pointer_mode(self, handle: int, mode: int) -> None:
+        pass
+
+    def destroy(self, handle: int) -> None:
+        self.destroyed.append(handle)
+        self.done.set()
+
+    def wait_destroyed(self, count: int) -> list[int]:
+        deadline = time.monotonic() + 10
+        while len(self.destroyed) < count and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return self.destroyed
+
+
+class FakeCuStream:
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _owned_stream(handle: int) -> Any:
+    """A uni.cuda.Stream over a stand-in CUstream (no device here to make a real one)."""
+    from uni.cuda._stream import Stream
+
+    stream = object.__new__(Stream)
+    stream._cu, stream._device, stream._closed = FakeCuStream(handle), 0, False
+    stream._is_default = stream._borrowed = False
+    return stream
+
+
+@pytest.fixture
+def fake_cublas(monkeypatch: pytest.MonkeyPatch) -> FakeCublas:
+    from uni.cuda import _stream
+
+    fake = FakeCublas()
+    monkeypatch.setattr(cb, "_module", lambda: fake)
+    monkeypatch.setattr(cb, "use_device", lambda device=0: None)
+    monkeypatch.setattr(_stream, "use_device", lambda device=0: None)
+    monkeypatch.setattr(cb, "_handles", {})
+    return fake
+
+
+def test_closing_a_stream_destroys_its_cublas_handle_off_the_closing_thread(
+        fake_cublas: FakeCublas) -> None:
+    from uni.cuda import _stream
+
+    assert cb._stream_closed in _stream._close_hooks
+    stream = _owned_stream(0x5000)
+    handle, _lock = cb.handle_for(0, stream)
+    assert cb.handle_for(0, stream)[0] == handle  # one per (device, stream)
+    assert fake_cublas.streams == {handle: 0x5000}
+    stream.close()
+    assert fake_cublas.wait_destroyed(1) == [handle]
+    assert (0, 0x5000) not in cb._handles and stream._cu.closed
+    # A new stream at the same address gets a new handle, not the destroyed one.
+    again = _owned_stream(0x5000)
+    assert cb.handle_for(0, again)[0] != handle
+
+
+def test_a_dropped_stream_takes_its_handle_along_and_only_its_own(
+        fake_cublas: FakeCublas) -> None:
+    first = _owned_stream(0x6000)
+    h1, _ = cb.handle_for(0, first)
+    first.close()  # retired at close; `first` itself is still referenced
+    assert fake_cublas.wait_destroyed(1) == [h1]
+    second = _owned_stream(0x6000)  # the driver gave the same address again
+    h2, _ = cb.handle_for(0, second)
+    del first  # its finalizer fires now: it must leave the second stream's handle alone
+    gc.collect()
+    time.sleep(0.05)
+    assert fake_cublas.destroyed == [h1] and cb._handles[(0, 0x6000)].handle == h2
+    del second  # dropped without close(): its handle goes too
+    gc.collect()
+    assert fake_cublas.wait_destroyed(2) == [h1, h2]
+    assert cb._handles == {}
+
+
 # -- on a GPU -------------------------------------------------------------------------------
 def _device(array: np.ndarray[Any, Any], order: str) -> uni.Tensor:
     """A CUDA tensor holding ``array`` in C or F order."""
@@ -495,3 +631,12 @@ def test_gemv_conjugate_transpose_and_batches_on_the_device(backend: str) -> Non
     uni.gemv(a.conj().transpose(0, 2, 1), x, y, backends=[backend])  # A^H x, row-major A
     want = np.einsum("bji,bj->bi", a_h.conj(), x_h)
     np.testing.assert_allclose(_host(y), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.cuda
+def test_closing_a_stream_retires_its_cublas_handle_on_the_device() -> None:
+    with uni.cuda.Stream() as s:
+        key = (0, s.handle)
+        handle, _ = cb.handle_for(0, s)
+        assert cb._handles[key].handle == handle
+    assert key not in cb._handles  # destroyed on a thread of its own (it syncs the device)

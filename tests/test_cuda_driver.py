@@ -7,6 +7,7 @@ probe told to sleep, a package version patched), never by a fake driver that ans
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -224,6 +225,72 @@ def test_detection_with_a_hanging_cuinit_never_hangs() -> None:
     assert f"(pid {pid}) was killed" in reason
     assert float(elapsed) < 10
     assert not pid_alive(int(pid))
+
+
+_USER_MODULES = {
+    "sleeps": "import time\nprint('the user module ran', flush=True)\ntime.sleep(3600)\n",
+    "prints": "print('garbage {not json')\n",
+}
+
+
+def _in_dir(directory: pathlib.Path, code: str, **env: str) -> tuple[str, float]:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, cwd=directory, timeout=60, check=True,
+                          env={**os.environ, "PYTHONPATH": HERE, **env})
+    return done.stdout, time.monotonic() - start
+
+
+@pytest.mark.parametrize("kind", sorted(_USER_MODULES))
+def test_a_users_cuda_py_in_the_working_directory_is_never_run(tmp_path: pathlib.Path,
+                                                                 kind: str) -> None:
+    # A script named cuda.py next to the user: before, importing cuda.bindings ran it (and one
+    # that sleeps hung is_available() for ever). The answer comes at once, naming the file.
+    (tmp_path / "cuda.py").write_text(_USER_MODULES[kind])
+    out, elapsed = _in_dir(tmp_path, """
+        import uni.cuda
+        print(uni.cuda.is_available())
+        print(uni.cuda.unavailable_reason())
+    """, UNI_DISABLE_CUDA="", UNI_CUDA_PROBE_TIMEOUT="20")
+    assert elapsed < 20
+    available, reason = out.strip().split("\n")
+    assert available == "False"
+    assert reason == (f"a module named 'cuda' ({tmp_path / 'cuda.py'}) hides cuda-python's "
+                      "'cuda' package; rename it, or run from another directory")
+
+
+@pytest.mark.parametrize("kind", sorted(_USER_MODULES))
+def test_the_probe_process_never_imports_from_the_working_directory(
+        tmp_path: pathlib.Path, kind: str) -> None:
+    # The probe child itself (python -I with this process's path minus the working
+    # directory): it answers with what cuInit said, not with the user's module.
+    pytest.importorskip("cuda.bindings")
+    (tmp_path / "cuda.py").write_text(_USER_MODULES[kind])
+    out, elapsed = _in_dir(tmp_path, """
+        from uni.cuda import _driver
+        found = _driver.run_probe(20)
+        print(found.available)
+        print(found.reason)
+    """)
+    assert elapsed < 20
+    available, reason = out.strip().split("\n", 1)
+    assert "garbage" not in out and "the user module ran" not in out
+    if available == "False":
+        assert "took longer" not in reason and "probe process exited" not in reason
+        assert "is not a package" not in reason  # cuda.bindings came from cuda-python
+        assert reason.startswith(("the CUDA driver could not be initialized", "no CUDA device",
+                                  "cuInit failed", "the CUDA driver"))
+
+
+def test_the_probe_gets_this_processes_path_without_the_working_directory(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", ".", str(tmp_path), str(carried), "rel", *sys.path])
+    path = _driver._probe_path()
+    assert path[:2] == [str(carried), str(tmp_path / "rel")]
+    assert str(tmp_path) not in path and "" not in path
 
 
 def test_the_probe_reports_what_cuinit_said() -> None:

@@ -83,19 +83,42 @@ def _sweep_dir() -> pathlib.Path:
     return pathlib.Path(tempfile.gettempdir()) / f"uni-test-kernels-{os.getuid()}"
 
 
-@needs_nvrtc
-def test_every_twin_specialization_compiles_to_an_sm90_cubin() -> None:
-    kernels = tw.suite_kernels()
-    directory = _sweep_dir()
-    parts = max(1, min(4, os.cpu_count() or 1))
-    start = time.perf_counter()
-    # NVRTC holds the GIL, so the kernels are split over processes, not threads; they
-    # fill one cache directory at once, as two uni processes would.
+#: The sweep is split into this many tests, each well under a per-test time limit when the
+#: disk cache is cold (one test compiling them all took 44 s on 2 cores for 316 kernels).
+SWEEP_PARTS = 8
+
+
+@pytest.fixture(scope="module")
+def nvrtc_pool() -> Any:
+    # NVRTC holds the GIL, so the kernels are split over processes, not threads; they fill
+    # one cache directory at once, as two uni processes would. One pool for every part (a
+    # spawned worker costs an import of uni).
+    workers = max(1, min(8, os.cpu_count() or 1))
     with concurrent.futures.ProcessPoolExecutor(
-            parts, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(tw.compile_suite_part, str(directory), p, parts)
-                   for p in range(parts)]
-        results = [row for f in futures for row in f.result()]
+            workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool, workers
+
+
+def compile_in_parallel(pool: Any, workers: int, directory: pathlib.Path, part: int,
+                        parts: int, arch: str | None = None,
+                        names: list[str] | None = None) -> list[Any]:
+    """Every ``parts``-th suite kernel from ``part`` (of ``names``, when given), compiled by
+    the pool's workers."""
+    stride = parts * workers
+    futures = [pool.submit(tw.compile_suite_part, str(directory), part + parts * w, stride,
+                           arch, names) for w in range(workers)]
+    return [row for f in futures for row in f.result()]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("part", range(SWEEP_PARTS))
+def test_every_twin_specialization_compiles_to_an_sm90_cubin(nvrtc_pool: Any,
+                                                             part: int) -> None:
+    pool, workers = nvrtc_pool
+    kernels = tw.suite_kernels()[part::SWEEP_PARTS]
+    directory = _sweep_dir()
+    start = time.perf_counter()
+    results = compile_in_parallel(pool, workers, directory, part, SWEEP_PARTS)
     elapsed = time.perf_counter() - start
     assert sorted(name for name, *_ in results) == sorted(k.name for k in kernels)
     for name, size, arch, *_ in results:
@@ -107,9 +130,15 @@ def test_every_twin_specialization_compiles_to_an_sm90_cubin() -> None:
         assert name.encode() in image  # the extern "C" entry point is in the symbol table
     compiled = sorted(s for _, _, _, origin, s, _ in results if origin == "compiled")
     median = f"{compiled[len(compiled) // 2] * 1e3:.0f} ms" if compiled else "-"
-    print(f"\nNVRTC sweep: {len(kernels)} kernels in {elapsed:.1f} s on {parts} processes "
-          f"({len(compiled)} compiled, median {median}; {len(kernels) - len(compiled)} from "
-          f"the disk cache {directory})")
+    print(f"\nNVRTC sweep part {part + 1}/{SWEEP_PARTS}: {len(kernels)} kernels in "
+          f"{elapsed:.1f} s on {workers} processes ({len(compiled)} compiled, median "
+          f"{median}; {len(kernels) - len(compiled)} from the disk cache {directory})")
+
+
+def test_the_sweep_parts_cover_every_kernel_once() -> None:
+    names = [k.name for k in tw.suite_kernels()]
+    parts = [k.name for p in range(SWEEP_PARTS) for k in tw.suite_kernels()[p::SWEEP_PARTS]]
+    assert sorted(parts) == sorted(names) and len(set(names)) == len(names)
 
 
 @needs_nvrtc
@@ -285,22 +314,47 @@ def _same_bits(got: Any, want: Any, what: str) -> None:
     np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8), err_msg=what)
 
 
+#: The GPU comparison in parts, each under the GPU machine's per-test time limit; the
+#: kernels are compiled first, in parallel, by :func:`gpu_kernels`.
+GPU_PARTS = 4
+
+
+@pytest.fixture(scope="module")
+def gpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The twins' library, this GPU's arch and a directory for its kernels."""
+    from cuda.core import Device  # GPU machines only
+
+    device = Device(0)
+    device.set_current()
+    return (tw.build(tw.suite_kernels()), f"sm_{device.arch}",
+            tmp_path_factory.mktemp("gpu-kernels"))
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not uni.cuda.is_available(), reason=f"no CUDA device: "
                     f"{uni.cuda.unavailable_reason()}")
-def test_generated_kernels_on_the_gpu_match_their_host_twins(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("part", range(GPU_PARTS))
+def test_generated_kernels_on_the_gpu_match_their_host_twins(gpu_kernels: Any,
+                                                             nvrtc_pool: Any,
+                                                             part: int) -> None:
     # Only with a GPU (not yet run on one): the cubins, launched through cuda.core with the
     # launch's own arguments, must leave every buffer bit for bit as the host twin does
     # (the same IEEE operations in the same order, no FMA on either side).
     from cuda.core import Buffer, Device, LaunchConfig, ObjectCode, launch  # GPU machines only
 
+    library, arch, directory = gpu_kernels
+    ew, gemm, gemv = tw.suite_cases()
+    cases = [*ew[:240], *gemm[:60], *gemv[:40]][part::GPU_PARTS]
+    # This part's kernels, compiled in parallel first (one process compiling them in turn
+    # was most of the time limit).
+    pool, workers = nvrtc_pool
+    names = sorted({k.name for case in cases for k in case.kernels()})
+    compile_in_parallel(pool, workers, directory, 0, 1, arch, names)
+    cache = _nvrtc.KernelCache(directory, arch=arch)
     device = Device(0)
     device.set_current()
     stream = device.create_stream()
-    cache = _nvrtc.KernelCache(tmp_path, arch=f"sm_{device.arch}")
-    library = tw.build(tw.suite_kernels())
-    ew, gemm, gemv = tw.suite_cases()
-    for case in (*ew[:240], *gemm[:60], *gemv[:40]):
+    for case in cases:
         host = case.buffers()
         twin = [None if b is None else b.copy() for b in host]
         case.run_twin(library, twin)

@@ -17,7 +17,7 @@ from strategies import dtypes
 import uni
 import uni.cuda
 from uni.cuda._fences import record_fence
-from uni.cuda._fill import Memset, fill_plan, model_fill, pattern_of
+from uni.cuda._fill import Copy, Memset, fill_plan, model_fill, pattern_of
 from uni.cuda._storage import FenceSource, Reaper, free_after_fences, parse_cuda_device
 
 needs_no_cuda = pytest.mark.skipif("uni.cuda.is_available()", reason="CUDA is usable here")
@@ -47,7 +47,7 @@ def test_fill_plans_write_exactly_what_numpy_full_writes(data: st.DataObject,
     model_fill(memory, plan)
     assert memory[: want.nbytes].tobytes() == want.tobytes()
     assert (memory[want.nbytes :] == 0xA5).all()  # nothing past the buffer
-    assert len(plan) <= max(1, dtype.itemsize // 4)
+    assert len(plan) <= max(1, dtype.itemsize // 4) + max(0, count - 1).bit_length()
 
 
 @pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.int64, np.float32, np.float64,
@@ -57,15 +57,32 @@ def test_zeros_is_one_byte_memset(dtype: Any) -> None:
         Memset(1, 0, 0, 10 * np.dtype(dtype).itemsize)]
 
 
-def test_a_float64_with_distinct_words_takes_two_strided_memsets() -> None:
-    plan = fill_plan(pattern_of(1.5, np.float64), 4)
-    assert plan == [Memset(4, 0, 0, 1, pitch=8, height=4),
-                    Memset(4, 0x3FF80000, 4, 1, pitch=8, height=4)]
+def test_a_float64_with_distinct_words_is_two_memsets_then_doubling_copies() -> None:
+    plan = fill_plan(pattern_of(1.5, np.float64), 5)
+    assert plan == [Memset(4, 0, 0, 1), Memset(4, 0x3FF80000, 4, 1),
+                    Copy(0, 8, 8), Copy(0, 16, 16), Copy(0, 32, 8)]
 
 
 def test_a_complex_with_equal_halves_uses_its_8_byte_period() -> None:
     plan = fill_plan(pattern_of(1 + 1j, np.complex128), 3)
-    assert [op.pitch for op in plan] == [8, 8] and all(op.height == 6 for op in plan)
+    assert plan == [Memset(4, 0, 0, 1), Memset(4, 0x3FF00000, 4, 1),
+                    Copy(0, 8, 8), Copy(0, 16, 16), Copy(0, 32, 16)]
+
+
+def test_a_large_fill_is_a_few_driver_steps_not_one_per_element() -> None:
+    # full((1 << 26,), 1.0): 67M elements were 67M rows of a 2-D memset (the driver's worst
+    # case); now 2 memsets and 26 copies.
+    plan = fill_plan(pattern_of(1.0, np.float64), 1 << 26)
+    assert len(plan) == 2 + 26
+    assert all(op.height == 1 for op in plan if isinstance(op, Memset))
+    assert sum(op.nbytes for op in plan if isinstance(op, Copy)) == 8 * ((1 << 26) - 1)
+    count = (1 << 17) + 3  # odd: the last copy is short
+    for dtype, value in ((np.float64, 1.5), (np.complex128, 1 - 2j), (np.complex64, 3 + 1j)):
+        want = np.full(count, value, dtype)
+        memory = np.full(want.nbytes + 16, 0xA5, np.uint8)
+        model_fill(memory, fill_plan(pattern_of(value, dtype), count))
+        assert memory[: want.nbytes].tobytes() == want.tobytes()
+        assert (memory[want.nbytes :] == 0xA5).all()
 
 
 def test_an_empty_fill_is_nothing() -> None:
@@ -85,6 +102,10 @@ def test_fill_values_follow_the_host_assignment_rules() -> None:
 def test_model_fill_refuses_to_reach_past_the_buffer() -> None:
     with pytest.raises(IndexError, match="past the end"):
         model_fill(np.zeros(3, np.uint8), [Memset(4, 1, 0, 1)])
+    with pytest.raises(IndexError, match="past the end"):
+        model_fill(np.zeros(12, np.uint8), [Copy(0, 8, 8)])
+    with pytest.raises(ValueError, match="overlaps"):
+        model_fill(np.zeros(12, np.uint8), [Copy(0, 4, 8)])
 
 
 # -- fences and the reaper ---------------------------------------------------------------
@@ -225,16 +246,88 @@ def test_a_failing_free_does_not_stop_the_reaper(caplog: pytest.LogCaptureFixtur
 
 
 def test_a_free_is_queued_behind_every_fence() -> None:
-    calls: list[tuple[str, object]] = []
+    from cuda_doubles import FakeEvent, RecordingStream
 
-    class Recorder:
-        def wait(self, fence: object) -> None:
-            calls.append(("wait", fence))
+    stream = RecordingStream("free")
+    fences = [FakeEvent("a"), FakeEvent("b"), FakeEvent("done", done=True)]
+    free_after_fences(lambda on: stream.log.append(("free", on.name, None)), fences, stream)
+    assert stream.log == [("wait", "free", fences[0]), ("wait", "free", fences[1]),
+                          ("free", "free", None)]
 
-    stream = Recorder()
-    fences = [object(), object()]
-    free_after_fences(lambda on: calls.append(("free", on)), fences, stream)
-    assert calls == [("wait", fences[0]), ("wait", fences[1]), ("free", stream)]
+
+def _free_into(log: list[Any]) -> Any:
+    return lambda on: log.append(("free", on.name, None))
+
+
+def test_a_free_waits_for_the_events_inside_a_combined_fence() -> None:
+    # What a DLPack-exported stream lease leaves when two fences were pending: one AllFences.
+    from cuda_doubles import FakeEvent, RecordingStream
+
+    from uni.cuda._fences import AllFences
+
+    stream = RecordingStream("free")
+    a, b = FakeEvent("a"), FakeEvent("b")
+    free_after_fences(_free_into(stream.log), [AllFences([a, AllFences([b])])], stream)
+    assert stream.waited_for() == [a, b]
+    assert stream.log[-1] == ("free", "free", None)
+
+
+def test_a_free_waits_for_the_fences_a_storage_queue_combined() -> None:
+    # A fence added before the allocation's (here: the first) fence completed: the queue
+    # keeps one combined fence, and the free must wait for both events in it.
+    from cuda_doubles import FakeEvent, RecordingStream
+
+    storage = _host_storage()
+    first, second = FakeEvent("allocation"), FakeEvent("added")
+    record_fence(storage, first)
+    record_fence(storage, second)
+    stream = RecordingStream("free")
+    free_after_fences(_free_into(stream.log), FenceSource(storage.access_queue).outstanding(),
+                      stream)
+    assert sorted(e.name for e in stream.waited_for()) == ["added", "allocation"]
+    assert stream.log[-1] == ("free", "free", None)
+    first.complete()
+    second.complete()
+
+
+def test_a_host_fence_defers_the_free_until_it_is_done() -> None:
+    # No stream can wait for a host fence on the device: the free is queued once it is done
+    # (by the reaper, never blocking the caller), behind the device fences waited for now.
+    from cuda_doubles import FakeEvent, RecordingStream
+
+    from uni.cuda._fences import AllFences
+
+    reaper = Reaper("test-reaper")
+    stream = RecordingStream("free")
+    host, event = Completes(), FakeEvent("e")
+    freed: list[int] = []
+
+    def close(on: Any) -> None:
+        freed.append(threading.get_ident())
+        stream.log.append(("free", on.name, None))
+
+    free_after_fences(close, [AllFences([event, host])], stream, reaper)
+    assert stream.waited_for() == [event]  # only the device fence reaches the stream
+    time.sleep(0.05)
+    assert freed == []
+    host.complete()
+    assert reaper.drain(5)
+    assert len(freed) == 1 and freed[0] != threading.get_ident()
+    assert stream.log == [("wait", "free", event), ("free", "free", None)]
+
+
+def test_a_fence_that_cannot_be_queried_does_not_hold_the_free(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from cuda_doubles import FakeEvent, RecordingStream
+
+    from uni.cuda._fences import AllFences
+
+    broken, event = Completes(), FakeEvent("e")
+    broken.broken = True
+    stream = RecordingStream("free")
+    free_after_fences(_free_into(stream.log), [AllFences([broken, event])], stream)
+    assert stream.log == [("wait", "free", event), ("free", "free", None)]
+    assert "a fence failed before a free" in caplog.text
 
 
 # -- devices and factories ---------------------------------------------------------------
@@ -458,6 +551,18 @@ def test_cuda_factories_fill_on_the_device(dtype: Any) -> None:
     z = uni.zeros((4, 3), dt, device="cuda", order="F")
     got = device_bytes(z.storage.buffer.ptr, z.storage.buffer.nbytes, s)
     assert not got.any()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("dtype", "value"), [(np.float64, 1.5), (np.complex128, 1 - 2j),
+                                              (np.complex64, 3 + 1j)])
+def test_a_large_fill_by_doubling_copies_on_the_device(dtype: Any, value: Any) -> None:
+    from cuda_gate import device_bytes
+
+    count = (1 << 20) + 3  # 21 copies, the last one short
+    t = uni.full((count,), value, dtype, device="cuda")
+    got = device_bytes(t.storage.buffer.ptr, t.storage.buffer.nbytes, uni.cuda.default_stream())
+    assert got.tobytes() == np.full(count, value, dtype).tobytes()
 
 
 @pytest.mark.cuda

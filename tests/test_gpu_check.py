@@ -117,9 +117,33 @@ def test_wheels_are_chosen_only_for_unmet_pins() -> None:
         "/w/nvmath_python-1.1.0-cp312-cp312-manylinux_2_28_x86_64.whl",
     ]
     chosen, lacking = env.choose_wheels(versions, wheels)
-    assert chosen == [wheels[0], wheels[5], wheels[4]]
+    # cuda-bindings 13.0.1 meets 13.x, but comes along with the carried cuda-core.
+    assert chosen == [wheels[0], wheels[1], wheels[5], wheels[4]]
     # nvmath 1.1 does not meet 1.0.x; sniffio has no wheel at all.
     assert lacking == ["nvmath-python", "sniffio"]
+
+
+def test_a_carried_cuda_core_brings_its_cuda_bindings_along() -> None:
+    env = _gpu_env()
+    versions = {name: "0" for name in env.PINS}  # placeholders: met by "any" pins only
+    versions.update({"cuda-core": "1.1.0", "cuda-bindings": "13.0.1",
+                     "cuda-pathfinder": "1.9.1", "nvmath-python": "1.0.0", "trio": "0.35.0",
+                     "pytest-trio": "0.8.0", "pytest": "9.0", "attrs": "25.1.0"})
+    core = "/w/cuda_core-1.2.2-cp312-cp312-manylinux_2_28_x86_64.whl"
+    bindings = "/w/cuda_bindings-13.5.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    pathfinder = "/w/cuda_pathfinder-1.9.1-py3-none-any.whl"
+    assert env.choose_wheels(versions, [core, bindings, pathfinder]) == ([core, bindings], [])
+    # The image's cuda-core is the pinned one: its own cuda-bindings stays.
+    versions["cuda-core"] = "1.2.2"
+    assert env.choose_wheels(versions, [core, bindings, pathfinder]) == ([], [])
+
+
+def test_the_versions_are_reported_after_the_carried_packages_come_first() -> None:
+    # The second report must read what the later steps import: after PYTHONPATH is set.
+    text = SCRIPT.read_text()
+    export = text.index('export PYTHONPATH="$site:')
+    second = text.index("scripts/gpu_env.py report", text.index("scripts/gpu_env.py wheels"))
+    assert export < second
 
 
 def test_wheel_names_are_parsed() -> None:

@@ -15,18 +15,23 @@ alpha == 0 or an empty inner dimension is a gemm with k = 0 (C = beta * C, nothi
 
 alpha and beta are host scalars of the computing dtype (``CUBLAS_POINTER_MODE_HOST``), kept
 alive for the call. One handle per (device, stream), created lazily on the launching
-thread with the device's context current, bound to its stream once, destroyed at exit.
+thread with the device's context current, bound to its stream once, destroyed when uni
+closes (or drops) the stream, else at exit.
 
 The planning half (:func:`plan_gemm_calls`, :func:`plan_gemv_calls`) is pure: it returns
 the entry point and its argument list (:class:`CublasCall`), tested against a numpy model of
 column-major BLAS; only :func:`run_calls` needs a GPU. The module imports without nvmath or
-a GPU; the backend then declines ``UNAVAILABLE`` with the reason.
+a GPU; the backend then declines ``UNAVAILABLE`` with the reason, as it does where the cuBLAS
+library itself is missing (:func:`library_reason`: loaded once, before any call needs it).
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
+import sys
 import threading
+import weakref
 from typing import Any
 
 import attrs
@@ -34,6 +39,7 @@ import numpy as np
 
 from uni import backends as _registry
 from uni._calls import GemmCall, GemvCall, Signature
+from uni._errors import CudaError
 from uni._handle import CUDA
 from uni._probe import Decline, Declined, Probe
 from uni.backends._geometry import (
@@ -50,7 +56,10 @@ from uni.cuda import _driver
 from uni.cuda._driver import cuda_call, use_device
 from uni.cuda._handle import CudaHandle, CudaPointerAccessor
 from uni.cuda._launch import current_stream
+from uni.cuda._stream import Stream, on_stream_close
 from uni.plan import iteration_plan
+
+_log = logging.getLogger("uni.cuda")
 
 __all__ = ["CublasCall", "Matrix", "Scalar", "cublas", "plan_gemm_calls", "plan_gemv_calls",
            "run_calls"]
@@ -287,6 +296,51 @@ def _module() -> Any:
     return module
 
 
+_UNCHECKED = "unchecked"
+_library: str | None = _UNCHECKED
+_library_lock = threading.Lock()
+
+
+def library_reason() -> str | None:
+    """Why the cuBLAS library cannot be loaded here (None when it loads); checked once.
+
+    ``nvmath.bindings.cublas`` imports without the library: it loads it on the first call
+    (``cublasCreate``), which would then fail in the middle of a gemm instead of letting the
+    dispatch walk fall back to cuda_reference. So the library is loaded here first, the way
+    nvmath finds it (``cuda.pathfinder``: the nvidia-cublas wheel, then the system), without
+    calling into it.
+    """
+    global _library
+    found = _library
+    if found is _UNCHECKED:
+        with _library_lock:
+            if _library is _UNCHECKED:
+                _library = _load_library()
+            found = _library
+    return found
+
+
+def _load_library() -> str | None:
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib  # optional dependency (cuda-python)
+    except ImportError as err:
+        return f"cuda-pathfinder is not installed ({err}); install uni[cuda]"
+    try:
+        load_nvidia_dynamic_lib("cublas")
+    except RuntimeError as err:  # DynamicLibNotFoundError and its kin are RuntimeErrors
+        text = " ".join(str(err).split())
+        return (f"the cuBLAS library (libcublas.so.13 with libcublasLt) could not be loaded: "
+                f"{text[:400]}; install nvidia-cublas 13.x (uni[cuda])")
+    return None
+
+
+def _forget_library() -> None:
+    """Check the library again on the next question (tests only)."""
+    global _library
+    with _library_lock:
+        _library = _UNCHECKED
+
+
 def unavailable_reason() -> str | None:
     """Why cuBLAS cannot run here (None when it can)."""
     reason = _driver.unavailable_reason()
@@ -296,45 +350,106 @@ def unavailable_reason() -> str | None:
         _module()
     except ImportError as err:
         return f"nvmath-python is not installed ({err}); install uni[cuda]"
-    return None
+    return library_reason()
 
 
-_handles: dict[tuple[int, int], tuple[int, threading.Lock]] = {}
+class _Handle:
+    """One cuBLAS handle: the device it was made on and the lock its callers hold."""
+
+    __slots__ = ("device", "handle", "lock")
+
+    def __init__(self, handle: int, device: int) -> None:
+        self.handle = handle
+        self.device = device
+        self.lock = threading.Lock()
+
+
+_handles: dict[tuple[int, int], _Handle] = {}
 _handles_lock = threading.Lock()
 
 
 def handle_for(device: int, stream: Any) -> tuple[int, threading.Lock]:
     """The cuBLAS handle of (device, stream) and its lock; made on first use, bound to the
-    stream once (``cublasSetStream`` resets a handle's workspace, so it is never moved)."""
+    stream once (``cublasSetStream`` resets a handle's workspace, so it is never moved).
+
+    The handle goes when uni closes the stream or the stream is dropped (:func:`_retire`);
+    handles of uni's default streams and of borrowed (foreign) streams live until exit.
+    """
     key = (device, int(stream.handle))
     found = _handles.get(key)
-    if found is not None:
-        return found
-    module = _module()
+    if found is None:
+        module = _module()
+        with _handles_lock:
+            found = _handles.get(key)
+            if found is None:
+                use_device(device)  # the handle binds to this thread's current context
+                with cuda_call("cublasCreate"):
+                    handle = int(module.create())
+                    try:
+                        module.set_stream(handle, key[1])
+                        module.set_pointer_mode(handle, int(module.PointerMode.HOST))
+                    except BaseException:
+                        module.destroy(handle)
+                        raise
+                found = _handles[key] = _Handle(handle, device)
+                if isinstance(stream, Stream) and not (stream.is_default or stream._borrowed):
+                    # A stream dropped without close(): its CUstream goes with it, and a
+                    # later stream may get the same address; the handle must not outlive it.
+                    weakref.finalize(stream, _retire, key, found).atexit = False
+    return found.handle, found.lock
+
+
+def _stream_closed(device: int, stream_handle: int) -> None:
+    _retire((device, stream_handle), None)
+
+
+def _retire(key: tuple[int, int], entry: _Handle | None) -> None:
+    """Forget the handle of ``key`` (only ``entry``, when given: a finalizer that fires late
+    must not take the handle of a new stream at the same address) and destroy it.
+
+    ``cublasDestroy`` synchronizes the whole device, so it runs on a thread of its own, never
+    on the one closing the stream (possibly an event loop's).
+    """
+    if sys.is_finalizing():
+        return  # _destroy_handles (atexit) has run or the process is going anyway
     with _handles_lock:
         found = _handles.get(key)
-        if found is None:
-            use_device(device)  # the handle binds to this thread's current context
-            with cuda_call("cublasCreate"):
-                handle = int(module.create())
-                module.set_stream(handle, key[1])
-                module.set_pointer_mode(handle, int(module.PointerMode.HOST))
-            found = _handles[key] = (handle, threading.Lock())
-    return found
+        if found is None or (entry is not None and found is not entry):
+            return
+        del _handles[key]
+    try:
+        threading.Thread(target=_destroy, args=(found,), name="uni-cublas-destroy",
+                         daemon=True).start()
+    except RuntimeError:  # no thread to be had (interpreter shutting down): let it leak
+        _log.warning("uni.cublas: a cuBLAS handle could not be destroyed", exc_info=True)
+
+
+def _destroy(entry: _Handle) -> None:
+    try:
+        module = _module()
+        with entry.lock:  # after a call that another thread is still issuing on it
+            use_device(entry.device)
+            with cuda_call("cublasDestroy"):
+                module.destroy(entry.handle)
+    except Exception:
+        _log.exception("uni.cublas: destroying a cuBLAS handle failed")
+
+
+on_stream_close(_stream_closed)
 
 
 @atexit.register
 def _destroy_handles() -> None:
     with _handles_lock:
-        handles = list(_handles.items())
+        handles = list(_handles.values())
         _handles.clear()
     if not handles:
         return
     try:
         module = _module()
-        for (device, _stream), (handle, _lock) in handles:
-            use_device(device)
-            module.destroy(handle)
+        for entry in handles:
+            use_device(entry.device)
+            module.destroy(entry.handle)
     except Exception:  # pragma: no cover - the driver may be gone at exit
         pass
 
@@ -393,8 +508,16 @@ def _folded(name: str, span: Any) -> tuple[bool, Any] | Declined:
     return bool(folded[0]), folded[1]
 
 
+#: What uni.cuda._driver.error_from_exception names a library that cannot be loaded.
+_LOAD_FAILURES = frozenset({"DynamicLibNotFoundError", "NotSupportedError",
+                            "FunctionNotFoundError"})
+
+
 class Cublas:
     name = "cublas"
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name!r}>"
 
     def available(self) -> bool:
         return unavailable_reason() is None
@@ -453,7 +576,18 @@ class Cublas:
         reason = unavailable_reason()
         if reason is not None:
             return _declined(Decline.UNAVAILABLE, reason)
-        run_calls(planned, dtype, device, current_stream(device))
+        stream = current_stream(device)
+        try:
+            handle_for(device, stream)
+        except CudaError as err:
+            if err.name not in _LOAD_FAILURES:
+                raise
+            # The library loaded but nvmath could not start it (a symbol it needs is missing,
+            # or the driver it checks for): nothing was queued, so the walk may go on.
+            global _library
+            _library = f"cuBLAS could not start: {err}"
+            return _declined(Decline.UNAVAILABLE, _library)
+        run_calls(planned, dtype, device, stream)
         return None
 
 

@@ -10,11 +10,13 @@ process and cached.
 Failure modes, each with its own reason (``unavailable_reason()``):
 
 * ``UNI_DISABLE_CUDA=1`` (or any value but ``""``/``0``): CUDA is off on purpose;
-* cuda-python is missing or of a version uni was not written for;
+* cuda-python is missing or of a version uni was not written for, or a module of the user's
+  named ``cuda`` (a ``cuda.py`` in the working directory) hides it: found without running it;
 * the driver library (``libcuda.so.1``) cannot be loaded (no NVIDIA driver);
 * ``cuInit`` fails (no device, a driver too old for cuda-bindings 13, a broken install) or
   does not return within ``UNI_CUDA_PROBE_TIMEOUT`` seconds (default 20): the probe
-  process is killed and the reason says so;
+  process is killed and the reason says so (it runs isolated, ``python -I``, so nothing in
+  the working directory is imported into it);
 * the driver reports zero devices, or a driver version older than cuda-bindings needs.
 
 Every driver, NVRTC and cuBLAS failure goes through one funnel (:func:`check`,
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -57,6 +60,7 @@ CUDA_BINDINGS_MAJOR = 13
 
 _PROBE = r"""
 import json, os, sys, time
+sys.path[:] = json.loads(sys.argv[1])
 sleep = float(os.environ.get("UNI_TEST_CUDA_PROBE_SLEEP") or 0)
 if sleep:
     print("sleeping", flush=True, file=sys.stderr)
@@ -120,8 +124,25 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def _shadowing_module() -> str | None:
+    """Where a plain module named ``cuda`` (a user's ``cuda.py``) would be imported instead
+    of cuda-python's ``cuda`` package, found without running it; None when there is none."""
+    try:
+        spec = importlib.util.find_spec("cuda")
+    except (ImportError, ValueError, AttributeError):
+        return None  # not importable as a module either: the import below says why
+    if spec is None or spec.submodule_search_locations is not None:
+        return None  # absent, or a (namespace) package: cuda-python's, or a broken one
+    return str(spec.origin)
+
+
 def _check_packages() -> str | None:
     """None when cuda-python of the right versions imports, else why not."""
+    shadow = _shadowing_module()
+    if shadow is not None:
+        # Importing cuda.bindings would run that file (which may never return, or print).
+        return (f"a module named 'cuda' ({shadow}) hides cuda-python's 'cuda' package; "
+                "rename it, or run from another directory")
     try:
         # Function-level imports: cuda-python is optional and is imported only when CUDA
         # is first asked about, so that importing uni never touches it.
@@ -163,10 +184,27 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=5)
 
 
+def _probe_path() -> list[str]:
+    """This process's import path for the probe, without the working directory.
+
+    The probe runs isolated (``python -I``: no working directory or script directory on its
+    path, no PYTHONPATH, no user site), so that a user's ``cuda.py``, ``json.py`` ... next to
+    it is never imported; it then takes this path, which keeps what this process was given
+    (PYTHONPATH: gpu-check.sh's carried packages) but drops the working directory.
+    """
+    here = os.path.realpath(os.getcwd())
+    path = []
+    for entry in sys.path:
+        if entry in ("", ".") or os.path.realpath(entry) == here:
+            continue
+        path.append(os.path.abspath(entry))
+    return path
+
+
 def run_probe(timeout_s: float) -> Detection:
     """Call ``cuInit`` in a child process; kill it when it takes longer than ``timeout_s``."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _PROBE],
+        [sys.executable, "-I", "-c", _PROBE, json.dumps(_probe_path())],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group: a kill reaches anything it started
     )

@@ -49,19 +49,24 @@ def is_device_fence(fence: object) -> bool:
     return bool(getattr(fence, "is_device_fence", False))
 
 
-def split_fences(fences: Sequence[Fence]) -> tuple[list[Fence], list[Fence]]:
+def split_fences(fences: Sequence[Fence], done: Callable[[Fence], bool] | None = None
+                 ) -> tuple[list[Fence], list[Fence]]:
     """``(device, host)`` fences among those not done yet (an :class:`AllFences` is split
-    into its parts: a stream waits for its events, the host only for the rest)."""
+    into its parts: a stream waits for its events, the host only for the rest).
+
+    ``done(fence)`` decides what is over (default ``fence.done()``; a free passes one that
+    counts a fence it cannot query as over).
+    """
     device: list[Fence] = []
     host: list[Fence] = []
     for fence in fences:
-        if fence.done():
-            continue
         if isinstance(fence, _AllFences):  # the access queue's, or this module's
-            inner_device, inner_host = split_fences(fence.fences)
+            # Each part on its own (it is done when they all are): one part that cannot be
+            # queried must not hide the others.
+            inner_device, inner_host = split_fences(fence.fences, done)
             device += inner_device
             host += inner_host
-        else:
+        elif not (fence.done() if done is None else done(fence)):
             (device if is_device_fence(fence) else host).append(fence)
     return device, host
 

@@ -37,32 +37,15 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import trio
 
 from uni._errors import CudaError
+from uni.cuda import _real
 from uni.cuda._codegen import Spec, generate
 from uni.specialize import Specializer
-
-
-@functools.cache
-def _modules() -> tuple[Any, Any] | str:
-    """(cuda.core, cuda.bindings.nvrtc), or why they cannot be imported."""
-    try:
-        import cuda.core as core  # deferred: ~0.25 s that `import uni` must not pay
-        from cuda.bindings import nvrtc  # deferred with it
-    except ImportError as err:  # cuda-core is the optional uni[cuda] extra
-        return f"cuda-core / cuda-bindings are not installed ({err}); install uni[cuda]"
-    return core, nvrtc
-
-
-def _core() -> Any:
-    modules = _modules()
-    assert not isinstance(modules, str)
-    return modules[0]
-
 
 #: The arch kernels compile for when none is given: the H200 (compute capability 9.0).
 #: The runtime passes ``f"sm_{device.arch}"``; a cubin runs only on its CC major.
@@ -74,16 +57,7 @@ _EM_CUDA = 190  # ELF e_machine of CUDA cubins
 @functools.cache
 def unavailable_reason() -> str | None:
     """Why NVRTC cannot compile here (None when it can). Never touches a driver."""
-    modules = _modules()
-    if isinstance(modules, str):
-        return modules
-    try:
-        err, _, _ = modules[1].nvrtcVersion()
-    except Exception as exc:  # the NVRTC library itself failed to load
-        return f"NVRTC cannot be loaded: {type(exc).__name__}: {exc}"
-    if int(err) != 0:
-        return f"nvrtcVersion failed: {err!r}"
-    return None
+    return _real.nvrtc_unavailable_reason()
 
 
 def is_available() -> bool:
@@ -95,10 +69,7 @@ def is_available() -> bool:
 def nvrtc_version() -> tuple[int, int]:
     """The NVRTC library's (major, minor); CudaError when NVRTC is unavailable."""
     _require()
-    modules = _modules()
-    assert not isinstance(modules, str)
-    _, major, minor = modules[1].nvrtcVersion()
-    return int(major), int(minor)
+    return _real.nvrtc_version()
 
 
 def _require() -> None:
@@ -107,16 +78,10 @@ def _require() -> None:
         raise CudaError(f"cannot compile CUDA kernels: {reason}")
 
 
-def _options(arch: str) -> Any:
-    # Always an explicit arch: without one cuda.core asks the driver (CUDA.md §8).
-    # fma=False: numpy rounds a*b and then +c; a fused multiply-add would not match it.
-    return _core().ProgramOptions(arch=arch, std="c++17", fma=False)
-
-
 def option_flags(arch: str = DEFAULT_ARCH) -> tuple[str, ...]:
     """The NVRTC command-line options kernels compile with (part of the disk-cache key)."""
     _require()
-    return tuple(flag.decode() for flag in _options(arch).as_bytes("nvrtc", "cubin"))
+    return _real.nvrtc_flags(arch)
 
 
 def cubin_arch(image: bytes) -> int | None:
@@ -267,14 +232,7 @@ class KernelCache:
         return CompiledKernel(spec, kernel.name, image, self.arch, "compiled", seconds, path)
 
     def _compile(self, source: str, name: str) -> bytes:
-        program = _core().Program(source, "c++", _options(self.arch))
-        try:
-            code = program.compile("cubin")
-        except Exception as err:  # NVRTCError carries the compile log
-            raise CudaError(f"NVRTC could not compile {name} for {self.arch}: {err}") from err
-        finally:
-            program.close()
-        image = bytes(code.code)
+        image = _real.nvrtc_compile(source, name, self.arch)
         if cubin_arch(image) != _arch_number(self.arch):
             raise CudaError(f"NVRTC returned no {self.arch} cubin for {name} "
                             f"({len(image)} bytes)")

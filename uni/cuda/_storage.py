@@ -43,7 +43,7 @@ from uni._accessor import CUDA, DefaultAccessor
 from uni._dtypes import as_dtype
 from uni._errors import DomainError, LayoutError, LeaseError
 from uni.cuda._driver import check_device, cuda_call, require, use_device
-from uni.cuda._fences import record_fence
+from uni.cuda._fences import record_fence, split_fences
 from uni.cuda._fill import fill_plan, pattern_of, run_fill
 from uni.cuda._handle import CudaHandle, CudaPointerAccessor
 from uni.cuda._stream import Stream, default_stream
@@ -180,14 +180,22 @@ def reaper() -> Reaper:
 
 
 # -- device memory -----------------------------------------------------------------------
-def free_after_fences(close: Callable[[Any], None], fences: list[Any], stream: Any) -> None:
-    """Make ``stream`` wait for every fence, then free on it (``close(stream)``).
+def free_after_fences(close: Callable[[Any], None], fences: list[Any], stream: Any,
+                      reaper: Reaper | None = None) -> None:
+    """Queue the free (``close(stream)``) behind every fence; never blocks.
 
-    The order is the whole point: the free is queued behind every recorded use.
+    Device fences (events, also those inside an :class:`AllFences`): ``stream`` waits for
+    them on the device, then the free is queued on it. Host fences (an async host
+    operation's end, a host fence a lease was released with): no stream can wait for them,
+    so the free is handed to the reaper, which queues it once they are done.
     """
-    for fence in fences:
-        stream.wait(fence)
-    close(stream)
+    device, host = split_fences(fences, _done)
+    for event in device:
+        stream.wait(event)
+    if host:
+        (_REAPER if reaper is None else reaper).submit(lambda: close(stream), host)
+    else:
+        close(stream)
 
 
 def _free_device(cu_buffer: Any, device: int, fences: FenceSource, stream: Stream | None = None
@@ -205,10 +213,17 @@ def _free_device_now(cu_buffer: Any, device: int, fences: FenceSource, stream: S
     try:
         use_device(device)
         free_stream = stream if stream is not None else default_stream(device)
+        caller = threading.get_ident()
 
         def close(on: Stream) -> None:
-            with cuda_call("cuMemFreeAsync"):
-                cu_buffer.close(on._live("cuMemFreeAsync"))
+            try:
+                use_device(device)  # the reaper's thread, when host fences deferred it
+                with cuda_call("cuMemFreeAsync"):
+                    cu_buffer.close(on._live("cuMemFreeAsync"))
+            except Exception:
+                if threading.get_ident() == caller:
+                    raise
+                _log.exception("uni.cuda: freeing device memory failed")
 
         free_after_fences(close, fences.outstanding(), free_stream)
     except Exception:
@@ -453,7 +468,7 @@ class CudaStorage(StorageBase):
         return self.access_queue.outstanding_fences()
 
     def _fill(self, value: Any, stream: Stream | None = None) -> None:
-        """Write ``value`` into every element, on the device (driver memsets)."""
+        """Write ``value`` into every element, on the device (driver memsets and copies)."""
         if self.size == 0:
             return
         on = stream if stream is not None else default_stream(self.device_id)

@@ -365,6 +365,9 @@ class Stream:
         self._closed = True
         if self._borrowed:
             return  # not ours to destroy
+        handle = int(self._cu.handle)
+        for hook in _close_hooks:
+            hook(self._device, handle)
         use_device(self._device)
         with cuda_call("cuStreamDestroy"):
             self._cu.close()
@@ -380,6 +383,16 @@ class Stream:
         kind = "default " if self._is_default else ""
         state = ", closed" if self._closed else ""
         return f"uni.cuda.Stream({kind}device={self._device}{state})"
+
+
+#: ``hook(device, handle)`` runs when uni is about to destroy one of its streams: what is
+#: bound to the stream goes with it (uni.backends.cublas's handles). A hook must not raise.
+_close_hooks: list[Callable[[int, int], None]] = []
+
+
+def on_stream_close(hook: Callable[[int, int], None]) -> None:
+    """Call ``hook(device, handle)`` whenever uni is about to destroy one of its streams."""
+    _close_hooks.append(hook)
 
 
 _defaults: dict[int, Stream] = {}
