@@ -94,8 +94,11 @@ def _warm_dask() -> None:
 
 
 def _cluster() -> LocalCluster:
+    # No fixed port: dashboard_address=None still binds the scheduler's HTTP server to 8787.
     return LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                        memory_limit=WORKER_MEMORY, dashboard_address=None)
+                        memory_limit=WORKER_MEMORY, scheduler_port=0, dashboard_address=None,
+                        scheduler_kwargs={"dashboard": False,
+                                          "dashboard_address": "127.0.0.1:0"})
 
 
 def _counters(client: Client) -> tuple[int, int]:

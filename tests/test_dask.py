@@ -13,6 +13,7 @@ import concurrent.futures
 import functools
 import os
 import pathlib
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -27,7 +28,8 @@ zarr = pytest.importorskip("zarr")
 
 import dask.array as da  # noqa: E402
 import trio  # noqa: E402
-from distributed import Client, LocalCluster  # noqa: E402
+from dask_cluster import local_cluster  # noqa: E402
+from distributed import Client  # noqa: E402
 from distributed.scheduler import KilledWorker  # noqa: E402
 
 import uni  # noqa: E402
@@ -40,8 +42,8 @@ ALLOWED_FAILURES = 1  # Dask retries a task once after its worker died, then giv
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
     with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                               dashboard_address=None, memory_limit="2GiB")
+        cluster = local_cluster(n_workers=2, threads_per_worker=1, processes=True,
+                                memory_limit="2GiB")
         try:
             with Client(cluster) as c:
                 c.wait_for_workers(2, timeout=T)
@@ -388,6 +390,24 @@ def test_a_failing_writer_poisons_its_dependents_only(client: Client, tmp_path: 
 
 
 # -- faults -----------------------------------------------------------------------------------
+def test_a_moved_store_fails_the_tasks_that_reach_it_and_creates_nothing(
+        client: Client, tmp_path: Any) -> None:
+    with ud.session(client):
+        x = ud.from_dask(da.arange(6.0, chunks=3), tmp_path / "x.zarr")
+        out = ud.zeros(tmp_path / "out.zarr", (6,), (3,))
+        x.wait(timeout=T)                     # the workers checked x's store when writing it
+        os.rename(x.path, tmp_path / "x-moved.zarr")
+        with pytest.raises(ud.TileAccessError, match=re.escape(x.path)):
+            ud.map_tiles(copy_tile, out, x).result(timeout=T)
+        os.rename(out.path, tmp_path / "out-moved.zarr")
+        with pytest.raises(ud.TileAccessError, match=r"no zarr\.json"):
+            ud.map_tiles(functools.partial(write_value, value=1.0), out,
+                         overwrite=True).result(timeout=T)
+    assert not os.path.exists(x.path) and not os.path.exists(out.path)
+    assert stored(ud.open(tmp_path / "x-moved.zarr")).tolist() == [0.0, 1, 2, 3, 4, 5]
+    assert stored(ud.open(tmp_path / "out-moved.zarr")).tolist() == [0.0] * 6
+
+
 def test_a_worker_killed_inside_a_write_lease_commits_nothing_and_the_task_reruns(
         client: Client, tmp_path: Any, workers_back: None) -> None:
     rng = np.random.default_rng(4)
@@ -540,9 +560,3 @@ def test_cuda_tiles_go_to_gpu_workers_only_through_an_explicit_copy(client: Clie
         on_host = client.run_on_scheduler(_restrictions, [f.key for f in write.futures])
         assert [r for _, r in on_host] in ([], [None], [{}])   # host tiles carry no tag
     assert stored(host).tolist() == [4.0] * 4
-
-
-def test_operations_need_a_session(tmp_path: Any) -> None:
-    x = ud.zeros(tmp_path / "x.zarr", (4,), (2,))
-    with pytest.raises(uni.UniError, match=r"uni\.dask\.session"):
-        ud.map_tiles(copy_tile, x, x)

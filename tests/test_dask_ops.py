@@ -9,6 +9,8 @@ worker share one storage per chunk. Front-end errors are checked without a clust
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,8 +23,10 @@ pytest.importorskip("distributed")
 pytest.importorskip("zarr")
 
 import dask.array as da
+import distributed
 import zarr
-from distributed import Client, LocalCluster
+from dask_cluster import local_cluster
+from distributed import Client
 
 import uni
 import uni.dask as ud
@@ -32,8 +36,7 @@ T = 60
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
-    cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
-                           dashboard_address=None)
+    cluster = local_cluster(n_workers=2, threads_per_worker=2, processes=False)
     try:
         with Client(cluster) as c:
             yield c
@@ -204,6 +207,40 @@ def _storage_id(x: ud.TiledTensor) -> int:
     return id(x.tile((0,)).storage)
 
 
+def _write_slowly(out_tile: uni.Tensor, *, value: float) -> None:
+    time.sleep(0.3)  # long enough for a reader that did not wait to read the old zeros
+    with uni.acquire_host_write_access_sync(out_tile, overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = value
+
+
+def test_without_a_session_operations_use_the_current_clients_own(client: Client,
+                                                                  workdir: Any) -> None:
+    assert distributed.default_client() is client
+    x = ud.zeros(fresh(workdir, "x"), (4,), (2,))
+    y = ud.zeros(fresh(workdir, "y"), (4,), (2,))
+    first = ud.map_tiles(functools.partial(_write_slowly, value=1.0), x, overwrite=True)
+    second = ud.transform(y, uni.ops.scale(2.0), x)     # waits for the slow writer
+    third = ud.transform(x, uni.ops.negate, x)          # waits for the reader of x
+    assert first._session is second._session is third._session
+    assert first._session.client is client
+    third.result(timeout=T)
+    y.wait(timeout=T)
+    assert stored(y).tolist() == [2.0] * 4 and stored(x).tolist() == [-1.0] * 4
+    # An explicit session first waits for what the client's session registered ...
+    ud.map_tiles(functools.partial(_write_slowly, value=5.0), x, overwrite=True)
+    z = ud.zeros(fresh(workdir, "z"), (4,), (2,))
+    with ud.session(client) as explicit:
+        copied = ud.copy(x, z)
+        assert copied._session is explicit
+        ud.transform(x, uni.ops.scale(3.0), x)           # epoch after the copy's read
+    assert stored(z).tolist() == [5.0] * 4 and stored(x).tolist() == [15.0] * 4
+    # ... and the client's session then reads the stores' epochs again: nothing is skipped.
+    again = ud.transform(x, uni.ops.negate, x)
+    assert again._session is first._session
+    again.result(timeout=T)
+    assert stored(x).tolist() == [-15.0] * 4
+
+
 # -- front-end errors: raised at the call, before any task ------------------------------------
 @pytest.fixture
 def small(tmp_path: Any) -> dict[str, ud.TiledTensor]:
@@ -250,5 +287,144 @@ def test_other_operations_refuse_what_they_cannot_run(small: dict[str, ud.TiledT
         ud.map_tiles(lambda out, x: None, a, ud.open(small["odd"].path))
     with pytest.raises(TypeError, match="callable"):
         ud.map_tiles(3, a)  # type: ignore[arg-type]
-    with pytest.raises(uni.UniError, match="session"):
-        ud.transform(a, uni.ops.negate, a)
+
+
+# -- gemm and gemv against uni's, exactly, over every dtype mix -------------------------------
+# Exactly: every value equal (the sums are exact), though not every zero's sign: BLAS gives
+# -0.0 or +0.0 for a sum of zeros depending on how it groups the terms, tiled or not.
+def _exact_values(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype[Any],
+                  compute: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """Integers whose products and k sums are exact in ``compute`` (so that the order of the
+    sums cannot matter) and large enough to leave a narrower output's range or precision."""
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    if compute.kind in "iu":
+        bound = 2**30 if dtype == np.int32 else 2**40   # integers wrap: any size is exact
+    elif compute in (np.float32, np.complex64):
+        bound = 8
+    else:
+        bound = 2**24   # products below 2**48, k sums below 2**51: exact in float64
+    raw = rng.integers(-bound, bound + 1, size=shape)
+    if dtype.kind == "c":
+        raw = raw + 1j * rng.integers(-bound, bound + 1, size=shape)
+    return raw.astype(dtype)
+
+
+def _cancelling(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], ck: int) -> None:
+    """Make column 0's k tiles 0 and 1 cancel: the partial sum after tile 0 is large, the
+    total is small (what a per-tile store saturates, rounds or turns into True)."""
+    if a.shape[1] >= 2 * ck and a.dtype != np.bool_ and b.dtype != np.bool_:
+        a[:, ck:2 * ck] = a[:, :ck]
+        b[ck:2 * ck, 0] = -b[:ck, 0]
+
+
+MIXES = [(x, y, z) for x in uni.SUPPORTED_DTYPES for y in uni.SUPPORTED_DTYPES
+         for z in uni.SUPPORTED_DTYPES]
+
+
+def test_tiled_gemm_and_gemv_equal_uni_bit_for_bit_over_every_dtype_mix(
+        client: Client, workdir: Any) -> None:
+    from uni._promotion import matmul_dtype  # the compute dtype, to choose exact values
+
+    rng = np.random.default_rng(20240524)
+    tilings = [(2, 2, 2), (3, 2, 1), (1, 2, 3), (4, 2, 2)]      # (cm, ck, cn): edge tiles
+    scalars = [(1, 0), (-2, 3), (1, 1), (3, 0)]
+    m, k, n = 5, 5, 3
+    pending: list[tuple[Any, ...]] = []
+    with ud.session(client):
+        for number, (da_, db_, dc_) in enumerate(MIXES):
+            (cm, ck, cn), (alpha, beta) = tilings[number % 4], scalars[(number // 4) % 4]
+            compute = np.dtype(matmul_dtype(da_, db_, dc_, alpha=alpha, beta=beta))
+            a_np = _exact_values(rng, (m, k), da_, compute)
+            b_np = _exact_values(rng, (k, n), db_, compute)
+            _cancelling(a_np, b_np, ck)
+            c_np = _exact_values(rng, (m, n), dc_, compute)
+            x_np, y_np = b_np[:, 0].copy(), c_np[:, 0].copy()
+            want_c, want_y = uni.from_numpy(c_np.copy()), uni.from_numpy(y_np.copy())
+            try:
+                uni.gemm(uni.from_numpy(a_np), uni.from_numpy(b_np), want_c, alpha=alpha,
+                         beta=beta)
+                uni.gemv(uni.from_numpy(a_np), uni.from_numpy(x_np), want_y, alpha=alpha,
+                         beta=beta)
+            except uni.UniError as err:
+                a = tiled(client, workdir, a_np, (cm, ck))
+                with pytest.raises(type(err)):
+                    ud.gemm(a, tiled(client, workdir, b_np, (ck, cn)),
+                            tiled(client, workdir, c_np, (cm, cn)), alpha=alpha, beta=beta)
+                continue
+            a = tiled(client, workdir, a_np, (cm, ck))
+            c = tiled(client, workdir, c_np, (cm, cn))
+            y = tiled(client, workdir, y_np, (cm,))
+            ud.gemm(a, tiled(client, workdir, b_np, (ck, cn)), c, alpha=alpha, beta=beta)
+            ud.gemv(a, tiled(client, workdir, x_np, (ck,)), y, alpha=alpha, beta=beta)
+            pending.append((da_, db_, dc_, alpha, beta, c, want_c.to_numpy(), y,
+                            want_y.to_numpy()))
+        for *_, c, _, y, _ in pending:
+            c.wait(timeout=T)
+            y.wait(timeout=T)
+    wrong = [f"{a.name} {b.name} -> {c.name} (alpha {al}, beta {be}): {what}"
+             for a, b, c, al, be, tc, wc, ty, wy in pending
+             for what, got, want in (("gemm", stored(tc), wc), ("gemv", stored(ty), wy))
+             if got.dtype != want.dtype or not np.array_equal(got, want)]
+    assert len(pending) > len(MIXES) // 2
+    assert not wrong, "\n".join(wrong[:20]) + f"\n({len(wrong)} of {2 * len(pending)})"
+
+
+# -- dask-shaped results ----------------------------------------------------------------------
+def test_compute_and_asarray_read_after_the_pending_writers(client: Client, workdir: Any) -> None:
+    x = ud.zeros(fresh(workdir, "x"), (5, 3), (2, 2))
+    write = ud.map_tiles(functools.partial(_write_slowly, value=4.0), x, overwrite=True)
+    assert not write.done()
+    data = np.asarray(x)                   # not a 0-d object array: the data, once written
+    assert (data.dtype, data.shape) == (np.dtype(np.float64), (5, 3))
+    assert data.tolist() == [[4.0] * 3] * 5
+    ud.transform(x, uni.ops.scale(0.5), x)
+    assert x.compute().tolist() == [[2.0] * 3] * 5
+    assert np.asarray(x, dtype=np.int32).dtype == np.int32
+    with pytest.raises(ValueError, match="copy=False"):
+        np.array(x, copy=False)
+
+
+def test_result_and_await_return_the_output_tensor(client: Client, workdir: Any) -> None:
+    import asyncio  # only this test awaits under asyncio
+
+    a = tiled(client, workdir, np.arange(6.0).reshape(2, 3), (2, 2))
+    b = tiled(client, workdir, np.ones((3, 2)), (2, 2))
+    c = ud.empty(fresh(workdir, "c"), (2, 2), (2, 2))
+    assert ud.gemm(a, b, c).result(timeout=T) is c
+    assert ud.gemm(a, b, c).result(timeout=T).compute().tolist() == [[3.0, 3.0], [12.0, 12.0]]
+
+    async def awaited() -> ud.TiledTensor:
+        return await ud.transform(c, uni.ops.negate, c)
+
+    assert asyncio.run(awaited()) is c
+    assert c.compute().tolist() == [[-3.0, -3.0], [-12.0, -12.0]]
+
+
+def test_basic_indexing_is_a_lazy_dask_array_of_the_region(client: Client,
+                                                           workdir: Any) -> None:
+    values_ = np.arange(35.0).reshape(5, 7)
+    t = tiled(client, workdir, values_, (2, 3))
+    keys: list[Any] = [(slice(1, 4), slice(None, None, 2)), 3, (Ellipsis, 5),
+                       (None, 2, slice(1, 6))]
+    for key in keys:
+        region = t[key]
+        assert isinstance(region, da.Array)
+        np.testing.assert_array_equal(region.compute(), values_[key])
+    with pytest.raises(TypeError, match=r"to_dask\(\)"):
+        t[[0, 2]]
+    with pytest.raises(TypeError, match="not iterable"):
+        list(t)
+    assert len(t) == 5
+
+
+def test_rechunk_copies_into_a_new_store_of_other_chunks(client: Client, workdir: Any) -> None:
+    values_ = np.arange(35.0).reshape(5, 7)
+    t = tiled(client, workdir, values_, (2, 3))
+    again = ud.rechunk(t, (4, 4), fresh(workdir, "re"))
+    assert (again.shape, again.chunks, again.dtype) == (t.shape, (4, 4), t.dtype)
+    np.testing.assert_array_equal(again.compute(), values_)
+    np.testing.assert_array_equal(stored(again), values_)
+    with pytest.raises(uni.LayoutError, match="another path"):
+        ud.rechunk(t, (4, 4), t.path, overwrite=True)
+    np.testing.assert_array_equal(t.compute(), values_)

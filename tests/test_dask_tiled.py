@@ -89,3 +89,53 @@ def test_the_public_face_lists_each_name_once_and_every_name_exists() -> None:
     public = {n for n in dir(ud) if not n.startswith("_") and not isinstance(getattr(ud, n),
                                                                              type(os))}
     assert sorted(public - set(ud.__all__)) == []
+
+
+def _write(t: ud.TiledTensor, index: tuple[int, ...], value: float) -> None:
+    with uni.acquire_host_write_access_sync(t.tile(index), overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = value
+
+
+def test_a_moved_store_raises_instead_of_reading_fill_values(tmp_path: Any) -> None:
+    t = ud.zeros(tmp_path / "t.zarr", (4,), (2,))
+    _write(t, (0,), 5.0)                          # checked here, before the move
+    sent = pickle.dumps(t)
+    os.rename(t.path, tmp_path / "moved.zarr")
+    arrived = pickle.loads(sent)
+    for index in [(0,), (1,)]:                    # a written chunk, and one never written
+        with pytest.raises(ud.TileAccessError, match=str(t.path)), \
+                uni.acquire_host_read_access_sync(arrived.tile(index)):
+            pass
+    with pytest.raises(ud.TileAccessError, match="never creates a store"):
+        _write(arrived, (1,), 1.0)
+    assert not os.path.exists(t.path)
+    moved = ud.open(tmp_path / "moved.zarr")
+    with uni.acquire_host_read_access_sync(moved.tile((0,))) as lease:
+        assert np.asarray(lease.mdspan()).tolist() == [5.0, 5.0]
+
+
+def test_a_fresh_description_of_a_missing_or_other_array_is_refused(tmp_path: Any) -> None:
+    ghost = ud.TiledTensor(tmp_path / "nothing.zarr", (4,), (2,), np.float64)
+    with pytest.raises(ud.TileAccessError, match=r"no zarr\.json"):
+        ghost.tile((0,))
+    assert not os.path.exists(ghost.path)
+    t = ud.zeros(tmp_path / "t.zarr", (4,), (2,))
+    replaced = ud.full(t.path, (4,), (2,), 3.0, overwrite=True)
+    with pytest.raises(ud.TileAccessError, match="replaced"):
+        t.tile((0,))
+    other = ud.TiledTensor(t.path, (4,), (4,), np.float64, fill_value=3.0)
+    with pytest.raises(ud.TileAccessError, match=r"chunks \(2,\), expected \(4,\)"):
+        other.tile((0,))
+    with uni.acquire_host_read_access_sync(replaced.tile((1,))) as lease:
+        assert np.asarray(lease.mdspan()).tolist() == [3.0, 3.0]
+
+
+def test_operations_outside_a_session_and_without_a_client_say_what_they_need(
+        tmp_path: Any) -> None:
+    import distributed  # the precondition: no client in this process
+
+    with pytest.raises(ValueError):
+        distributed.default_client()
+    x = ud.zeros(tmp_path / "x.zarr", (4,), (2,))
+    with pytest.raises(uni.UniError, match=r"uni\.dask\.session\(client\).*distributed\.Client"):
+        ud.transform(x, uni.ops.negate, x)

@@ -28,6 +28,7 @@ from uni.dask._ops import from_dask as from_dask
 from uni.dask._ops import gemm as gemm
 from uni.dask._ops import gemv as gemv
 from uni.dask._ops import map_tiles as map_tiles
+from uni.dask._ops import rechunk as rechunk
 from uni.dask._ops import transform as transform
 from uni.dask._sequencer import Session as Session
 from uni.dask._sequencer import TiledFuture as TiledFuture
@@ -55,6 +56,7 @@ __all__ = [
     "map_tiles",
     "matmul",
     "open",
+    "rechunk",
     "session",
     "store_stats",
     "sweep",

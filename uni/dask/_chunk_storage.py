@@ -131,6 +131,9 @@ class ChunkStorage(StorageBase):
         try:
             fd = os.open(self.chunk_file, os.O_RDONLY)
         except FileNotFoundError:
+            # A missing chunk is the fill value only inside the array: a store that has gone
+            # since the tensor was checked must not read as fill values.
+            _layout.require_array(self.tiled.path)
             return _fill_buffer(self.dtype, self.size, self.tiled.fill_value)
         try:
             st = os.fstat(fd)
@@ -283,6 +286,7 @@ class ChunkStorage(StorageBase):
     def commit(self, buffer: np.ndarray[Any, Any], epoch: int | None) -> bool:
         """Write the whole chunk through a temporary and a rename; False when stale."""
         store = self.tiled.path
+        _layout.require_array(store)  # a write never creates a store
         os.makedirs(_layout.tmp_dir(store), exist_ok=True)
         tmp = _layout.new_tmp(store, self.tiled.chunk_name(self.index))
         try:

@@ -1,11 +1,14 @@
-"""The session in effect (``with uni.dask.session(client):``) and what tensors ask of it.
+"""The session in effect and what tensors ask of it.
 
-A leaf module: tiled tensors reach the sequencer through it without importing it.
+The session in effect is the innermost ``with uni.dask.session(client):``, else the session
+of the current ``distributed`` client (the sequencer installs that fallback). A leaf module:
+tiled tensors reach the sequencer through it without importing it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import uni
@@ -26,6 +29,12 @@ class SessionLike(Protocol):
 
 _stack: list[SessionLike] = []
 _lock = threading.Lock()
+#: The current client's session when no ``with`` block is open (None: no client, or none yet).
+_fallback: list[Callable[[], SessionLike | None]] = []
+
+
+def set_fallback(find: Callable[[], SessionLike | None]) -> None:
+    _fallback[:] = [find]
 
 
 def push(session: SessionLike) -> None:
@@ -40,9 +49,13 @@ def pop(session: SessionLike) -> None:
 
 
 def current() -> SessionLike | None:
-    """The innermost open session (process-wide: threads and trio tasks share it)."""
+    """The innermost open session (process-wide: threads and trio tasks share it), else the
+    current client's session if it has one."""
     with _lock:
-        return _stack[-1] if _stack else None
+        if _stack:
+            return _stack[-1]
+        find = _fallback[0] if _fallback else None
+    return find() if find is not None else None
 
 
 def poisoned_error(tiled: TiledTensor, index: Index, marker: dict[str, Any]) -> uni.PoisonedError:
@@ -76,5 +89,9 @@ def poisoned_chunks(tiled: TiledTensor) -> tuple[Index, ...]:
 def forget_store(path: str) -> None:
     with _lock:
         sessions = list(_stack)
+        find = _fallback[0] if _fallback else None
+    implicit = find() if find is not None else None
+    if implicit is not None and implicit not in sessions:
+        sessions.append(implicit)
     for session in sessions:
         session.forget_store(path)

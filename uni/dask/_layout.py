@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from uni._errors import TileAccessError
 from uni.dask._grid import Index, chunk_name
 
 UNI_DIR = ".uni"
@@ -35,6 +36,19 @@ UNI_DIR = ".uni"
 
 def uni_dir(store: str) -> str:
     return os.path.join(store, UNI_DIR)
+
+
+def has_array(store: str) -> bool:
+    """Whether ``store`` holds a Zarr v3 array (its ``zarr.json``)."""
+    return os.path.isfile(os.path.join(store, "zarr.json"))
+
+
+def require_array(store: str) -> None:
+    """Refuse to write into a store that is not there: a write never creates a store."""
+    if not has_array(store):
+        raise TileAccessError(
+            f"{store}: there is no Zarr array there (no zarr.json): the store was moved or "
+            "deleted; nothing was written (a write never creates a store)")
 
 
 def tmp_dir(store: str) -> str:
@@ -106,7 +120,9 @@ def latest_version(store: str, index: Index) -> int:
 def chunk_lock(store: str, index: Index) -> Iterator[None]:
     """An exclusive lock on one chunk's version directory, across processes (flock)."""
     directory = versions_dir(store, index)
-    os.makedirs(directory, exist_ok=True)
+    if not os.path.isdir(directory):
+        require_array(store)
+        os.makedirs(directory, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -218,6 +234,8 @@ def write_marker(store: str, index: Index, epoch: int, err: BaseException) -> No
         return
     if latest_version(store, index) >= epoch:
         return  # that epoch committed after all (a stale report): nothing is poisoned
+    if not has_array(store):
+        return  # the store is gone: there is nothing left to poison, and no marker creates one
     body = {"epoch": epoch, "type": type(err).__name__, "message": str(err)[:2000]}
     os.makedirs(os.path.dirname(poison_path(store, index)), exist_ok=True)
     tmp = new_tmp(store, "poison")

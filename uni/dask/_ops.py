@@ -7,6 +7,7 @@ and touches no data. The tasks (``uni.dask._tasks``) run uni's own operations on
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -96,7 +97,10 @@ def gemm(a: TiledTensor, b: TiledTensor, c: TiledTensor, *, alpha: Any = 1,
     """``c <- alpha * a @ b + beta * c`` over tiles: one task per tile of ``c``.
 
     Each task runs ``uni.gemm`` on the tiles of a row panel of ``a`` and a column panel of
-    ``b`` (k accumulated in place), under its own leases. ``beta == 0`` overwrites ``c``'s
+    ``b`` under its own leases. The k sum runs in the compute dtype (uni's promotion of the
+    three dtypes and the scalars) and the tile is stored once by the store rules, so the
+    result is ``uni.gemm``'s on the whole operands (in place in the output tile where the
+    compute dtype is the output's and ``alpha == 1``). ``beta == 0`` overwrites ``c``'s
     tiles without reading them (and clears their poison); otherwise they are read, updated
     and committed as a new version, so a rerun after a kill never applies it twice.
     """
@@ -178,6 +182,25 @@ def copy(src: TiledTensor, dst: TiledTensor) -> TiledFuture:
         items.append(TileItem(index, reads, True, body))
     resources = DOMAIN_RESOURCES[uni.CUDA] if uni.CUDA in (src.domain, dst.domain) else None
     return current_session(what).register(what, dst, items, resources=resources)
+
+
+def rechunk(t: TiledTensor, chunks: Any, path: Any, *, overwrite: bool = False,
+            durable: bool = False) -> TiledTensor:
+    """``t`` stored again in a new store of ``chunks`` (``uni.dask.copy`` into it).
+
+    Returns the new tensor at once, its writes registered (like ``from_dask``): operations
+    on it wait for them, and ``.wait()``, ``.compute()`` or ``np.asarray`` do too.
+    """
+    what = "uni.dask.rechunk"
+    t = _tiled_arg(what, "t", t)
+    if os.path.abspath(os.fspath(path)) == t.path:
+        raise uni.LayoutError(f"{what}: the new store is t's own ({t.path}); rechunk into "
+                              "another path")
+    current_session(what)  # refused before the new store exists when there is no sequencer
+    target = _tiled.empty(path, t.shape, chunks, t.dtype, domain=t.domain,
+                          overwrite=overwrite, durable=durable)
+    copy(t, target)
+    return target
 
 
 def _broadcasts(what: str, name: str, t: TiledTensor, shape: tuple[int, ...]) -> None:

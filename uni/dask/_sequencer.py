@@ -228,8 +228,11 @@ class TiledFuture:
                 poisoned.__cause__ = err
         return own or poisoned
 
-    def result(self, timeout: float | None = None) -> None:
-        """Wait for every tile (``timeout`` in seconds); raise the operation's error."""
+    def result(self, timeout: float | None = None) -> TiledTensor:
+        """Wait for every tile (``timeout`` in seconds); raise the operation's error.
+
+        Returns the output tensor (``await`` returns it too).
+        """
         try:
             outcome = self._done.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -240,6 +243,7 @@ class TiledFuture:
                 f"finished within {timeout} s") from None
         if outcome is not None:
             raise outcome
+        return self.out
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
@@ -267,10 +271,10 @@ class TiledFuture:
         self.result(timeout)
         return list(self._session.client.gather(self.futures))
 
-    def __await__(self) -> Generator[Any, None, None]:
+    def __await__(self) -> Generator[Any, None, TiledTensor]:
         return self._await().__await__()
 
-    async def _await(self) -> None:
+    async def _await(self) -> TiledTensor:
         library = sniffio.current_async_library()
         if library == "trio":
             outcome = await _await_trio(self._done)
@@ -280,6 +284,7 @@ class TiledFuture:
             outcome = await asyncio.wrap_future(self._done)
         if outcome is not None:
             raise outcome
+        return self.out
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
@@ -311,8 +316,21 @@ class Session:
 
     # -- context -------------------------------------------------------------------------
     def __enter__(self) -> Session:
+        implicit = _implicit_session(self.client)
+        if implicit is not None and implicit is not self:
+            # Program order across the two sequencers: what the client's own session
+            # registered finishes first, and it forgets its chunk state (it reads the epochs
+            # from the stores again when next used, after this block's commits).
+            implicit.drain(self.close_timeout)
+            implicit.reset()
         _current.push(self)
         return self
+
+    def reset(self) -> None:
+        """Forget the chunk state (call only once every registered task has finished)."""
+        with self._lock:
+            self._chunks.clear()
+            self._base.clear()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
@@ -626,13 +644,60 @@ def session(client: distributed.Client, *, ordered: bool = True,
                    diagnostics=diagnostics, close_timeout=close_timeout)
 
 
+# -- the current client's session -------------------------------------------------------------
+_CLIENT_ATTRIBUTE = "_uni_dask_session"
+_implicit_lock = threading.Lock()
+
+
+def _implicit_session(client: distributed.Client) -> Session | None:
+    found = getattr(client, _CLIENT_ATTRIBUTE, None)
+    return found if isinstance(found, Session) and not found._closed else None
+
+
+def _default_client() -> distributed.Client | None:
+    try:
+        return distributed.default_client()
+    except ValueError:  # no client in this process (or every one is closed)
+        return None
+
+
+def client_session(client: distributed.Client) -> Session:
+    """The session of ``client`` itself (created on first use): the sequencer of operations
+    called outside any ``with uni.dask.session(...)`` block while ``client`` is current.
+
+    It lives as long as the client (kept on it, so that both go together) and is never
+    drained for you: wait on the futures or tensors. Opening ``uni.dask.session(client)``
+    first waits for what it registered.
+    """
+    with _implicit_lock:
+        found = _implicit_session(client)
+        if found is None:
+            found = Session(client)
+            setattr(client, _CLIENT_ATTRIBUTE, found)
+        return found
+
+
+def _fallback() -> Session | None:
+    """What tensors wait on outside a ``with`` block: the current client's session, if any."""
+    client = _default_client()
+    return None if client is None else _implicit_session(client)
+
+
+_current.set_fallback(_fallback)
+
+
 def current_session(what: str) -> Session:
+    """The innermost ``with uni.dask.session(client):``, else the current client's session."""
     found = _current.current()
-    if not isinstance(found, Session):
+    if isinstance(found, Session) and not found._closed:
+        return found
+    client = _default_client()
+    if client is None:
         raise uni.UniError(
-            f"{what} registers its tasks with a sequencer: call it inside "
-            "`with uni.dask.session(client):`"
+            f"{what} registers its tasks with a sequencer, and there is none: call it inside "
+            "`with uni.dask.session(client):`, or once a distributed.Client exists in this "
+            "process (operations then use that client's own session)"
         )
-    return found
+    return client_session(client)
 
 

@@ -17,6 +17,7 @@ from distributed import get_worker
 
 import uni
 from uni._errors import TileAccessError
+from uni._promotion import matmul_dtype, python_scalar_to
 from uni.dask import _layout
 from uni.dask._cache import CACHE
 from uni.dask._chunk_storage import (
@@ -76,6 +77,7 @@ def run_tile_task(task: TileTask, deps: Any = None) -> Token:
     """Run one tile task (``deps``: the tokens of what the sequencer made it wait for)."""
     CACHE.configure(task.cache_bytes)
     out, index, epoch = task.out, task.index, task.epoch
+    out.check_store()
     out_key = (out.path, index)
     if epoch is not None:
         latest = _layout.latest_version(out.path, index)
@@ -140,6 +142,65 @@ def _host_view(lease: Any) -> Iterator[uni.Tensor]:
             storage.drop_handles()
 
 
+def _compute_dtype(*dtypes: np.dtype[Any], alpha: Any, beta: Any) -> np.dtype[Any]:
+    return np.dtype(matmul_dtype(*dtypes, alpha=alpha, beta=beta))
+
+
+def _store_product(acc: np.ndarray[Any, Any], out: uni.Tensor, alpha: Any, beta: Any) -> None:
+    """``out <- alpha * acc + beta * out``, computed in ``acc``'s dtype (the operation's
+    compute dtype) and stored once by the store rules: the arithmetic of ``uni.gemm``'s own
+    backends (``uni.backends.numpy``), applied after the k sum instead of inside it."""
+    compute = acc.dtype
+    with np.errstate(all="ignore"):  # IEEE results and integer wrap are the semantics
+        if alpha != 1:
+            np.multiply(acc, np.asarray(python_scalar_to(_plain(alpha), compute), compute),
+                        out=acc)
+        if beta != 0:
+            old = out.to_numpy()
+            np.add(acc, np.multiply(old, np.asarray(python_scalar_to(_plain(beta), compute),
+                                                    compute), dtype=compute), out=acc)
+    uni.copy(uni.from_numpy(acc), out)  # the store rules: saturate, NaN -> 0, != 0 -> True
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (uni reads scalars so)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _accumulate(run: Callable[..., None], pairs: list[tuple[uni.Tensor, uni.Tensor]],
+                acc: uni.Tensor, beta: Any) -> None:
+    """``acc <- sum over k of the products (+ beta * acc)``, each k tile added into ``acc``.
+
+    ``acc``'s dtype is the compute dtype, so every partial sum is kept exactly as one
+    ``uni.gemm`` over the whole k range would keep it (no store rule between k tiles).
+    """
+    for k, (left, right) in enumerate(pairs):
+        run(left, right, acc, alpha=1, beta=beta if k == 0 else 1)
+
+
+def _product_tile(run: Callable[..., None], pairs: list[tuple[uni.Tensor, uni.Tensor]],
+                  empty_pair: tuple[uni.Tensor, uni.Tensor], out: uni.Tensor,
+                  dtypes: tuple[np.dtype[Any], np.dtype[Any]], alpha: Any, beta: Any) -> None:
+    """One output tile of gemm or gemv (``run``): ``out <- alpha * sum_k(...) + beta * out``.
+
+    Like ``uni.gemm`` on the whole operands, the k sum runs in the compute dtype and the
+    tile is stored once. Where the compute dtype is the output's and ``alpha == 1`` the sum
+    runs in the output's buffer itself (storing the compute dtype into itself changes
+    nothing); otherwise in a buffer of the compute dtype, stored at the end.
+    """
+    if alpha == 0 or not pairs:
+        # uni.gemm's own rule: alpha == 0 or k == 0 never reads a or b (beta * c only).
+        run(*empty_pair, out, alpha=alpha, beta=beta)
+        return
+    compute = _compute_dtype(*dtypes, out.dtype, alpha=alpha, beta=beta)
+    if compute == out.dtype and alpha == 1:
+        _accumulate(run, pairs, out, beta)
+        return
+    acc = np.empty(out.shape, compute)
+    _accumulate(run, pairs, uni.from_numpy(acc), 0)
+    _store_product(acc, out, alpha, beta)
+
+
 @attrs.frozen
 class GemmBody:
     a: TiledTensor
@@ -152,14 +213,11 @@ class GemmBody:
         c_tile = task.out.tile(task.index)
         with (uni.acquire_host_write_access_sync(c_tile, overwrite=self.beta == 0) as lease,
               _host_view(lease) as acc):
-            ktiles = self.a.grid[1]
-            if ktiles == 0:  # an empty inner dimension: c = beta * c
-                m, n = acc.shape
-                uni.gemm(uni.zeros((m, 0), self.a.dtype), uni.zeros((0, n), self.b.dtype), acc,
-                         alpha=self.alpha, beta=self.beta)
-            for k in range(ktiles):
-                uni.gemm(self.a.tile((i, k)), self.b.tile((k, j)), acc, alpha=self.alpha,
-                         beta=self.beta if k == 0 else 1)
+            m, n = acc.shape
+            pairs = [(self.a.tile((i, k)), self.b.tile((k, j))) for k in range(self.a.grid[1])]
+            empty = (uni.zeros((m, 0), self.a.dtype), uni.zeros((0, n), self.b.dtype))
+            _product_tile(uni.gemm, pairs, empty, acc, (self.a.dtype, self.b.dtype),
+                          self.alpha, self.beta)
 
 
 @attrs.frozen
@@ -174,13 +232,10 @@ class GemvBody:
         y_tile = task.out.tile(task.index)
         with (uni.acquire_host_write_access_sync(y_tile, overwrite=self.beta == 0) as lease,
               _host_view(lease) as acc):
-            ktiles = self.a.grid[1]
-            if ktiles == 0:
-                uni.gemv(uni.zeros((acc.shape[0], 0), self.a.dtype), uni.zeros((0,), self.x.dtype),
-                         acc, alpha=self.alpha, beta=self.beta)
-            for k in range(ktiles):
-                uni.gemv(self.a.tile((i, k)), self.x.tile((k,)), acc, alpha=self.alpha,
-                         beta=self.beta if k == 0 else 1)
+            pairs = [(self.a.tile((i, k)), self.x.tile((k,))) for k in range(self.a.grid[1])]
+            empty = (uni.zeros((acc.shape[0], 0), self.a.dtype), uni.zeros((0,), self.x.dtype))
+            _product_tile(uni.gemv, pairs, empty, acc, (self.a.dtype, self.x.dtype),
+                          self.alpha, self.beta)
 
 
 def _gather(src: TiledTensor, lo: tuple[int, ...], hi: tuple[int, ...]) -> uni.Tensor:

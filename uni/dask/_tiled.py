@@ -12,6 +12,7 @@ import math
 import operator
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from zarr.codecs import BytesCodec
 from zarr.core.metadata import ArrayV3Metadata
 
 import uni
+from uni._errors import TileAccessError
 from uni.dask import _current, _layout
 from uni.dask._chunk_storage import chunk_storage
 from uni.dask._grid import Index, chunk_name, grid_shape, tile_extent, tile_indices, tile_slices
@@ -159,10 +161,33 @@ class TiledTensor:
         it like on any tensor. The storage is this process's one storage of that chunk.
         """
         idx = self.check_index(index)
+        self.check_store()
         storage = chunk_storage(self, idx)
         return uni.Tensor.from_storage(
             storage, uni.layout_stride(tile_extent(idx, self.shape, self.chunks),
                                        storage.chunk_strides))
+
+    def check_store(self) -> None:
+        """Raise ``TileAccessError`` unless ``path`` holds the array this tensor describes.
+
+        Checked once per process and store (its metadata: shape, chunks, dtype, fill value,
+        chunk keys, and the store id uni.dask wrote): a store moved, deleted or replaced since
+        the tensor was made would otherwise read as fill values, and a write would create a
+        directory that is no Zarr array. ``tile()`` and every task check it.
+        """
+        key = _store_key(self)
+        if key in _checked:
+            return
+        problem = _mismatch(self)
+        if problem is not None:
+            raise TileAccessError(
+                f"{self.path}: {problem}; a tile access must find the array its TiledTensor "
+                "was made for (was the store moved, deleted or replaced? describe it where it "
+                "is now with uni.dask.open)")
+        with _checked_lock:
+            if len(_checked) > 4096:
+                _checked.clear()
+            _checked.add(key)
 
     # -- the sequencer's view -----------------------------------------------------------
     def wait(self, timeout: float | None = None) -> None:
@@ -183,9 +208,87 @@ class TiledTensor:
             self.wait()
         return da.from_zarr(self.path)
 
+    # -- dask-shaped results --------------------------------------------------------------
+    def compute(self, timeout: float | None = None) -> np.ndarray[Any, Any]:
+        """The whole array as a numpy array, in this process.
+
+        First waits for every writer registered on this tensor (raising ``PoisonedError``
+        for a poisoned chunk), then reads each tile through a read lease, as any uni reader
+        would: in program order after the writers registered before the call.
+        """
+        self.wait(timeout)
+        out = np.empty(self.shape, self.dtype)
+        for index in self.tiles():
+            with uni.acquire_host_read_access_sync(self.tile(index)) as lease:
+                out[self.tile_slices(index)] = np.asarray(lease.mdspan())
+        return out
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        """``np.asarray(t)``: ``t.compute()`` (the data, read through read leases)."""
+        if copy is False:
+            raise ValueError(
+                f"np.array(..., copy=False) of {self!r}: its data is read from the store into "
+                "new memory, never shared; use np.asarray(t) or t.compute()")
+        data = self.compute()
+        return data if dtype is None else data.astype(dtype, copy=False)
+
+    def __getitem__(self, key: Any) -> Any:
+        """``t[...]`` with basic indexing: a lazy ``dask.array`` of that region
+        (``t.to_dask()[key]``, so it first waits for the tensor's writers)."""
+        parts = key if isinstance(key, tuple) else (key,)
+        for part in parts:
+            if not (part is None or part is Ellipsis or isinstance(part, slice | int | np.integer)
+                    ) or isinstance(part, bool | np.bool_):
+                raise TypeError(
+                    f"TiledTensor[...] takes basic indexing (integers, slices, ..., None), got "
+                    f"{type(part).__name__} in {key!r}; for other indexing use "
+                    "t.to_dask()[...]")
+        return self.to_dask()[key]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        raise TypeError(f"a TiledTensor is not iterable: iterate over t.tiles() (chunk "
+                        f"indices), or over t.to_dask() or t.compute() ({self!r})")
+
     def __repr__(self) -> str:
         return (f"TiledTensor({self.path!r}, shape={self.shape}, chunks={self.chunks}, "
                 f"dtype={self.dtype.name}, domain={self.domain!r})")
+
+
+# -- checking that a store is the array described ------------------------------------------
+_checked: set[tuple[Any, ...]] = set()
+_checked_lock = threading.Lock()
+
+
+def _store_key(t: TiledTensor) -> tuple[Any, ...]:
+    return (t.path, t.store_id, t.shape, t.chunks, t.dtype.str, repr(t.fill_value),
+            t.key_encoding, t.key_separator)
+
+
+def _same_fill(dtype: np.dtype[Any], a: Any, b: Any) -> bool:
+    x, y = np.array(a).astype(dtype), np.array(b).astype(dtype)
+    return bool(x == y) or bool(dtype.kind in "fc" and np.isnan(x) and np.isnan(y))
+
+
+def _mismatch(t: TiledTensor) -> str | None:
+    """What the array at ``t.path`` does not share with ``t`` (None: it is that array)."""
+    if not _layout.has_array(t.path):
+        return "there is no Zarr array there (no zarr.json)"
+    try:
+        found = open(t.path, domain=t.domain)
+    except (OSError, ValueError, uni.UniError) as err:
+        return f"the array there cannot be read ({type(err).__name__}: {err})"
+    if t.store_id and found.store_id != t.store_id:
+        return (f"another array is stored there (store id {found.store_id or 'none'}, "
+                f"expected {t.store_id}): it was replaced")
+    for what in ("shape", "chunks", "dtype", "key_encoding", "key_separator"):
+        if getattr(found, what) != getattr(t, what):
+            return f"the array there has {what} {getattr(found, what)}, expected {getattr(t, what)}"
+    if not _same_fill(t.dtype, found.fill_value, t.fill_value):
+        return f"the array there has fill value {found.fill_value!r}, expected {t.fill_value!r}"
+    return None
 
 
 # -- stores ------------------------------------------------------------------------------------
@@ -208,6 +311,9 @@ def _create(path: Any, shape: Any, chunks: Any, dtype: Any, fill_value: Any, dom
             raise FileExistsError(
                 f"{target} exists and is not a Zarr array: uni.dask will not delete it")
         _current.forget_store(target)
+        with _checked_lock:  # the old array's description must be checked again
+            for key in [k for k in _checked if k[0] == target]:
+                _checked.discard(key)
         if os.path.isdir(target):
             shutil.rmtree(target)
         else:
