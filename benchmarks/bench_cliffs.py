@@ -14,6 +14,16 @@ Cases: int64 gemm 64x64 and 256x256, float64 gemm on ``a[::-1]`` 64x64, and a nu
 (``np.add``) as the op of ``uni.transform`` over 100,000 float64 elements. Goal: *after*
 within 2x numpy (ratio = reference_s / uni_s >= 0.5). The 256x256 *before* case takes about
 a minute and a half per call, so it is timed once, and left out with ``--quick``.
+
+Issue 24's cliffs, timed in alternating rounds (medians) against numpy in the same run:
+
+- ``uni.transform(out, uni.ops.maximum, a, b)`` on 64 float64 elements against
+  ``np.maximum(a, b, out=out)``; *before*: ``np.maximum`` given as the op (what users reached
+  for without ``uni.ops.maximum``).
+- float32 @ float64 -> float64 gemm at 64x64, 256x256 and 1024x1024 against numpy's own mixed
+  ``np.matmul(a, b, out=c)`` (goal: within 1.5x, ratio >= 0.67); *before*: the numpy
+  backend (where the walk sent it before blas took mixes through temporaries), and the
+  same product in one dtype (float64 @ float64) for scale.
 """
 
 from __future__ import annotations
@@ -112,6 +122,64 @@ def ufunc_case(size: int, repeats: int, before_repeats: int) -> list[dict[str, A
     return rows
 
 
+def alternating_s(fns: dict[str, Callable[[], object]], repeats: int, number: int
+                  ) -> dict[str, float]:
+    """Median seconds per call of each function, timed in alternating rounds (forwards, then
+    backwards) so that a shared machine's drift hits them alike."""
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for fn in fns.values():
+        fn()  # warm: caches, the walk's decision, the prepared repeat
+        fn()
+    for r in range(repeats):
+        for name in names if r % 2 else names[::-1]:
+            fn = fns[name]
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            times[name].append((time.perf_counter() - start) / number)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def maximum_case(repeats: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(3)
+    a_np, b_np, o_np = rng.standard_normal(64), rng.standard_normal(64), np.empty(64)
+    a, b, out = uni.from_numpy(a_np), uni.from_numpy(b_np), uni.zeros(64)
+    uni.transform(out, uni.ops.maximum, a, b)
+    assert np.array_equal(np.asarray(out), np.maximum(a_np, b_np))
+    t = alternating_s({"numpy": lambda: np.maximum(a_np, b_np, out=o_np),
+                       "ops": lambda: uni.transform(out, uni.ops.maximum, a, b),
+                       "ufunc": lambda: uni.transform(out, np.maximum, a, b),
+                       "add": lambda: uni.transform(out, uni.ops.add, a, b)}, repeats, 2000)
+    return [{"case": "transform(uni.ops.maximum) 64 f64: after", "uni_s": t["ops"],
+             "reference": "numpy maximum(a, b, out=out)", "reference_s": t["numpy"],
+             "notes": f"before (np.maximum as the op): {t['ufunc'] * 1e6:.1f} us; "
+                      f"uni.ops.add on the same operands: {t['add'] * 1e6:.1f} us"}]
+
+
+def mixed_gemm_case(n: int, repeats: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(4)
+    a_np = rng.standard_normal((n, n)).astype(np.float32)
+    b_np, c_np = rng.standard_normal((n, n)), np.empty((n, n))
+    a64 = a_np.astype(np.float64)
+    a, b, c, c2 = uni.from_numpy(a_np), uni.from_numpy(b_np), uni.zeros((n, n)), uni.zeros((n, n))
+    same = uni.from_numpy(a64)
+    with uni.dispatch_diagnostics() as records:
+        uni.gemm(a, b, c)
+    assert records[0].selected == "blas"
+    np.testing.assert_allclose(np.asarray(c), a64 @ b_np, rtol=1e-10, atol=1e-10 * n)
+    number = max(1, 2_000_000 // (n * n * n) * 4)
+    t = alternating_s({"numpy": lambda: np.matmul(a_np, b_np, out=c_np),
+                       "uni": lambda: uni.gemm(a, b, c),
+                       "before": lambda: uni.gemm(a, b, c2, backends=["numpy"]),
+                       "same": lambda: uni.gemm(same, b, c2)}, repeats, number)
+    return [{"case": f"gemm float32 @ float64 {n}x{n}: after (blas)", "uni_s": t["uni"],
+             "reference": "numpy mixed matmul(a, b, out=c)", "reference_s": t["numpy"],
+             "notes": (f"goal: ratio >= 0.67 (within 1.5x); before (numpy backend) "
+                       f"{t['before'] * 1e3:.3f} ms; float64 @ float64 on blas "
+                       f"{t['same'] * 1e3:.3f} ms")}]
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
     """The four cliff cases, after and before; ``quick``: fewer repeats, no 256x256 before."""
     repeats = 5 if quick else 9
@@ -125,6 +193,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     rows += gemm_case("float64 gemm a[::-1] 64x64", f64[::-1], f64.T.copy(), repeats,
                       before_repeats)
     rows += ufunc_case(100_000, repeats, before_repeats)
+    rows += maximum_case(repeats)
+    for n in (64, 256) if quick else (64, 256, 1024):
+        rows += mixed_gemm_case(n, repeats if n < 1024 else max(5, repeats // 2))
     return rows
 
 

@@ -25,6 +25,7 @@ import concurrent.futures
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import pathlib
 import shutil
@@ -237,10 +238,14 @@ ELEMENT_OPS: tuple[Any, ...] = (
     uni.ops.add, uni.ops.subtract, uni.ops.multiply, uni.ops.divide,
     uni.ops.scale(2), uni.ops.scale(-3), uni.ops.scale(0.5), uni.ops.scale(1.25),
     uni.ops.scale(True), uni.ops.scale(1j), uni.ops.scale(0.5 - 0.25j),
+    uni.ops.maximum, uni.ops.minimum, uni.ops.maximum, uni.ops.minimum,
+    uni.ops.clip(-2, 3), uni.ops.clip(-0.0, 0.0), uni.ops.clip(-1.5, None),
+    uni.ops.clip(None, 2.5), uni.ops.clip(False, True), uni.ops.clip(math.nan, 1),
 )
 ACCESSOR_OPS: tuple[Any, ...] = (
     uni.ops.negate, uni.ops.square, uni.ops.reciprocal, uni.ops.conjugate, uni.ops.identity,
     uni.ops.scale(2), uni.ops.scale(0.5), uni.ops.scale(1j), uni.ops.scale(-3),
+    uni.ops.clip(-1, 2), uni.ops.clip(None, 0.5),
 )
 SCALE_FACTORS: tuple[Any, ...] = (2, -3, 0.5, 1.25, -2.0, True, 1j, 0.5 - 2j, np.float32(1.5),
                                   np.int64(-3), np.float64(0.25), np.complex64(1 - 1j))
@@ -849,7 +854,8 @@ def op_launch(op: Any, dtype: Any, n: int, ptrs: Sequence[int] | None = None,
 
 
 SPECIAL_OPS = (uni.ops.add, uni.ops.multiply, uni.ops.negate, uni.ops.square,
-               uni.ops.divide, uni.ops.reciprocal)
+               uni.ops.divide, uni.ops.reciprocal, uni.ops.maximum, uni.ops.minimum,
+               uni.ops.clip(-0.0, 0.0), uni.ops.clip(-3, None))
 
 
 def extra_kernels() -> list[KernelSource]:
@@ -864,6 +870,10 @@ def extra_kernels() -> list[KernelSource]:
         for dtype in (np.int32, np.int64, np.float32, np.float64, np.complex64, np.complex128):
             if op.name in ("divide", "reciprocal") and np.dtype(dtype).kind == "i":
                 continue
+            if op.name in ("maximum", "minimum", "clip") and np.dtype(dtype).kind == "c":
+                continue  # no order on complex numbers: refused upstream
+            if op.name == "clip" and op.bounds == (-0.0, 0.0) and np.dtype(dtype).kind == "i":
+                continue  # a float bound: computes in float32
             launch = op_launch(op, dtype, 2)
             assert launch is not None
             kernels.append(launch.kernel)
@@ -912,18 +922,22 @@ def gemm_launch(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> Launch:
     return launch
 
 
-def compile_suite_part(directory: str, part: int,
-                       parts: int) -> list[tuple[str, int, int | None, str, float, str]]:
-    """Compile every ``parts``-th suite kernel (from ``part``) with NVRTC into ``directory``.
+def compile_suite_part(directory: str, part: int, parts: int, arch: str | None = None,
+                       names: Sequence[str] | None = None
+                       ) -> list[tuple[str, int, int | None, str, float, str]]:
+    """Compile every ``parts``-th suite kernel (from ``part``; of those in ``names`` only,
+    when given) with NVRTC into ``directory`` (for ``arch``, default sm_90).
 
     Runs in a worker process (NVRTC holds the GIL: threads would not overlap); returns
     (name, cubin bytes, cubin SM, origin, seconds, cache file) per kernel.
     """
     from uni.cuda import _nvrtc  # the worker's own import: it runs in a fresh process
 
-    cache = _nvrtc.KernelCache(directory)
+    cache = _nvrtc.KernelCache(directory) if arch is None else \
+        _nvrtc.KernelCache(directory, arch=arch)
     results = []
-    for kernel in suite_kernels()[part::parts]:
+    chosen = [k for k in suite_kernels() if names is None or k.name in names]
+    for kernel in chosen[part::parts]:
         compiled = cache.get(kernel.spec)
         assert compiled.name == kernel.name
         results.append((compiled.name, len(compiled.cubin), _nvrtc.cubin_arch(compiled.cubin),

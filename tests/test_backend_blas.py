@@ -369,3 +369,162 @@ def test_blas_declines_inputs_it_could_only_read_element_by_element() -> None:
         assert info.value.attempts[0][2] is uni.Decline.UNSUPPORTED_ACCESSOR
     uni.copy(fast, out, backends=["blas"])
     assert np.array_equal(np.asarray(out), -np.arange(6.0).reshape(2, 3))
+
+
+# ---------------------------------------------------------------------------------------
+# mixed dtypes: converted temporaries, BLAS in the compute dtype, one store
+
+MIXES = [(a, b, c) for a in BLAS_DTYPES for b in BLAS_DTYPES for c in BLAS_DTYPES
+         if len({a, b, c}) > 1]
+
+
+def _reference(call: Any, *tensors: uni.Tensor, **kw: Any) -> Array:
+    out = tensors[-1]
+    twin = uni.from_numpy(np.array(np.asarray(out)))
+    call(*tensors[:-1], twin, backends=["cpu_reference"], **kw)
+    return np.asarray(twin)
+
+
+@pytest.mark.parametrize(("da", "db", "dc"), MIXES, ids=lambda d: d.name)
+def test_every_float_complex_mix_runs_on_blas_like_cpu_reference(da: Any, db: Any,
+                                                                  dc: Any) -> None:
+    rng = np.random.default_rng(hash((da.name, db.name, dc.name)) % 2**32)
+    real = not any(d.kind == "c" for d in (da, db, dc))
+    # (Fortran order only without batch axes: F-ordered batches interleave, which BLAS
+    # declines for an operand it does not convert.)
+    for batch, (alpha, beta), flags in [((), (1, 0), "CFC"), ((2,), (2, 0.5), "CCC"),
+                                        ((3, 2), (0.5, -1), "CCC"), ((), (0, 2), "FFF"),
+                                        ((), (-1, 0), "FCF")]:
+        # Small integers: every product and sum is exact in every dtype.
+        def arr(shape: tuple[int, ...], dt: Any, order: str) -> uni.Tensor:
+            v = rng.integers(-3, 4, shape).astype(dt)
+            if dt.kind == "c":
+                v = v + 1j * rng.integers(-3, 4, shape)
+            return uni.from_numpy(np.array(v, dtype=dt, order=order))
+        a, b = arr((*batch, 3, 4), da, flags[0]), arr((4, 5), db, flags[1])
+        c = arr((*batch, 3, 5), dc, flags[2])
+        x, y = arr((4,), db, "C"), arr((*batch, 3), dc, "C")
+        scalars = {"alpha": alpha, "beta": beta} if real else {"alpha": alpha * (1 - 1j),
+                                                               "beta": beta}
+        compute = np.result_type(da, db, dc)
+        cases = [(uni.gemm, (a, b, c)), (uni.gemm, (a, b.conj(), c)), (uni.gemv, (a, x, y)),
+                 (uni.gemv, (a.conj(), x.conj(), y))]
+        for call, operands in cases:
+            want = _reference(call, *operands, **scalars)
+            conj_kept = [t for t in operands[:2] if t.dtype == compute and t.dtype.kind == "c"
+                         and isinstance(t.accessor, uni.ConjugateAccessor)]
+            try:
+                with uni.dispatch_diagnostics() as records:
+                    call(*operands, backends=["blas"], **scalars)
+            except uni.KernelDispatchError as err:
+                # Only a conjugate BLAS cannot express, on an operand needing no conversion
+                # (a converted one takes its conjugate in the conversion).
+                assert conj_kept and err.attempts[0][2] is uni.Decline.UNSUPPORTED_ACCESSOR
+                continue
+            assert records[-1].selected == "blas"
+            np.testing.assert_array_equal(np.asarray(operands[-1]), want,
+                                          err_msg=f"{call.__name__} {batch} {scalars}")
+
+
+def test_mixed_edge_rules_never_read_what_alpha_and_beta_exclude() -> None:
+    a = uni.from_numpy(np.full((3, 4), np.nan, np.float32))
+    b = uni.from_numpy(np.ones((4, 2)))
+    c = uni.from_numpy(np.full((3, 2), 3.0, np.float32))
+    uni.gemm(a, b, c, alpha=0, beta=2, backends=["blas"])  # a never read: 2 * c
+    assert np.array_equal(np.asarray(c), np.full((3, 2), 6.0, np.float32))
+    c_nan = uni.from_numpy(np.full((3, 2), np.nan, np.complex64))
+    ones = uni.from_numpy(np.ones((3, 4), np.float32))
+    uni.gemm(ones, b, c_nan, beta=0, backends=["blas"])  # c never read: NaN ignored
+    assert np.array_equal(np.asarray(c_nan), np.full((3, 2), 4.0, np.complex64))
+    y = uni.from_numpy(np.full(3, np.nan))
+    uni.gemv(ones, uni.from_numpy(np.ones(4, np.complex64)), y, backends=["blas"])
+    assert np.array_equal(np.asarray(y), np.full(3, 4.0))  # complex product, real part stored
+    k0 = uni.from_numpy(np.full((3, 2), 5.0))
+    uni.gemm(uni.zeros((3, 0), np.float32), uni.zeros((0, 2)), k0, alpha=np.nan, beta=1,
+             backends=["blas"])
+    assert np.array_equal(np.asarray(k0), np.full((3, 2), 5.0))
+
+
+def test_mixed_stores_follow_the_store_rules() -> None:
+    big = uni.from_numpy(np.array([[1e30, 0], [0, 1]]))
+    out = uni.zeros((2, 2), np.float32)
+    uni.gemm(big, big, out, backends=["blas"])  # 1e60 rounds to inf in float32
+    assert np.array_equal(np.asarray(out), np.array([[np.inf, 0], [0, 1]], np.float32))
+    z = uni.from_numpy(np.array([[1 + 2j]], np.complex64))
+    real = uni.zeros((1, 1))
+    uni.gemm(z, uni.from_numpy(np.array([[2.0]])), real, backends=["blas"])
+    assert np.asarray(real)[0, 0] == 2.0  # the real part of 2 + 4j
+
+
+def test_a_broadcast_input_is_converted_once_per_distinct_slice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from uni.backends.blas import _temporaries
+
+    made: list[tuple[int, ...]] = []
+    original = _temporaries._empty_like
+
+    def recording(x: Array, compute: Any) -> tuple[Array, Array]:
+        temp, shaped = original(x, compute)
+        made.append(temp.shape)
+        return temp, shaped
+
+    monkeypatch.setattr(_temporaries, "_empty_like", recording)
+    a_np = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    a = uni.from_numpy(np.broadcast_to(a_np, (50, 3, 4)))
+    c = uni.zeros((50, 3, 2))
+    uni.gemm(a, uni.from_numpy(np.ones((4, 2))), c, backends=["blas"])
+    assert made == [(1, 3, 4)]  # not 50 copies of a
+    want = a_np.astype(np.float64) @ np.ones((4, 2))
+    assert np.array_equal(np.asarray(c), np.broadcast_to(want, (50, 3, 2)))
+
+
+def test_a_failure_after_the_conversion_poisons_the_output(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    from uni.backends.blas import _temporaries
+
+    def broken(temp: Array, out: Array) -> None:
+        out[...] = 7  # a partial write, then the failure
+        raise MemoryError("forced: the store failed")
+
+    monkeypatch.setattr(_temporaries, "store", broken)
+    c = uni.zeros((2, 2), np.float32)
+    with pytest.raises(MemoryError, match="forced"):
+        uni.gemm(uni.from_numpy(np.ones((2, 2))), uni.from_numpy(np.ones((2, 2))), c,
+                 backends=["blas"])
+    with pytest.raises(uni.PoisonedError):
+        uni.acquire_host_read_access_sync(c)
+
+
+def test_mixed_prepared_repeats_match_the_general_path() -> None:
+    from uni import _prepared
+
+    rng = np.random.default_rng(5)
+    a_np = rng.integers(-3, 4, (6, 5)).astype(np.float32)
+    b_np = rng.integers(-3, 4, (5, 4)).astype(np.complex128)
+    c_np = rng.integers(-3, 4, (6, 4)).astype(np.float64)
+    x_np = rng.integers(-3, 4, 5).astype(np.float64)
+    y_np = np.zeros(6, np.complex64)
+    a, b, c = uni.from_numpy(a_np), uni.from_numpy(b_np), uni.from_numpy(c_np)
+    x, y = uni.from_numpy(x_np), uni.from_numpy(y_np)
+    runs = 0
+    for alpha, beta in [(1, 0), (2, 3), (1, 1), (0.5, 0), (1, 0), (2, 3), (3, 1), (0, 2)] * 2:
+        want_c = _reference(uni.gemm, a, b, c, alpha=alpha, beta=beta)
+        want_y = _reference(uni.gemv, a, x, y, alpha=alpha, beta=beta)
+        entry = _prepared.lookup("gemm", a, b, c)
+        uni.gemm(a, b, c, alpha=alpha, beta=beta)
+        uni.gemv(a, x, y, alpha=alpha, beta=beta)
+        runs += entry is not None and entry.backend == "blas"
+        np.testing.assert_array_equal(c_np, want_c, err_msg=f"{alpha}, {beta}")
+        np.testing.assert_array_equal(y_np, want_y, err_msg=f"{alpha}, {beta}")
+    assert runs >= 8 and _prepared.lookup("gemv", a, x, y) is not None
+
+
+def test_probe_takes_products_with_a_float_or_complex_operand() -> None:
+    f, i, bo = uni.zeros((2, 2)), uni.zeros((2, 2), np.int32), uni.zeros((2, 2), bool)
+    z = uni.zeros((2, 2), np.complex64)
+    assert blas.probe("gemm", _signature(i, f, i)) is uni.Probe.MAYBE  # computes in float64
+    assert blas.probe("gemm", _signature(bo, bo, z)) is uni.Probe.MAYBE
+    assert blas.probe("gemv", _signature(i, i[0], i[0])) is uni.Probe.NO
+    with uni.dispatch_diagnostics() as records:
+        uni.gemm(uni.from_numpy(np.eye(2, dtype=np.int32)), uni.from_numpy(np.eye(2)), f)
+    assert records[0].selected == "blas" and np.array_equal(np.asarray(f), np.eye(2))

@@ -161,3 +161,21 @@ def test_numpy_ufuncs_run_through_numpys_loop_element_by_element() -> None:
     assert np.asarray(out).tolist() == [3, -4, -4, 0]  # numpy's floor division; x // 0 is 0
     with pytest.raises(ValueError, match="negative integer powers"):
         uni.transform(out, np.power, x, -1, backends=ONLY)  # numpy's own error, per element
+
+
+def test_gemm_and_gemv_add_left_to_right_without_compensation() -> None:
+    # From Python 3.12 the built-in sum() compensates float sums: it would give 1.0 here,
+    # where every plain loop (the kernels, BLAS) rounds 1e16 + 1.0 back to 1e16 and gives 0.
+    a = uni.from_numpy(np.array([[1e16, 1.0, -1e16]]))
+    b = uni.from_numpy(np.ones((3, 1)))
+    c = uni.zeros((1, 1))
+    uni.gemm(a, b, c, backends=ONLY)
+    assert c.to_numpy()[0, 0] == 0.0
+    y = uni.zeros((1,))
+    uni.gemv(a, uni.from_numpy(np.ones(3)), y, backends=ONLY)
+    assert y.to_numpy()[0] == 0.0
+    # The same with complex terms (compensated by sum() from Python 3.12 as well).
+    z = uni.zeros((1, 1), np.complex128)
+    uni.gemm(uni.from_numpy(np.array([[1e16 + 1e16j, 1.0 + 1.0j, -1e16 - 1e16j]])),
+             uni.from_numpy(np.ones((3, 1), np.complex128)), z, backends=ONLY)
+    assert z.to_numpy()[0, 0] == 0

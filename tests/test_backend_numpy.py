@@ -501,21 +501,26 @@ def test_probe_is_host_only() -> None:
 
 
 # -- dtype mixes through the default walk -------------------------------------------------------
-def test_blas_declines_mixed_dtypes_and_numpy_runs_them() -> None:
+def test_blas_runs_float_mixes_and_numpy_runs_integer_and_bool_products() -> None:
     a = uni.from_numpy(np.arange(6, dtype=np.int32).reshape(2, 3))
     b = uni.from_numpy(np.arange(12.0).reshape(3, 4))
     c = uni.zeros((2, 4), np.float32)
     f32 = uni.from_numpy(np.ones((2, 3), np.float32))
+    i64 = uni.from_numpy(np.arange(12, dtype=np.int64).reshape(3, 4))
+    bools = uni.from_numpy(np.arange(6).reshape(2, 3) > 2), uni.from_numpy(np.eye(3, 4) > 0)
     with uni.dispatch_diagnostics() as records:
-        uni.gemm(a, b, c)                                   # int32 @ float64 -> float32
-        uni.gemm(f32, b, c)                                 # float32 @ float64: blas declines
+        uni.gemm(a, b, c)                                   # int32 @ float64 into float32
+        uni.gemm(f32, b, c)                                 # float32 @ float64: temporaries
         uni.gemv(f32, b[:, 0], uni.zeros(2))
+        uni.gemm(a, i64, uni.zeros((2, 4), np.int64))        # computes in int64
+        uni.gemm(*bools, uni.zeros((2, 4), bool), alpha=True)  # computes in bool
         uni.copy(b.T[:2, :2], uni.zeros((2, 2), np.int64))
-    assert [r.selected for r in records] == ["numpy"] * 4
-    for record in records[1:]:
-        blas = record.attempts[0]
-        assert blas.backend_name == "blas" and blas.decline is uni.Decline.UNSUPPORTED_INSTANCE
-        assert "mixed dtypes" in blas.detail
+    assert [r.selected for r in records] == ["blas"] * 3 + ["numpy"] * 3
+    for record in records[3:5]:  # no float or complex operand: not blas's
+        assert record.attempts[0].backend_name == "blas"
+        assert record.attempts[0].probe is uni.Probe.NO
+    blas = records[5].attempts[0]
+    assert blas.decline is uni.Decline.UNSUPPORTED_INSTANCE and "mixed dtypes" in blas.detail
     want = np.ones((2, 3)) @ np.arange(12.0).reshape(3, 4)
     assert np.array_equal(np.asarray(c), want.astype(np.float32))
 
@@ -733,7 +738,7 @@ def test_numpy_backend_runs_the_big_cases_without_warning() -> None:
 
 
 # -- the prepared repeat of a gemm numpy ran ----------------------------------------------------
-@pytest.mark.parametrize("dtypes", [("i8", "i8", "i8"), ("i4", "f8", "f4"), ("b1", "b1", "i4")])
+@pytest.mark.parametrize("dtypes", [("i8", "i8", "i8"), ("f8", "i4", "f4"), ("b1", "b1", "i4")])
 def test_numpy_prepared_repeats_match_the_general_path(dtypes: tuple[str, str, str]) -> None:
     import gc
     import weakref
@@ -783,3 +788,29 @@ def test_ufunc_ops_are_host_only() -> None:
     with pytest.raises(uni.DomainError, match="runs on the host only"):
         uni.transform(out, np.sqrt, out)
     assert out.storage.access_queue.snapshot() == []
+
+
+def test_a_large_integer_product_warns_once_and_says_what_to_change() -> None:
+    from uni import _dispatch
+
+    _dispatch.clear_caches()
+    side = 128  # 128**3 = 2**21 multiply-adds, past SLOW_INTEGER_PRODUCT_MACS
+    a = uni.from_numpy(np.ones((side, side), np.int32))
+    b = uni.from_numpy(np.ones((side, side), np.int64))
+    c = uni.zeros((side, side), np.int64)
+    with pytest.warns(uni.PerformanceWarning, match=r"computes in int64 .*BLAS has float and "
+                      r"complex routines only.*compute in float64") as caught:
+        uni.gemm(a, b, c)
+        uni.gemm(a, b, c)  # once per operand signature
+    assert len(caught) == 1
+    assert np.array_equal(np.asarray(c), np.full((side, side), side))
+    # Where warnings are errors (this suite), the product is refused before it runs.
+    c2 = uni.zeros((side, side), np.int32)  # another operand signature: warns again
+    before = np.asarray(c2).copy()
+    with pytest.raises(uni.KernelDispatchError, match="PerformanceWarning is an error"):
+        uni.gemm(a, a, c2)
+    assert np.array_equal(np.asarray(c2), before)
+    # Small integer products, and float products (blas), never warn.
+    uni.gemm(uni.from_numpy(np.ones((64, 64), np.int64)), uni.from_numpy(np.ones((64, 64),
+             np.int64)), uni.zeros((64, 64), np.int64))
+    uni.gemm(a, uni.from_numpy(np.ones((side, side))), uni.zeros((side, side)))

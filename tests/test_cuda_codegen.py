@@ -23,7 +23,8 @@ from uni.cuda import _launch_plan as lp
 
 ALL_OPS = [uni.ops.identity, uni.ops.negate, uni.ops.square, uni.ops.reciprocal,
            uni.ops.scale(3), uni.ops.conjugate, uni.ops.add, uni.ops.subtract,
-           uni.ops.multiply, uni.ops.divide]
+           uni.ops.multiply, uni.ops.divide, uni.ops.maximum, uni.ops.minimum,
+           uni.ops.clip(0, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +64,21 @@ def test_cuda_expressions() -> None:
         e(uni.ops.scale(2), "float32", "x")
     with pytest.raises(TypeError, match="only scale"):
         e(uni.ops.add, "float32", "a", "b", factor="f")
+    assert e(uni.ops.maximum, "float32", "a", "b") == "uni_max(a, b)"
+    assert e(uni.ops.minimum, "bool", "a", "b") == "uni_min(a, b)"
+    assert e(uni.ops.clip(0, 1), "int32", "x", bounds=("lo", "hi")) == "uni_clip(x, lo, hi)"
+    with pytest.raises(TypeError, match="bounds"):
+        e(uni.ops.clip(0, 1), "int32", "x")
+    with pytest.raises(TypeError, match="bounds"):
+        e(uni.ops.add, "int32", "x", "y", bounds=("lo", "hi"))
 
 
 @pytest.mark.parametrize(("op", "dtype"), [(uni.ops.divide, "int32"), (uni.ops.negate, "bool"),
                                            (uni.ops.subtract, "bool"),
-                                           (uni.ops.reciprocal, "int64")])
+                                           (uni.ops.reciprocal, "int64"),
+                                           (uni.ops.maximum, "complex64"),
+                                           (uni.ops.minimum, "complex128"),
+                                           (uni.ops.clip(0, 1), "complex64")])
 def test_ops_undefined_for_a_dtype_are_refused(op: Any, dtype: str) -> None:
     with pytest.raises(ValueError, match=f"{op.name} does not compute in {dtype}"):
         _cxx.cuda_expression(op, dtype, *["x"] * op.arity)
@@ -254,6 +265,15 @@ def test_generation_is_deterministic_and_keyed_by_the_spec() -> None:
     assert two is not None and three is not None and two.kernel == three.kernel
     factor = [p.name for p in two.kernel.params].index("op_factor")
     assert (two.args[factor], three.args[factor]) == (np.float32(2), np.float32(3))
+    # Bounds too; a missing bound is the dtype's extreme, so clip(0, None) is the same kernel.
+    i = tw.vector(0, np.int32, 4)
+    clips = [lp.plan_elementwise(op, i, [i]) for op in (uni.ops.clip(0, 5), uni.ops.clip(0, None))]
+    assert clips[0] is not None and clips[1] is not None and clips[0].kernel == clips[1].kernel
+    names = [p.name for p in clips[0].kernel.params]
+    lo, hi = names.index("op_lo"), names.index("op_hi")
+    assert [(c.args[lo], c.args[hi]) for c in clips] == [(0, 5), (0, 2**31 - 1)]
+    with pytest.raises(TypeError, match="clip carries its bounds"):
+        lp.plan_elementwise("clip", i, [i], compute=np.int32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -401,6 +421,29 @@ def test_integer_arithmetic_wraps(dtype: Any, library: tw.TwinLibrary) -> None:
         np.testing.assert_array_equal(_run_op(library, uni.ops.multiply, dtype, x, y), x * y)
         np.testing.assert_array_equal(_run_op(library, uni.ops.square, dtype, x), x * x)
         np.testing.assert_array_equal(_run_op(library, uni.ops.negate, dtype, x), -x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64],
+                         ids=["f32", "f64", "i32", "i64"])
+def test_maximum_minimum_clip_are_numpys_bit_for_bit(dtype: Any,
+                                                     library: tw.TwinLibrary) -> None:
+    # NaN propagation and the sign of zero on ties, against numpy's own loops (x86-64).
+    values = _special_values(dtype)
+    x, y = (np.ascontiguousarray(v.ravel()) for v in np.meshgrid(values[:40], values[:40]))
+
+    def bits(got: Any, want: Any) -> None:
+        if np.dtype(dtype).kind == "f":
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        np.testing.assert_array_equal(got, want)
+
+    bits(_run_op(library, uni.ops.maximum, dtype, x, y), np.maximum(x, y))
+    bits(_run_op(library, uni.ops.minimum, dtype, x, y), np.minimum(x, y))
+    if np.dtype(dtype).kind == "f":
+        zero = np.asarray([-0.0, 0.0], dtype)
+        bits(_run_op(library, uni.ops.clip(-0.0, 0.0), dtype, x), np.clip(x, zero[0], zero[1]))
+    big = np.asarray(np.iinfo(dtype).max if np.dtype(dtype).kind == "i" else np.inf, dtype)
+    bits(_run_op(library, uni.ops.clip(-3, None), dtype, x), np.clip(x, dtype(-3), big))
 
 
 def test_offsets_past_int32_take_the_64_bit_path(library: tw.TwinLibrary) -> None:

@@ -18,12 +18,16 @@ from uni.ops import ElementOp
 
 B, I4, I8, F4, F8, C8, C16 = SUPPORTED_DTYPES
 UNARY = [ops.identity, ops.negate, ops.square, ops.reciprocal, ops.conjugate,
-         ops.scale(2), ops.scale(0.5), ops.scale(1 - 2j), ops.scale(True)]
-BINARY = [ops.add, ops.subtract, ops.multiply, ops.divide]
+         ops.scale(2), ops.scale(0.5), ops.scale(1 - 2j), ops.scale(True),
+         ops.clip(0, 2), ops.clip(-1.5, None), ops.clip(None, True)]
+BINARY = [ops.add, ops.subtract, ops.multiply, ops.divide, ops.maximum, ops.minimum]
 ALL = UNARY + BINARY
+ORDERED = frozenset({"maximum", "minimum", "clip"})  # refused for complex operands
 
 
 def op_id(op: ElementOp) -> str:
+    if op.bounds is not None:
+        return f"clip{op.bounds!r}"
     return op.name if op.factor is None else f"scale({op.factor!r})"
 
 
@@ -35,7 +39,9 @@ def test_names_and_arities() -> None:
     assert [(op.name, op.arity) for op in ALL] == [
         ("identity", 1), ("negate", 1), ("square", 1), ("reciprocal", 1), ("conjugate", 1),
         ("scale", 1), ("scale", 1), ("scale", 1), ("scale", 1),
-        ("add", 2), ("subtract", 2), ("multiply", 2), ("divide", 2),
+        ("clip", 1), ("clip", 1), ("clip", 1),
+        ("add", 2), ("subtract", 2), ("multiply", 2), ("divide", 2), ("maximum", 2),
+        ("minimum", 2),
     ]
 
 
@@ -77,6 +83,10 @@ def test_element_op_construction_is_checked() -> None:
         ElementOp("scale")
     with pytest.raises(ValueError, match="only 'scale' carries a factor"):
         ElementOp("add", 2)
+    with pytest.raises(ValueError, match="only 'clip' carries bounds"):
+        ElementOp("clip")
+    with pytest.raises(ValueError, match="only 'clip' carries bounds"):
+        ElementOp("maximum", bounds=(0, 1))
 
 
 def test_is_element_op_tells_ops_from_callables() -> None:
@@ -102,9 +112,13 @@ def expected_dtype(op: ElementOp, *dtypes: np.dtype[Any]) -> np.dtype[Any] | Non
     """The documented rules, stated from the promotion table (None: refused)."""
     if op.name in ("negate", "subtract") and B in dtypes:
         return None  # any bool operand, as PyTorch
+    if op.name in ORDERED and any(d.kind == "c" for d in dtypes):
+        return None  # no order on complex numbers, as PyTorch
     promoted = dtypes[0] if len(dtypes) == 1 else P.promote_types(*dtypes)
     if op.factor is not None:
         promoted = P.result_dtype((promoted, False), op.factor)
+    if op.bounds is not None:
+        promoted = P.result_dtype((promoted, False), *(b for b in op.bounds if b is not None))
     if op.name in ("divide", "reciprocal") and promoted.kind in "bi":
         return F4
     return promoted
@@ -116,7 +130,7 @@ def test_result_dtype_follows_the_op_rules_for_every_dtype_combination(op: Eleme
         operands = [np.zeros(3, d) for d in dtypes]
         expected = expected_dtype(op, *dtypes)
         if expected is None:
-            with pytest.raises(DTypeError, match="not defined for bool"):
+            with pytest.raises(DTypeError, match=r"not defined for (bool|complex)"):
                 op.result_dtype(*operands)
         else:
             assert op.result_dtype(*operands) == expected, dtypes
@@ -155,6 +169,9 @@ def _torch_result(torch: Any, op: ElementOp, dtypes: tuple[np.dtype[Any], ...]) 
         "subtract": torch.sub,
         "multiply": torch.mul,
         "divide": torch.div,
+        "maximum": torch.maximum,
+        "minimum": torch.minimum,
+        "clip": lambda x: torch.clamp(x, *(op.bounds or ())),
     }[op.name]
     try:
         return str(fn(*tensors).dtype)
@@ -169,6 +186,9 @@ def test_result_dtype_agrees_with_torch(op: ElementOp) -> None:
         if op.name == "square" and dtypes == (B,):
             # Note: torch.square(bool) is int64 (it is pow(x, 2)); uni keeps x * x in bool.
             continue
+        if op.name == "clip" and dtypes == (B,) and all(
+                isinstance(b, bool | None) for b in op.bounds or ()):
+            continue  # torch.clamp has no bool loop; uni's clip of bool by bools stays bool
         try:
             got: str | None = f"torch.{op.result_dtype(*[np.zeros(2, d) for d in dtypes]).name}"
         except DTypeError:
@@ -326,3 +346,114 @@ def test_numpy_ufuncs_are_ops_with_numpys_own_loops() -> None:
             ops.check_ufunc(bad)
     with pytest.raises(TypeError, match="takes 1 inputs, got 2"):
         ops.check_ufunc(np.sqrt, 2)
+
+
+# ---------------------------------------------------------------------------------------
+# maximum, minimum, clip
+
+SPECIAL_REALS = [math.nan, 0.0, -0.0, 1.5, -1.5, math.inf, -math.inf, 3.0, -3.0]
+
+
+def _bits(x: Any) -> tuple[bool, bool]:
+    """(is NaN, sign bit): what tells NaN from NaN-free and -0.0 from 0.0."""
+    return (bool(np.isnan(x)), bool(np.signbit(x)))
+
+
+@pytest.mark.parametrize("dtype", [F4, F8])
+@pytest.mark.parametrize("op", [ops.maximum, ops.minimum], ids=op_id)
+def test_maximum_minimum_propagate_nan_and_give_the_second_on_ties(op: ElementOp,
+                                                                   dtype: Any) -> None:
+    pairs = list(itertools.product(SPECIAL_REALS, repeat=2))
+    x = np.array([p[0] for p in pairs], dtype)
+    y = np.array([p[1] for p in pairs], dtype)
+    ufunc = np.maximum if op.name == "maximum" else np.minimum
+    want = ufunc(x, y)
+    got = op.apply_numpy(x, y)
+    np.testing.assert_array_equal(got, want)
+    for k, (a, b) in enumerate(pairs):
+        scalar = op.apply_scalar(a, b, dtype=dtype)
+        assert same_value(scalar, want[k].item()), (a, b)
+        assert _bits(scalar) == _bits(got[k]), (a, b, scalar, got[k])
+        if math.isnan(a) or math.isnan(b):
+            assert math.isnan(scalar)
+    # Ties give the second operand (numpy on x86-64 does the same); clip keeps x.
+    assert math.copysign(1, op.apply_scalar(0.0, -0.0)) == -1.0
+    assert math.copysign(1, op.apply_scalar(-0.0, 0.0)) == 1.0
+    assert math.copysign(1, ops.clip(0.0, 0.0).apply_scalar(-0.0)) == -1.0
+    assert math.copysign(1, ops.clip(0.0, None).apply_numpy(np.array([-0.0], dtype))[0]) == -1
+
+
+def test_maximum_minimum_on_bool_and_integers() -> None:
+    t, f = np.array([True, True, False, False]), np.array([True, False, True, False])
+    assert ops.maximum.apply_numpy(t, f).tolist() == [True, True, True, False]  # or
+    assert ops.minimum.apply_numpy(t, f).tolist() == [True, False, False, False]  # and
+    assert ops.maximum.apply_numpy(t, f).dtype == B
+    x = np.array([2**31 - 1, -(2**31), 5], np.int32)
+    y = np.array([-(2**31), 2**31 - 1, 5], np.int32)
+    assert ops.maximum.apply_numpy(x, y).tolist() == [2**31 - 1, 2**31 - 1, 5]
+    assert ops.minimum.apply_numpy(x, y).tolist() == [-(2**31), -(2**31), 5]
+    assert ops.maximum.result_dtype(x, np.zeros(3, np.float32)) == F4  # by category
+    assert ops.maximum.apply_scalar(True, False) is True
+
+
+@pytest.mark.parametrize("dtype", [F4, F8])
+def test_clip_matches_numpys_clip_on_specials(dtype: Any) -> None:
+    x = np.array(SPECIAL_REALS, dtype)
+    for lo, hi in itertools.product([None, *SPECIAL_REALS[:5]], repeat=2):
+        if lo is None and hi is None:
+            continue
+        op = ops.clip(lo, hi)
+        # A missing bound bounds nothing: numpy's clip loop with an infinite one (np.clip's
+        # None would call np.maximum, whose ties give the bound where clip's keep x).
+        bounds = [np.asarray(-math.inf if b is None and k == 0 else math.inf if b is None
+                             else b, dtype) for k, b in enumerate((lo, hi))]
+        want = np.clip(x, *bounds)
+        got = op.apply_numpy(x)
+        np.testing.assert_array_equal(got, want, err_msg=f"clip({lo}, {hi})")
+        for k, v in enumerate(x.tolist()):
+            scalar = op.apply_scalar(v, dtype=dtype)
+            assert _bits(scalar) == _bits(want[k]), (v, lo, hi, scalar, want[k])
+            assert same_value(scalar, want[k].item()), (v, lo, hi)
+
+
+def test_clip_rules() -> None:
+    i32 = np.arange(-3, 4, dtype=np.int32)
+    assert ops.clip(0, 2).apply_numpy(i32).tolist() == [0, 0, 0, 0, 1, 2, 2]
+    assert ops.clip(0, 2).result_dtype(i32) == I4
+    assert ops.clip(0.5, 2).result_dtype(i32) == F4  # a float bound: the default float
+    assert ops.clip(0.5, 2).apply_numpy(i32).tolist() == [0.5, 0.5, 0.5, 0.5, 1, 2, 2]
+    assert ops.clip(0, 1).result_dtype(np.zeros(2, bool)) == I8  # as torch.clamp
+    assert ops.clip(False, True).result_dtype(np.zeros(2, bool)) == B
+    assert ops.clip(2, 0).apply_numpy(i32).tolist() == [0] * 7  # lo > hi: hi, as numpy
+    assert ops.clip(None, 0).apply_numpy(i32).tolist() == [-3, -2, -1, 0, 0, 0, 0]
+    assert ops.clip(np.float32(0.5), np.int64(1)) == ops.clip(0.5, 1)
+    assert ops.clip(0, 1) != ops.clip(0.0, 1) and ops.clip(0.0, 1) != ops.clip(-0.0, 1)
+    assert ops.clip(math.nan, 1) == ops.clip(math.nan, 1)
+    assert len({ops.clip(0, 1), ops.clip(0, 1), ops.clip(None, 1), ops.clip(1, None)}) == 3
+    assert ops.clip(1, None).parameters == (1, None)
+    assert ops.clip(1, None).parameters_in(I4) == (1, 2**31 - 1)
+    assert ops.clip(None, 0.5).parameters_in(F4) == (-math.inf, 0.5)
+    with pytest.raises(DTypeError, match="does not fit"):
+        ops.clip(0, 2**40).apply_numpy(i32)
+
+
+@pytest.mark.parametrize(("lo", "hi", "error", "words"), [
+    (None, None, TypeError, "lower or an upper bound"),
+    (0, 1j, DTypeError, "clip's hi must be real"),
+    ("0", 1, DTypeError, "clip's lo must be a Python bool"),
+    (2**2000, None, DTypeError, "too large"),
+])
+def test_clip_refuses_bounds_that_are_not_real_numbers(lo: Any, hi: Any, error: type,
+                                                       words: str) -> None:
+    with pytest.raises(error, match=words):
+        ops.clip(lo, hi)
+
+
+@pytest.mark.parametrize("op", [ops.maximum, ops.minimum, ops.clip(0, 1)], ids=op_id)
+def test_ordered_ops_refuse_complex_and_say_what_to_do(op: ElementOp) -> None:
+    operands = [np.zeros(2, np.complex64)] + [np.zeros(2, np.float32)] * (op.arity - 1)
+    with pytest.raises(DTypeError, match=r"complex numbers have no order.*np\."):
+        op.result_dtype(*operands)
+    if op.arity == 2:
+        with pytest.raises(DTypeError, match="not defined for complex"):
+            op.result_dtype(np.zeros(2, np.float64), 1j)  # a Python complex scalar too

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,10 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import random_view
 
 import uni
+from uni import _promotion
 
 # UNI_FUZZ_EXAMPLES=5000 for a longer hunt; the default keeps the file well under 10 s.
 SETTINGS = settings(derandomize=True, deadline=None, database=None,
@@ -244,6 +247,70 @@ def test_gemm_fuzz(seed: int, backend: str | None) -> None:
     idle(a, b, c)
 
 
+def ref_mixed(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], c: np.ndarray[Any, Any],
+              alpha: Any, beta: Any) -> np.ndarray[Any, Any]:
+    """gemm of mixed float/complex dtypes: computed exactly (small integers), stored into
+    c's dtype by the store rules (a complex result's real part into a real c)."""
+    dt = exact(np.result_type(a, b, c))
+    with np.errstate(all="ignore"):
+        k = a.shape[-1]
+        prod = (np.zeros(c.shape, dt) if alpha == 0 or k == 0
+                else np.broadcast_to(alpha * np.matmul(a.astype(dt), b.astype(dt)), c.shape))
+        out = prod if beta == 0 else prod + beta * c.astype(dt)
+    return _promotion.store_cast(np.asarray(out), c.dtype)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), backend=st.sampled_from([None, "blas", "cpu_reference"]),
+       vector=st.booleans())
+def test_mixed_float_complex_gemm_gemv_fuzz(seed: int, backend: str | None,
+                                            vector: bool) -> None:
+    """Every float/complex dtype mix of a, b (x), c (y), through blas's converted
+    temporaries (a forced blas may decline only for a layout of an operand it did not
+    convert), against an exact reference and cpu_reference."""
+    rng = np.random.default_rng(seed)
+    dts = [(FLOATS + COMPLEX)[int(rng.integers(4))] for _ in range(3)]
+    batch = batch_shape(rng)
+    m, n, k = (int(rng.choice([0, 1, 2, 3, 5])) for _ in range(3))
+    pool = Pool(rng)
+    share = rng.random() < 0.3
+    out_shape = (*batch, m) if vector else (*batch, m, n)
+    cv, ci = pool.view(out_shape, dts[2])
+    av, _ = pool.view((*input_batch(rng, batch), m, k), dts[0], share=share)
+    bv, _ = pool.view((*input_batch(rng, batch), k) if vector
+                      else (*input_batch(rng, batch), k, n), dts[1], share=share)
+    beta = draw_scalar(rng, dts[2] if rng.random() < 0.5 else dts[0])
+    alpha = draw_scalar(rng, dts[0])
+    if not any(d.kind == "c" for d in dts):
+        alpha, beta = (v.real if isinstance(v, complex | np.complexfloating) else v
+                       for v in (alpha, beta))
+    fill(av, rng, nan=alpha == 0 and rng.random() < 0.5)  # alpha == 0 never reads a
+    fill(bv, rng)
+    fill(cv, rng, nan=beta == 0 and rng.random() < 0.5)   # beta == 0 never reads c
+    a0, b0, c0 = av.copy(), bv.copy(), cv.copy()
+    pool.snapshot()
+    a, b, c = through_uni(av, rng), through_uni(bv, rng), through_uni(cv, rng)
+    a, a_vals = accessor_views(rng, a, a0)
+    b, b_vals = accessor_views(rng, b, b0)
+    if vector:
+        want = ref_mixed(a_vals, b_vals[..., None], c0[..., None], alpha, beta)[..., 0]
+    else:
+        want = ref_mixed(a_vals, b_vals, c0, alpha, beta)
+    backends = None if backend is None else [backend]
+    sync, asynchronous = (
+        (lambda: uni.gemv(a, b, c, alpha=alpha, beta=beta, backends=backends),
+         lambda: uni.gemv_async(a, b, c, alpha=alpha, beta=beta, backends=backends))
+        if vector else
+        (lambda: uni.gemm(a, b, c, alpha=alpha, beta=beta, backends=backends),
+         lambda: uni.gemm_async(a, b, c, alpha=alpha, beta=beta, backends=backends)))
+    if not run_op(rng, pool, sync, asynchronous, c, a, b):
+        assert backend == "blas"
+        return
+    assert_same(cv, want)
+    pool.check_outside(ci, _buffer_of(pool, cv))
+    idle(a, b, c)
+
+
 async def _await(future: Any) -> None:
     await future
 
@@ -429,6 +496,113 @@ def test_transform_fuzz(seed: int, backend: str | None) -> None:
         assert_same(ov, want)
     pool.check_outside(oi, _buffer_of(pool, ov))
     idle(out, *inputs)
+
+
+# -- maximum, minimum, clip against numpy ------------------------------------------------------
+ORDERED_DTYPES = [np.dtype(bool), *INTS, *FLOATS]
+SPECIAL_FLOATS = [math.nan, 0.0, -0.0, math.inf, -math.inf, 1.5, -2.5]
+BOUNDS = [None, None, 0, -2, 3, 1.5, -0.0, 0.0, math.nan, True, False, -(2**31), 2**31 - 1,
+          2**40]
+# numpy's ties (the sign of a zero result) are those of x86-64's loops; uni's are pinned to them.
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def special_fill(view: np.ndarray[Any, Any], rng: np.random.Generator) -> None:
+    """Small integers, signed zeros, infinities, NaN (floats) and integer extremes."""
+    if view.dtype.kind == "b":
+        view[...] = rng.integers(0, 2, size=view.shape).astype(bool)
+        return
+    values = rng.integers(-3, 4, size=view.shape).astype(view.dtype)
+    pool = (np.array(SPECIAL_FLOATS, view.dtype) if view.dtype.kind == "f"
+            else np.array([np.iinfo(view.dtype).min, np.iinfo(view.dtype).max, 0], view.dtype))
+    pick = rng.random(view.shape) < 0.4
+    view[...] = np.where(pick, pool[rng.integers(0, len(pool), size=view.shape)], values)
+
+
+def ordered_op(rng: np.random.Generator) -> uni.ops.ElementOp:
+    kind = int(rng.integers(3))
+    if kind < 2:
+        return [uni.ops.maximum, uni.ops.minimum][kind]
+    while True:
+        lo, hi = (BOUNDS[int(rng.integers(len(BOUNDS)))] for _ in range(2))
+        if lo is not None or hi is not None:
+            return uni.ops.clip(lo, hi)
+
+
+def numpy_ordered(op: uni.ops.ElementOp, compute: np.dtype[Any],
+                  *values: Any) -> np.ndarray[Any, Any]:
+    """numpy's own maximum/minimum/clip loop on the inputs converted into ``compute``."""
+    args = [np.asarray(v).astype(compute) for v in values]
+    if op.name == "clip":
+        # The bounds as 0-d arrays of the computing dtype (numpy's loop for scalar bounds); a
+        # missing one bounds nothing (np.clip's None would call np.maximum: other ties).
+        lo, hi = (np.asarray(p, compute) for p in op.parameters_in(compute))
+        return np.asarray(np.clip(args[0], lo, hi))
+    ufunc = np.maximum if op.name == "maximum" else np.minimum
+    return np.asarray(ufunc(*args))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1),
+       backend=st.sampled_from([None, "blas", "numpy", "cpu_reference"]))
+def test_maximum_minimum_clip_fuzz(seed: int, backend: str | None) -> None:
+    """Seeded layouts (tests/strategies.random_view: permuted, stepped, reversed, padded,
+    offset; inputs broadcast), dtype mixes, NaN, signed zeros, infinities and integer
+    extremes: every backend gives numpy's maximum/minimum/clip, the sign of zero included."""
+    rng = np.random.default_rng(seed)
+    op = ordered_op(rng)
+    rank = int(rng.integers(0, 4))
+    shape = tuple(int(rng.integers(0, 6)) for _ in range(rank))
+    operands: list[Any] = []
+    values: list[Any] = []
+    for k in range(op.arity):
+        if k == 1 and rng.random() < 0.2:  # maximum(x, 0.0): a Python scalar operand
+            scalar = [0, 0.0, -0.0, math.nan, True, 2][int(rng.integers(6))]
+            operands.append(scalar)
+            values.append(scalar)
+            continue
+        dtype = ORDERED_DTYPES[int(rng.integers(len(ORDERED_DTYPES)))]
+        drop = int(rng.integers(0, rank + 1)) if rng.random() < 0.3 else 0
+        in_shape = tuple(1 if rng.random() < 0.25 else e for e in shape[drop:])
+        view = random_view(rng, in_shape, dtype)
+        special_fill(view, rng)
+        values.append(view.copy())
+        operands.append(uni.from_numpy(view))
+    described = [(v.dtype, False) if isinstance(v, np.ndarray) else v for v in values]
+    compute = op.result_dtype(*described)
+    out_view = random_view(rng, shape, compute)
+    out = uni.from_numpy(out_view)
+    scalars = [v for v in values if not isinstance(v, np.ndarray)]
+    try:
+        for p in (*op.parameters, *scalars):
+            if p is not None:
+                _promotion.python_scalar_to(p, compute)
+    except uni.DTypeError:
+        # A bound (or scalar) that does not fit the integer computing dtype: refused up front.
+        with pytest.raises(uni.DTypeError, match="does not fit"):
+            uni.transform(out, op, *operands)
+        return
+    with np.errstate(all="ignore"):
+        want = np.broadcast_to(numpy_ordered(op, compute, *values), shape)
+    backends = None if backend is None else [backend]
+    uni.transform(out, op, *operands, backends=backends)
+    got = np.asarray(out_view)
+    np.testing.assert_array_equal(got, want, err_msg=f"{op} {compute} on {backend}")
+    if compute.kind == "f" and X86:
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg="sign of zero")
+    idle(out, *(t for t in operands if isinstance(t, uni.Tensor)))
+
+
+@pytest.mark.parametrize("backend", ["blas", "numpy", "cpu_reference"])
+@pytest.mark.parametrize("op", [uni.ops.maximum, uni.ops.minimum, uni.ops.clip(0, 1)],
+                         ids=lambda op: op.name)
+def test_ordered_ops_refuse_complex_before_touching_anything(backend: str,
+                                                             op: uni.ops.ElementOp) -> None:
+    z = uni.from_numpy(np.array([1 + 2j, 3 - 1j]))
+    out = uni.zeros(2, np.complex128)
+    with pytest.raises(uni.DTypeError, match="complex numbers have no order"):
+        uni.transform(out, op, *[z] * op.arity, backends=[backend])
+    assert_same(np.asarray(out), np.zeros(2, np.complex128))  # readable: not poisoned
 
 
 # -- bad input: a clear uni error before anything is touched ---------------------------------

@@ -8,7 +8,8 @@ list. The winning backend per operand signature is remembered, so a tiny operati
 pay for the whole walk twice (alignment is part of the signature, so one misaligned
 block's decline does not become the decision for aligned data). A walk that lands on the
 per-element ``cpu_reference`` for more than a few thousand elements warns once per
-signature (``uni.PerformanceWarning``, naming the declines before it and what to change).
+signature (``uni.PerformanceWarning``, naming the declines before it and what to change), and
+so does a large integer or bool gemm/gemv landing on numpy (no BLAS routine computes it).
 A backend that cannot be loaded here is in the list as an
 :class:`~uni.backends.UnavailableBackend` that declines ``UNAVAILABLE`` with the import
 error; it never breaks the walk.
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from uni import _promotion
 from uni import backends as _backends
 from uni._calls import CopyCall, GemmCall, GemvCall
 from uni._errors import KernelDispatchError, PerformanceWarning
@@ -38,6 +40,7 @@ OPS = ("copy", "gemm", "gemv", "transform")
 __all__ = [
     "OPS",
     "SLOW_BACKEND",
+    "SLOW_INTEGER_PRODUCT_MACS",
     "SLOW_PATH_ELEMENTS",
     "Attempt",
     "Backend",
@@ -341,6 +344,49 @@ def _slow_path(op: str, call: Any, signature: Any, attempts: list[Attempt] | tup
     _remember(_warned, key, None)
 
 
+#: Past this many multiply-adds, a gemm/gemv that computes in an integer or bool dtype warns
+#: when the walk lands on numpy: BLAS has no such routines, and numpy's integer matmul
+#: (a plain loop) is 4x or more slower than BLAS on the same shape in float64 from 64x64 up
+#: (measured 14x at 256x256); 2**20 is where that difference passes a millisecond.
+SLOW_INTEGER_PRODUCT_MACS = 1 << 20
+_INTEGER_PRODUCT_BACKEND = "numpy"
+
+
+def _integer_product(op: str, call: Any, signature: Any, backend: Any) -> None:
+    """Warn, once per operand signature, before numpy runs a large integer or bool product
+    (a path 4x or more slower than BLAS; refused where warnings are errors, as the oracle's
+    warning is)."""
+    if backend.name != _INTEGER_PRODUCT_BACKEND or not isinstance(call, GemmCall | GemvCall):
+        return
+    key = (f"{op} integer product", signature)
+    if key in _warned:
+        return
+    work = _work(call)
+    if work <= SLOW_INTEGER_PRODUCT_MACS:
+        return
+    spans = (call.a, call.b, call.c) if isinstance(call, GemmCall) else (call.a, call.x, call.y)
+    compute = _promotion.matmul_dtype(*(s.dtype for s in spans), alpha=call.alpha,
+                                      beta=call.beta)
+    if compute.kind in "fc":
+        return
+    listed = ", ".join(s.dtype.name for s in spans)
+    message = (
+        f"uni.{op} computes in {compute.name} ({listed}) for {work:,} multiply-adds "
+        f"({describe_call(call)}): BLAS has float and complex routines only, so numpy's "
+        "integer matmul runs it, 4x or more slower than BLAS on the same shape in float64; "
+        "to change: where every value and partial sum is an integer below 2**53 in magnitude, "
+        "compute in float64 (uni.copy the operands into float64 tensors first) for BLAS, "
+        "then uni.copy the result back"
+    )
+    try:
+        warnings.warn(PerformanceWarning(message), stacklevel=_stacklevel())
+    except PerformanceWarning as err:
+        raise KernelDispatchError(
+            f"{op} not run: uni.PerformanceWarning is an error here:\n{message}", op=op,
+            attempts=[]) from err
+    _remember(_warned, key, None)
+
+
 def decided(op: str, signature: Any, chain: tuple[Any, ...]) -> str | None:
     """The name of the backend a walk of ``chain`` remembers for ``signature``, or None."""
     remembered = _decisions.get((op, signature, tuple(id(b) for b in chain)))
@@ -356,6 +402,7 @@ def walk(op: str, call: Any, signature: Any, chain: tuple[Any, ...]) -> Any:
         backend, earlier = remembered
         if backend.name == SLOW_BACKEND:
             _slow_path(op, call, signature, earlier[:-1], chain)
+        _integer_product(op, call, signature, backend)
         if backend.try_kernel(op, call) is None:
             if sinks:
                 _record(DispatchRecord(op, earlier, backend.name, cached=True))
@@ -368,6 +415,7 @@ def walk(op: str, call: Any, signature: Any, chain: tuple[Any, ...]) -> Any:
             continue
         if backend.name == SLOW_BACKEND:
             _slow_path(op, call, signature, attempts, chain)
+        _integer_product(op, call, signature, backend)
         outcome = backend.try_kernel(op, call)
         if outcome is None:
             attempts.append(Attempt(backend.name, answer, None))

@@ -18,10 +18,21 @@ op             arity  computes                    dtype rule on the promoted inp
 ``subtract``   2      ``x - y``                   bool operands refused (DTypeError)
 ``multiply``   2      ``x * y``                   unchanged (bool * bool is logical and)
 ``divide``     2      ``x / y`` (true division)   bool and integers compute in float32
+``maximum``    2      the larger of ``x``, ``y``  complex operands refused (DTypeError)
+``minimum``    2      the smaller of ``x``, ``y`` complex operands refused (DTypeError)
+``clip(lo,     1      ``minimum(maximum(x, lo),   ``lo``/``hi`` promote as Python scalars;
+hi)``                 hi)``                       complex refused (DTypeError)
 =============  =====  ==========================  ============================================
 
 Floating arithmetic is IEEE: division by zero gives +-inf or NaN, overflow gives inf, and no
 operation warns. Integer arithmetic wraps in the computing dtype.
+
+``maximum``, ``minimum`` and ``clip`` propagate NaN as numpy's do: a NaN operand (or bound)
+gives NaN. Ties matter only for the sign of zero: ``maximum``/``minimum`` give the second
+operand (``maximum(0.0, -0.0)`` is ``-0.0``), ``clip`` keeps ``x``, as numpy's loops do on
+x86-64 (``np.clip`` with scalar bounds). bool is ordered False < True (``maximum`` is logical
+or, ``minimum`` logical and). ``clip(lo, hi)`` with ``lo > hi`` gives ``hi``, as numpy's does;
+either bound may be None (no bound on that side), not both.
 
 A numpy ufunc with one or two inputs and one output (``np.maximum``, ``np.sqrt``) is a
 transform op too, run vectorised on the host (``is_ufunc_op``, ``ufunc_loop``: its dtypes are
@@ -55,6 +66,7 @@ class _Rule(enum.Enum):
     PROMOTE = "promote"
     NO_BOOL = "no bool"
     TRUE_DIVIDE = "true divide"
+    NO_COMPLEX = "no complex"
 
 
 # ---------------------------------------------------------------------------------------
@@ -84,6 +96,34 @@ def _ieee_divide(x: PythonScalar, y: PythonScalar) -> PythonScalar:
 def _conjugate_scalar(x: PythonScalar) -> PythonScalar:
     # bool.conjugate() is the int 1; real values come back as they are.
     return x.conjugate() if isinstance(x, complex) else x
+
+
+# numpy's maximum/minimum on real numbers: a NaN first operand wins, then the strict
+# comparison; so a NaN second operand and ties (+0.0 against -0.0) give the second.
+def _maximum_scalar(x: Any, y: Any) -> Any:
+    return x if (x > y or x != x) else y
+
+
+def _minimum_scalar(x: Any, y: Any) -> Any:
+    return x if (x < y or x != x) else y
+
+
+def _clip_scalar(x: Any, lo: Any, hi: Any) -> Any:
+    # numpy's clip loop for scalar bounds: NaN anywhere gives NaN; then lo, then hi, by
+    # strict comparisons, so a tie (+0.0 against -0.0) keeps x.
+    if x != x:
+        return x
+    if lo is not None:
+        if lo != lo:
+            return lo
+        if x < lo:
+            x = lo
+    if hi is not None:
+        if hi != hi:
+            return hi
+        if x > hi:
+            x = hi
+    return x
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,6 +198,20 @@ def _numpy_scale(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Arr
     return result
 
 
+def _numpy_clip(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
+    # ``factor`` is clip's (lo, hi), each None or a Python scalar: as 0-d arrays of the
+    # computing dtype, so the ufunc's loop is the computing dtype's. A missing bound is the
+    # dtype's extreme: np.clip(x, lo, None) would be np.maximum, whose ties give the bound
+    # where the clip loop keeps x.
+    lo, hi = (np.asarray(_extreme(dtype, upper=k == 1) if b is None
+                         else _promotion.python_scalar_to(b, dtype), dtype)
+              for k, b in enumerate(factor))
+    # One pass of numpy's clip loop: maximum into out, then minimum of out, would round
+    # through out's dtype in between (a bool out, say).
+    result: Array = np.clip(x, lo, hi, out=out, dtype=dtype, casting="unsafe")
+    return result
+
+
 @attrs.frozen
 class _Kind:
     """Everything one op kind knows: arity, arithmetic in two forms, dtype rule."""
@@ -180,7 +234,14 @@ _KINDS: Mapping[str, _Kind] = {
     "subtract": _Kind(2, _ufunc_binary(np.subtract), lambda x, y: x - y, _Rule.NO_BOOL),
     "multiply": _Kind(2, _ufunc_binary(np.multiply), lambda x, y: x * y, _Rule.PROMOTE),
     "divide": _Kind(2, _ufunc_binary(np.true_divide), _ieee_divide, _Rule.TRUE_DIVIDE),
+    "maximum": _Kind(2, _ufunc_binary(np.maximum), _maximum_scalar, _Rule.NO_COMPLEX),
+    "minimum": _Kind(2, _ufunc_binary(np.minimum), _minimum_scalar, _Rule.NO_COMPLEX),
+    # The bounds are bound by ElementOp.apply_scalar, converted into the computing dtype.
+    "clip": _Kind(1, _numpy_clip, _clip_scalar, _Rule.NO_COMPLEX),
 }
+
+# Ops that carry parameters, and how many: scale its factor, clip its (lo, hi).
+_PARAMETERS: Mapping[str, int] = {"scale": 1, "clip": 2}
 
 def _factor_key(factor: PythonScalar | None) -> tuple[str, str] | None:
     # 2, 2.0 and True are equal in Python but promote differently, and NaN != NaN;
@@ -194,49 +255,115 @@ def _check_name(instance: ElementOp, attribute: attrs.Attribute[str], value: str
         raise ValueError(f"'name' must be one of {', '.join(_KINDS)}, got {value!r}")
 
 
-def _normalize_factor(value: Any) -> PythonScalar | None:
+def _normalize_scalar(value: Any, what: str) -> PythonScalar | None:
     if value is None:
         return None
     if isinstance(value, np.generic) and value.dtype.kind in "bifc":
         value = value.item()
     if not _promotion.is_python_scalar(value):
         raise DTypeError(
-            f"scale factor must be a Python bool, int, float or complex, got {value!r}"
+            f"{what} must be a Python bool, int, float or complex, got {value!r}"
         )
     if type(value) is int and value.bit_length() > 1000:
         try:
             float(value)
         except OverflowError:
             # As ScaledAccessor and alpha refuse it: it would become inf in any float dtype.
-            raise DTypeError(f"scale factor (an int of {value.bit_length()} bits) is too large "
+            raise DTypeError(f"{what} (an int of {value.bit_length()} bits) is too large "
                              "for any of uni's dtypes") from None
     result: PythonScalar = value
     return result
 
 
+def _normalize_factor(value: Any) -> PythonScalar | None:
+    return _normalize_scalar(value, "scale factor")
+
+
+Bounds: TypeAlias = tuple[PythonScalar | None, PythonScalar | None]
+
+
+def _normalize_bounds(value: Any) -> Bounds | None:
+    if value is None:
+        return None
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise TypeError(f"clip's bounds must be a (lo, hi) pair, got {value!r}")
+    lo, hi = (_normalize_scalar(b, f"clip's {name}") for b, name in zip(value, ("lo", "hi"),
+                                                                          strict=True))
+    for b, name in ((lo, "lo"), (hi, "hi")):
+        if isinstance(b, complex):
+            raise DTypeError(f"clip's {name} must be real (bool, int or float), got {b!r}: "
+                             "complex numbers have no order")
+    if lo is None and hi is None:
+        raise TypeError("clip needs a lower or an upper bound (lo and hi are both None)")
+    return lo, hi
+
+
+def _bounds_key(bounds: Bounds | None) -> tuple[Any, ...] | None:
+    return None if bounds is None else (_factor_key(bounds[0]), _factor_key(bounds[1]))
+
+
+def _extreme(dtype: DType, upper: bool) -> PythonScalar:
+    """The bound that bounds nothing in ``dtype``: x <= it (or >= it) for every x."""
+    if dtype.kind == "b":
+        return upper
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return int(info.max if upper else info.min)
+    return math.inf if upper else -math.inf
+
+
 @attrs.frozen
 class ElementOp:
-    """One element operation. Use the module's instances and ``scale(f)``; do not build.
+    """One element operation. Use the module's instances, ``scale(f)`` and ``clip(lo, hi)``;
+    do not build.
 
-    Equal ops hash equal, so they can key kernel caches. ``scale`` ops compare by the type and
-    the exact value of their factor.
+    Equal ops hash equal, so they can key kernel caches. ``scale`` and ``clip`` ops compare
+    by the type and the exact value of their factor (bounds).
     """
 
     name: str = attrs.field(validator=_check_name)
     factor: PythonScalar | None = attrs.field(
         default=None, converter=_normalize_factor, eq=False
     )
-    _key: tuple[str, str] | None = attrs.field(init=False, repr=False)
+    bounds: Bounds | None = attrs.field(default=None, converter=_normalize_bounds, eq=False)
+    _key: tuple[Any, ...] = attrs.field(init=False, repr=False)
 
     @_key.default
-    def _compute_key(self) -> tuple[str, str] | None:
-        return _factor_key(self.factor)
+    def _compute_key(self) -> tuple[Any, ...]:
+        return _factor_key(self.factor), _bounds_key(self.bounds)
 
     def __attrs_post_init__(self) -> None:
         if (self.name == "scale") != (self.factor is not None):
             raise ValueError(
                 f"only 'scale' carries a factor: got name={self.name!r}, factor={self.factor!r}"
             )
+        if (self.name == "clip") != (self.bounds is not None):
+            raise ValueError(
+                f"only 'clip' carries bounds: got name={self.name!r}, bounds={self.bounds!r}"
+            )
+
+    @property
+    def parameters(self) -> tuple[PythonScalar | None, ...]:
+        """What the op carries besides its inputs: ``(factor,)`` for scale, ``(lo, hi)`` for
+        clip (None: no bound on that side), ``()`` for the others."""
+        if self.factor is not None:
+            return (self.factor,)
+        return self.bounds if self.bounds is not None else ()
+
+    def parameters_in(self, dtype: Any) -> tuple[PythonScalar, ...]:
+        """``parameters`` converted into the computing ``dtype`` (``python_scalar_to``), a
+        missing clip bound as the dtype's extreme (which bounds nothing: -inf, the least
+        integer, False below; +inf, the greatest, True above), for kernels that always take
+        both bounds. Raises DTypeError for an int that does not fit an integer dtype."""
+        dt = as_dtype(dtype)
+        return tuple(_extreme(dt, upper=k == 1) if p is None
+                     else _promotion.python_scalar_to(p, dt)
+                     for k, p in enumerate(self.parameters))
+
+    @property
+    def _argument(self) -> Any:
+        # What the kind's arithmetic takes besides the inputs (numpy_impl's factor=).
+        return self.factor if self.factor is not None else self.bounds
 
     @property
     def _kind(self) -> _Kind:
@@ -254,11 +381,23 @@ class ElementOp:
     def result_dtype(self, *operands: OperandLike) -> DType:
         """The dtype this op computes in for ``operands`` (see ``uni._promotion.describe``).
 
-        Raises DTypeError for ``negate``/``subtract`` of bool.
+        Raises DTypeError for ``negate``/``subtract`` of bool and for ``maximum``/``minimum``/
+        ``clip`` of complex.
         """
         self._check_arity(len(operands), "operands")
         described = [_promotion.describe(x) for x in operands]
         rule = self._kind.rule
+        if rule is _Rule.NO_COMPLEX and any(d.dtype.kind == "c" for d in described):
+            # Note: numpy orders complex numbers lexicographically (real part, then
+            # imaginary) in maximum/minimum, with NaN rules of its own in clip; PyTorch and the
+            # array API standard define these ops for real dtypes only, and so does uni.
+            raise DTypeError(
+                f"{self.name} is not defined for complex operands (got "
+                f"{', '.join(d.dtype.name for d in described)}): complex numbers have no "
+                "order; compare real parts or magnitudes (transform into a real tensor "
+                "first), or pass np." + ("clip" if self.name == "clip" else self.name)
+                + " itself (numpy's lexicographic order, host only)"
+            )
         if rule is _Rule.NO_BOOL and any(d.dtype.kind == "b" for d in described):
             # As in PyTorch, any bool operand is refused, not only bool results: `x - mask`
             # is far more often a mistaken mask inversion than intended arithmetic.
@@ -267,8 +406,8 @@ class ElementOp:
                 f"{', '.join(d.dtype.name for d in described)}); for a mask, use logical not"
             )
         everything: list[OperandLike] = list(described)
-        if self.factor is not None:
-            everything.append(self.factor)  # a Python scalar: only its category can count
+        # Python scalars (scale's factor, clip's bounds): only their category can count.
+        everything += [p for p in self.parameters if p is not None]
         dtype = _promotion.result_dtype(*everything)
         cat = _promotion.category(dtype)
         if rule is _Rule.TRUE_DIVIDE and cat <= Category.INTEGER:
@@ -295,7 +434,8 @@ class ElementOp:
             for x in inputs
         ]
         with np.errstate(all="ignore"):  # IEEE results are the semantics, not accidents
-            return self._kind.numpy_impl(*prepared, out=out, dtype=compute, factor=self.factor)
+            return self._kind.numpy_impl(*prepared, out=out, dtype=compute,
+                                         factor=self._argument)
 
     def numpy_kernel(self) -> Callable[..., Array]:
         """``kernel(*inputs, out=..., dtype=...)``: ``apply_numpy`` without its checks and
@@ -306,7 +446,7 @@ class ElementOp:
         if ufunc is not None:
             # The same call as impl's, without a Python frame in between.
             return functools.partial(ufunc, casting="unsafe")
-        factor = self.factor
+        factor = self._argument
 
         def kernel(*inputs: Any, out: Array | None, dtype: DType) -> Array:
             return impl(*inputs, out=out, dtype=dtype, factor=factor)
@@ -316,20 +456,21 @@ class ElementOp:
     def apply_scalar(self, *values: PythonScalar, dtype: Any = None) -> PythonScalar:
         """Compute one element with Python arithmetic on Python numbers.
 
-        ``dtype`` is the computing dtype; ``scale`` first converts its factor into it, as the
-        vectorized path does (without it, the factor is used as given). The result is not
+        ``dtype`` is the computing dtype; ``scale`` and ``clip`` first convert their factor
+        (bounds) into it, as the vectorized path does (without it, they are used as given). The result is not
         rounded into any dtype: the caller does that (``uni._promotion.cast_value``).
         numpy scalars are read as the Python numbers they hold (numpy's own scalar arithmetic
         would warn on division by zero and overflow).
         """
         self._check_arity(len(values), "values")
         values = tuple(v.item() if isinstance(v, np.generic) else v for v in values)
-        if self.factor is None:
+        parameters = self.parameters
+        if not parameters:
             return self._kind.scalar_impl(*values)
-        factor = (
-            self.factor if dtype is None else _promotion.python_scalar_to(self.factor, dtype)
-        )
-        return self._kind.scalar_impl(*values, factor)
+        if dtype is not None:
+            parameters = tuple(None if p is None else _promotion.python_scalar_to(p, dtype)
+                               for p in parameters)
+        return self._kind.scalar_impl(*values, *parameters)
 
 
 def is_element_op(x: object) -> TypeGuard[ElementOp]:
@@ -425,6 +566,19 @@ def scale(f: PythonScalar) -> ElementOp:
     return ElementOp("scale", f)
 
 
+def clip(lo: PythonScalar | None, hi: PythonScalar | None) -> ElementOp:
+    """The op ``minimum(maximum(x, lo), hi)``: ``x`` limited to ``[lo, hi]``.
+
+    ``lo`` and ``hi`` are bool, int or float (numpy scalars are read as the Python number
+    they hold), or None for no bound on that side (not both). They promote as Python scalars,
+    as ``scale``'s factor does: ``clip(0, 255)`` keeps an int32 input int32, ``clip(0.0, 1.0)``
+    turns it into float32; a bound that does not fit an integer computing dtype is refused
+    (DTypeError). A NaN input or bound gives NaN, ``lo > hi`` gives ``hi``, as numpy's
+    ``np.clip``; complex inputs are refused (DTypeError: no order).
+    """
+    return ElementOp("clip", bounds=(lo, hi))
+
+
 identity = ElementOp("identity")
 negate = ElementOp("negate")
 square = ElementOp("square")
@@ -434,6 +588,8 @@ add = ElementOp("add")
 subtract = ElementOp("subtract")
 multiply = ElementOp("multiply")
 divide = ElementOp("divide")
+maximum = ElementOp("maximum")
+minimum = ElementOp("minimum")
 
 __all__ = [
     "ElementOp",
@@ -442,8 +598,11 @@ __all__ = [
     "divide",
     "identity",
     "check_ufunc",
+    "clip",
     "is_element_op",
     "is_ufunc_op",
+    "maximum",
+    "minimum",
     "multiply",
     "negate",
     "reciprocal",

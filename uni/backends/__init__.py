@@ -17,7 +17,7 @@ from typing import Any
 from uni._errors import KernelDispatchError
 from uni._probe import Decline, Declined, Probe
 
-__all__ = ["UnavailableBackend", "available", "get", "register", "resolve"]
+__all__ = ["BackendSelector", "UnavailableBackend", "available", "get", "register", "resolve"]
 
 _registry: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -105,6 +105,19 @@ def resolve(items: Iterable[Any], *, lenient: bool = False) -> tuple[Any, ...]:
     """
     fetch = _load if lenient else get
     return tuple(fetch(item) if isinstance(item, str) else item for item in items)
+
+
+class BackendSelector(tuple[Any, ...]):
+    """What ``backend_selector()`` returns: the backends an operation walks, best first (a
+    tuple of backend objects that prints their names in order)."""
+
+    __slots__ = ()
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(str(getattr(b, "name", b)) for b in self)
+
+    def __repr__(self) -> str:
+        return f"BackendSelector({', '.join(self.names())})"
 
 
 def available() -> list[str]:

@@ -77,6 +77,9 @@ def _unavailable() -> Declined | None:
 class CudaReference:
     name = "cuda_reference"
 
+    def __repr__(self) -> str:
+        return f"<backend {self.name!r}>"
+
     def available(self) -> bool:
         return unavailable_reason() is None
 

@@ -346,6 +346,9 @@ class NumpyBackend:
 
     name = "numpy"
 
+    def __repr__(self) -> str:
+        return f"<backend {self.name!r}>"
+
     def available(self) -> bool:
         return True
 

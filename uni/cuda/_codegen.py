@@ -63,7 +63,14 @@ from uni._dtypes import as_dtype
 from uni._errors import DTypeError
 from uni._probe import Decline
 from uni._promotion import Category, DType
-from uni.cuda._cxx import CUDA_TYPES, PRELUDE, check_op_dtype, cuda_expression, cuda_literal
+from uni.cuda._cxx import (
+    CUDA_TYPES,
+    PRELUDE,
+    check_op_dtype,
+    cuda_expression,
+    cuda_literal,
+    parameter_count,
+)
 from uni.cuda._cxx import arity as op_arity
 from uni.cuda._cxx import op_name as _op_name
 from uni.ops import is_element_op
@@ -119,7 +126,7 @@ class Scale:
 class Apply:
     """A ``uni.ops`` unary op: ``v`` into ``compute``, the op there, the result into ``target``.
 
-    ``scale`` takes its factor as an argument of type ``compute``.
+    ``scale`` takes its factor, ``clip`` its two bounds, as arguments of type ``compute``.
     """
 
     op: str = attrs.field(converter=_op_name)
@@ -135,12 +142,12 @@ def _steps(steps: Iterable[Step]) -> tuple[Step, ...]:
     return tuple(steps)
 
 
-def _factor_dtype(step: Step) -> DType | None:
+def _factor_dtypes(step: Step) -> tuple[DType, ...]:
     if isinstance(step, Scale):
-        return step.target
-    if isinstance(step, Apply) and step.op == "scale":
-        return step.compute
-    return None
+        return (step.target,)
+    if isinstance(step, Apply):
+        return (step.compute,) * parameter_count(step.op)
+    return ()
 
 
 @attrs.frozen
@@ -175,7 +182,7 @@ class ArrayInput:
     @property
     def factor_dtypes(self) -> tuple[DType, ...]:
         """The dtype of each factor argument the chain takes, in order."""
-        return tuple(d for d in map(_factor_dtype, self.steps) if d is not None)
+        return tuple(d for step in self.steps for d in _factor_dtypes(step))
 
 
 @attrs.frozen
@@ -263,9 +270,8 @@ def _lower_transform(accessor: TransformAccessor) -> Lowered:
     try:
         compute = op.result_dtype(np.empty(0, dtype=source))
         target = as_dtype(accessor.element_type)
-        factors = inner.factors
-        if op.factor is not None:
-            factors = (*factors, compute.type(_promotion.python_scalar_to(op.factor, compute)))
+        # scale's factor, clip's bounds (a missing one as the dtype's extreme).
+        factors = (*inner.factors, *(compute.type(p) for p in op.parameters_in(compute)))
     except DTypeError as err:
         raise UnsupportedKernel(Decline.UNSUPPORTED_TRANSFORM, str(err)) from None
     if _promotion.category(target) < _promotion.category(compute):
@@ -495,13 +501,20 @@ def _load(w: _Writer, x: ArrayInput, pointer: str, offset: str, factors: Sequenc
             expr = f"uni_mul(uni_cast_{CUDA_TYPES[step.target]}({current}), {next(factor_iter)})"
         else:
             argument = f"uni_cast_{CUDA_TYPES[step.compute]}({current})"
-            factor = next(factor_iter) if step.op == "scale" else ""
-            result = cuda_expression(step.op, step.compute, argument, factor=factor)
+            result = _apply(step.op, step.compute, [argument],
+                            [next(factor_iter) for _ in range(parameter_count(step.op))])
             expr = f"uni_cast_{CUDA_TYPES[step.target]}({result})"
         w.line(f"const {CUDA_TYPES[step.target]} {name} = {expr};", indent)
         current = name
     w.line(f"const {CUDA_TYPES[target]} {var} = uni_cast_{CUDA_TYPES[target]}({current});",
            indent)
+
+
+def _apply(op: str, compute: DType, operands: Sequence[str], parameters: Sequence[str]) -> str:
+    """``cuda_expression`` with the op's parameter expressions in their places."""
+    if op == "clip":
+        return cuda_expression(op, compute, *operands, bounds=(parameters[0], parameters[1]))
+    return cuda_expression(op, compute, *operands, factor=parameters[0] if parameters else "")
 
 
 def _factor_params(w: _Writer, x: ArrayInput, prefix: str) -> list[str]:
@@ -526,7 +539,10 @@ def _elementwise(spec: ElementwiseSpec) -> KernelSource:
                if isinstance(x, ScalarInput)}
     factors = {k: _factor_params(w, x, f"in{k}") for k, x in enumerate(spec.inputs)
                if isinstance(x, ArrayInput)}
-    op_factor = w.param("op_factor", spec.compute) if spec.op == "scale" else ""
+    # The op's parameters: "op_factor" for scale, "op_lo" and "op_hi" for clip.
+    op_params = ([] if spec.op == "copy" else
+                 [w.param("op_factor" if spec.op == "scale" else f"op_{name}", spec.compute)
+                  for name in ("lo", "hi")[:parameter_count(spec.op)]])
     count = w.param("count", _I64)
     extents = [w.param(f"e{r}", _I64) for r in range(spec.rank)]
     strides = [[w.param(f"st{o}_{r}", _I64) for r in range(spec.rank)]
@@ -567,7 +583,7 @@ def _elementwise(spec: ElementwiseSpec) -> KernelSource:
     if spec.op == "copy":
         result = values[0]
     else:
-        result = cuda_expression(spec.op, spec.compute, *values, factor=op_factor)
+        result = _apply(spec.op, spec.compute, values, op_params)
     w.line(f"const {CUDA_TYPES[spec.compute]} r = {result};", 2)
     w.line(f"{out}[({sidx}){offsets[0]}] = uni_store_{CUDA_TYPES[spec.out]}(r);", 2)
     w.line("}")

@@ -5,10 +5,11 @@ includes nothing (NVRTC ships no headers: CUDA.md §8, trap 11), so it brings it
 typedefs, a complex type laid out as numpy's, and one small function per arithmetic step:
 
 - ``uni_add``/``uni_sub``/``uni_mul``/``uni_div``/``uni_neg``/``uni_conj``, overloaded per
-  computing type. Integers wrap (the arithmetic runs in unsigned types, where overflow is
-  defined); bool ``+`` is *or* and ``*`` is *and*, as numpy's bool arithmetic; complex
-  division is numpy's algorithm (Smith's, with numpy's zero-divisor rule), so results match
-  numpy's bit for bit.
+  computing type; ``uni_max``/``uni_min``/``uni_clip`` for the real types (numpy's NaN
+  propagation and ties: see ``uni.ops``). Integers wrap (the arithmetic runs in unsigned
+  types, where overflow is defined); bool ``+`` is *or* and ``*`` is *and*, as numpy's bool
+  arithmetic; complex division is numpy's algorithm (Smith's, with numpy's zero-divisor
+  rule), so results match numpy's bit for bit.
 - ``uni_cast_<t>(x)``: the arithmetic conversion into ``t`` (what ``uni._promotion.cast_value``
   does): integers wrap, floats round to nearest. Defined only where it never lowers a category.
 - ``uni_store_<t>(x)``: uni's store rule into ``t`` (``uni._promotion.store_scalar``):
@@ -107,7 +108,8 @@ def cuda_literal(value: PythonScalar, dtype: Any) -> str:
 # Op expressions
 
 #: Each op's C++ expression: ``{0}``/``{1}`` are the operands, ``{one}`` the literal 1 of the
-#: computing type and ``{f}`` the scale factor (a kernel argument of the computing type).
+#: computing type, ``{f}`` the scale factor and ``{lo}``/``{hi}`` clip's bounds (kernel
+#: arguments of the computing type; a missing bound is passed as the dtype's extreme).
 _TEMPLATES: Mapping[str, str] = {
     "identity": "{0}",
     "negate": "uni_neg({0})",
@@ -119,7 +121,16 @@ _TEMPLATES: Mapping[str, str] = {
     "subtract": "uni_sub({0}, {1})",
     "multiply": "uni_mul({0}, {1})",
     "divide": "uni_div({0}, {1})",
+    "maximum": "uni_max({0}, {1})",
+    "minimum": "uni_min({0}, {1})",
+    "clip": "uni_clip({0}, {lo}, {hi})",
 }
+
+_REAL = frozenset({Category.BOOL, Category.INTEGER, Category.FLOATING})
+
+#: The run-time parameters each op takes, by name (``ElementOp.parameters_in`` gives their
+#: values): scale its factor, clip its bounds.
+PARAMETERS: Mapping[str, tuple[str, ...]] = {"scale": ("f",), "clip": ("lo", "hi")}
 
 #: Ops undefined for some computing categories: numpy and uni refuse them, so no overload
 #: exists either (compiling one would be a code generator bug, caught here first).
@@ -128,6 +139,9 @@ _NEEDS: Mapping[str, frozenset[Category]] = {
     "subtract": frozenset({Category.INTEGER, Category.FLOATING, Category.COMPLEX}),
     "reciprocal": frozenset({Category.FLOATING, Category.COMPLEX}),
     "divide": frozenset({Category.FLOATING, Category.COMPLEX}),
+    "maximum": _REAL,
+    "minimum": _REAL,
+    "clip": _REAL,
 }
 
 
@@ -152,14 +166,21 @@ def check_op_dtype(op: ElementOp | str, dtype: Any) -> None:
 def arity(op: ElementOp | str) -> int:
     """How many operands the op's expression takes."""
     name = op_name(op)
-    return 2 if name in ("add", "subtract", "multiply", "divide") else 1
+    return 2 if name in ("add", "subtract", "multiply", "divide", "maximum", "minimum") else 1
 
 
-def cuda_expression(op: ElementOp | str, dtype: Any, *operands: str, factor: str = "") -> str:
+def parameter_count(op: ElementOp | str) -> int:
+    """How many run-time parameters the op's expression takes (scale 1, clip 2, others 0)."""
+    return len(PARAMETERS.get(op_name(op), ()))
+
+
+def cuda_expression(op: ElementOp | str, dtype: Any, *operands: str, factor: str = "",
+                    bounds: tuple[str, str] | None = None) -> str:
     """The C++ expression computing ``op`` in ``dtype`` on operand expressions.
 
-    ``factor`` names the expression holding ``scale``'s factor, already of type ``dtype``
-    (uni's kernels take it as an argument, so one kernel serves every factor).
+    ``factor`` names the expression holding ``scale``'s factor, ``bounds`` the two holding
+    clip's (lo, hi), already of type ``dtype`` (uni's kernels take them as arguments, so one
+    kernel serves every factor and every pair of bounds).
 
     >>> import uni
     >>> cuda_expression(uni.ops.add, "float64", "a", "b")
@@ -175,8 +196,12 @@ def cuda_expression(op: ElementOp | str, dtype: Any, *operands: str, factor: str
         raise TypeError("scale needs the expression of its factor (factor=...)")
     if name != "scale" and factor:
         raise TypeError(f"only scale takes a factor, got factor={factor!r} for {name}")
+    if (name == "clip") != (bounds is not None):
+        raise TypeError("clip needs the expressions of its bounds (bounds=(lo, hi)), and only "
+                        f"clip takes them; got bounds={bounds!r} for {name}")
+    lo, hi = bounds if bounds is not None else ("", "")
     one = cuda_literal(1, dtype) if name == "reciprocal" else ""
-    return _TEMPLATES[name].format(*operands, one=one, f=factor)
+    return _TEMPLATES[name].format(*operands, one=one, f=factor, lo=lo, hi=hi)
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,6 +343,31 @@ UNI_INT_OPS(i64, u64)
 UNI_FLOAT_OPS(f32)
 UNI_FLOAT_OPS(f64)
 
+// maximum/minimum as numpy's: a NaN first operand wins, then the strict comparison, so a NaN
+// second operand and ties (+0.0 against -0.0) give the second. clip as numpy's loop for
+// scalar bounds: NaN anywhere gives NaN, then lo, then hi, so a tie keeps x. Complex
+// operands are refused upstream: no overloads.
+UNI_FN bool uni_isnan(bool) { return false; }
+UNI_FN bool uni_isnan(i32) { return false; }
+UNI_FN bool uni_isnan(i64) { return false; }
+UNI_FN bool uni_isnan(f32 a) { return a != a; }
+UNI_FN bool uni_isnan(f64 a) { return a != a; }
+#define UNI_ORDER_OPS(T) \
+  UNI_FN T uni_max(T a, T b) { return (a > b || uni_isnan(a)) ? a : b; } \
+  UNI_FN T uni_min(T a, T b) { return (a < b || uni_isnan(a)) ? a : b; } \
+  UNI_FN T uni_clip(T x, T lo, T hi) { \
+    if (uni_isnan(x)) return x; \
+    if (uni_isnan(lo)) return lo; \
+    if (uni_isnan(hi)) return hi; \
+    const T r = x < lo ? lo : x; \
+    return r > hi ? hi : r; \
+  }
+UNI_ORDER_OPS(bool)
+UNI_ORDER_OPS(i32)
+UNI_ORDER_OPS(i64)
+UNI_ORDER_OPS(f32)
+UNI_ORDER_OPS(f64)
+
 template <typename R> UNI_FN uni_complex<R> uni_add(uni_complex<R> a, uni_complex<R> b) {
   return uni_cplx<R>(a.re + b.re, a.im + b.im);
 }
@@ -365,8 +415,10 @@ __all__ = [
     "CUDA_TYPES",
     "PRELUDE",
     "arity",
+    "PARAMETERS",
     "check_op_dtype",
     "cuda_expression",
     "cuda_literal",
     "op_name",
+    "parameter_count",
 ]

@@ -148,6 +148,8 @@ def plan_elementwise(op: ElementOp | str, out: Operand, inputs: Sequence[Operand
     name = "copy" if isinstance(op, str) and op == "copy" else _op_name(op)
     if name == "scale" and not isinstance(op, ElementOp):
         raise TypeError("scale carries its factor: pass uni.ops.scale(f), not 'scale'")
+    if name == "clip" and not isinstance(op, ElementOp):
+        raise TypeError("clip carries its bounds: pass uni.ops.clip(lo, hi), not 'clip'")
     _check_output_layout(out)
     if compute is None:
         if name == "copy":
@@ -179,9 +181,8 @@ def plan_elementwise(op: ElementOp | str, out: Operand, inputs: Sequence[Operand
     for chain in lowered:
         if chain is not None:
             args += list(chain.factors)
-    if name == "scale":
-        assert isinstance(op, ElementOp) and op.factor is not None
-        args.append(compute.type(_promotion.python_scalar_to(op.factor, compute)))
+    if isinstance(op, ElementOp):  # scale's factor, clip's bounds, in the computing dtype
+        args += [compute.type(p) for p in op.parameters_in(compute)]
     args += _layout_args(plan)
     return Launch(kernel, tuple(args), _grid_1d(plan.count, block, max_blocks), (block, 1, 1))
 

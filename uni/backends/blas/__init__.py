@@ -7,6 +7,13 @@ need no temporary copy; the geometry (trans flags, leading dimensions, the row-m
 conjugates folded into the flags) is the shared planner's, ``uni.backends._geometry``. What
 BLAS cannot address is declined with the reason, and the walk moves on. A small gemm it ran
 can be *prepared* for repeats (:meth:`Blas.prepare`).
+
+Mixed dtypes (float32 @ float64, a complex64 output of float64 operands, an int32 operand
+with float ones) run when the product's compute dtype (``uni._promotion.matmul_dtype``) is
+float or complex: the operands not in it are converted into aligned temporaries, BLAS runs
+in the compute dtype and the output is stored by the store rules (``_temporaries``). A
+product that computes in an integer or bool dtype is declined (BLAS has no such routines):
+the numpy backend runs it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from uni import _promotion
 from uni import backends as _registry
 from uni._accessor import DefaultAccessor
 from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall, spans_of
@@ -24,6 +32,7 @@ from uni._probe import Decline, Declined, Probe
 from uni.backends._common import host_signature, host_spans, unvectorised
 from uni.backends._geometry import fold_accessors
 from uni.backends.blas import _kernels as kernels
+from uni.backends.blas import _temporaries as temporaries
 from uni.backends.blas._elementwise import execute, prepare_execute
 from uni.backends.blas._fastcopy import _MIN_TILED_BYTES, strided_copy
 from uni.ops import is_element_op
@@ -52,8 +61,8 @@ _WHY: dict[Decline, str] = {
         "opposite order (row- vs column-major) to the output"
     ),
     Decline.UNSUPPORTED_INSTANCE: (
-        "the output shares memory with an input, or alpha/beta do not fit the dtype (a "
-        "complex scalar with real operands)"
+        "the output shares memory with an input, or alpha/beta do not fit the compute dtype "
+        "(a complex scalar with real operands)"
     ),
 }
 
@@ -90,16 +99,22 @@ def _output(name: str, span: Any) -> np.ndarray[Any, Any] | Declined:
 
 
 def _product_operands(
-    names: tuple[str, str, str], spans: tuple[Any, Any, Any]
-) -> tuple[_Operand, _Operand, np.ndarray[Any, Any]] | Declined:
-    """The two BLAS inputs (view, conjugated?, factor) and the output view of gemm/gemv."""
+    names: tuple[str, str, str], spans: tuple[Any, Any, Any], alpha: Any, beta: Any,
+) -> tuple[_Operand, _Operand, np.ndarray[Any, Any], np.ndarray[Any, Any]] | Declined:
+    """The two BLAS inputs (view, conjugated?, factor), where BLAS writes, and the output
+    view of gemm/gemv, all in the compute dtype (mixed dtypes through converted temporaries:
+    ``_temporaries``); after a run, ``temporaries.store(where, output)``."""
     if not host_spans(*spans):
         return Declined(Decline.INCOMPATIBLE_DEVICES, "BLAS works on host memory only")
-    if len({s.dtype for s in spans}) > 1:
-        return Declined(Decline.UNSUPPORTED_INSTANCE, "mixed dtypes ("
-                        + ", ".join(f"{n}: {s.dtype.name}" for n, s in zip(names, spans,
-                                                                           strict=True))
-                        + "); BLAS computes in one dtype")
+    dtypes = [s.dtype for s in spans]
+    compute = temporaries.compute_dtype(*dtypes, alpha=alpha, beta=beta)
+    if compute is None:
+        listed = ", ".join(f"{n}: {d.name}" for n, d in zip(names, dtypes, strict=True))
+        promoted = _promotion.matmul_dtype(*dtypes, alpha=alpha, beta=beta)
+        return Declined(Decline.UNSUPPORTED_INSTANCE,
+                        f"the product computes in {promoted.name} ({listed}); BLAS has float "
+                        "and complex routines only (the numpy backend runs integer and bool "
+                        "products)")
     x = _input(names[0], spans[0])
     y = _input(names[1], spans[1])
     o = _output(names[2], spans[2])
@@ -107,11 +122,20 @@ def _product_operands(
         if isinstance(part, Declined):
             return part
     assert isinstance(x, tuple) and isinstance(y, tuple) and isinstance(o, np.ndarray)
-    return x, y, o
+    if not temporaries.needs_conversion(*dtypes, compute=compute):
+        return x, y, o, o
+    # The inputs are read only when the product is (SPEC §5: alpha == 0 or k == 0 never
+    # reads them), the output only when beta != 0.
+    read = not (alpha == 0 or spans[0].shape[-1] == 0)
+    return (temporaries.convert(x, compute, read=read), temporaries.convert(y, compute, read=read),
+            temporaries.output(o, compute, read=beta != 0), o)
 
 
 class Blas:
     name = "blas"
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name!r}>"
 
     def available(self) -> bool:
         return kernels.available()
@@ -120,8 +144,10 @@ class Blas:
         if not host_signature(signature):
             return Probe.NO
         if op in ("gemm", "gemv"):
-            if not all(o.dtype.kind in _BLAS_KINDS for o in signature.operands):
+            if not any(o.dtype.kind in _BLAS_KINDS for o in signature.operands):
                 return Probe.NO  # integer and bool products are left to the others
+            # A float or complex operand makes the product compute in a BLAS dtype; the
+            # others are converted into it (mixed dtypes: _temporaries).
             return Probe.MAYBE
         if op == "transform":
             extra = signature.extra
@@ -143,32 +169,33 @@ class Blas:
 
     @staticmethod
     def _gemm(call: GemmCall) -> Declined | None:
-        operands = _product_operands(("a", "b", "c"), (call.a, call.b, call.c))
+        operands = _product_operands(("a", "b", "c"), (call.a, call.b, call.c), call.alpha,
+                                     call.beta)
         if isinstance(operands, Declined):
             return operands
-        a, b, c = operands
+        a, b, c, out = operands
         alpha = call.alpha * a[2] * b[2]
-        if c.ndim == 2:
-            result = kernels.gemm(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
-        else:
-            result = kernels.gemm_batched(a[0], b[0], c, alpha, call.beta, conj_a=a[1],
-                                          conj_b=b[1])
+        gemm = kernels.gemm if c.ndim == 2 else kernels.gemm_batched
+        result = gemm(a[0], b[0], c, alpha, call.beta, conj_a=a[1], conj_b=b[1])
+        if result is None:
+            temporaries.store(c, out)  # a no-op unless c is a temporary
         return _declined(result)
 
     @staticmethod
     def _gemv(call: GemvCall) -> Declined | None:
-        operands = _product_operands(("a", "x", "y"), (call.a, call.x, call.y))
+        operands = _product_operands(("a", "x", "y"), (call.a, call.x, call.y), call.alpha,
+                                     call.beta)
         if isinstance(operands, Declined):
             return operands
-        a, x, y = operands
+        a, x, y, out = operands
         if x[1]:
             return Declined(Decline.UNSUPPORTED_ACCESSOR,
                             "'x' is conjugated; BLAS's gemv has no conjugated-vector form")
         alpha = call.alpha * a[2] * x[2]
-        if y.ndim == 1:
-            result = kernels.gemv(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
-        else:
-            result = kernels.gemv_batched(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+        gemv = kernels.gemv if y.ndim == 1 else kernels.gemv_batched
+        result = gemv(a[0], x[0], y, alpha, call.beta, conj_a=a[1])
+        if result is None:
+            temporaries.store(y, out)
         return _declined(result)
 
     @staticmethod
@@ -226,9 +253,13 @@ class Blas:
             if any(s.rank() != 2 for s in spans):
                 return None
             a, b, c = (host_view(s.data_handle, s.mapping, writeable=s is call.c) for s in spans)
+            if len({a.dtype, b.dtype, c.dtype}) > 1:
+                return temporaries.prepare(a, b, c, kernels.prepare_gemm)
             return kernels.prepare_gemm(a, b, c)
         if isinstance(call, GemvCall):
             a, x, y = (host_view(s.data_handle, s.mapping, writeable=s is call.y) for s in spans)
+            if len({a.dtype, x.dtype, y.dtype}) > 1:
+                return temporaries.prepare(a, x, y, kernels.prepare_gemv)
             return kernels.prepare_gemv(a, x, y)
         if isinstance(call, CopyCall):
             return _prepare_copy(host_view(call.src.data_handle, call.src.mapping,
