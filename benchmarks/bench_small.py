@@ -17,7 +17,10 @@ Every figure of issue 11 section 3, each against its reference measured in the s
   operation end to end, against ``numpy.add(x, 1.0, out=x)``;
 - the repeated 8x8 gemm against ``numpy.matmul(a, b, out=c)``;
 - the C->F copy of 4096^2 float64 against a contiguous copy of the same bytes
-  (``numpy.copyto`` C->C): a bandwidth ratio (goal >= 0.75).
+  (``numpy.copyto`` C->C): a bandwidth ratio (goal >= 0.75);
+- fresh *data* (issue 21): ``uni.from_numpy`` of a new array, and a copy, an add and an 8x8
+  gemm on new arrays wrapped each call, against numpy doing the same with the same arrays
+  (goals: wrapping <= 3 us; first-sight ops <= 15 us; the gemm <= 15x numpy).
 
 Goals (issue 11): the sync copy/transform/gemv <= 8 us per call, fresh views included; gemm
 64x64 <= 1.15x numpy; a lease <= 1.5 us; async <= 25 us above sync; 1,000 dependent async
@@ -68,6 +71,11 @@ GOALS: dict[str, tuple[str, float]] = {
     "1000 dependent transform_async": ("us", 15.0),
     "gemm 8x8 repeated": ("x", 2.0),
     "copy C->F 4096^2 f64": ("bw", 0.75),
+    # Issue 21: first sight of data uni has never seen (new arrays every call).
+    "from_numpy, fresh array": ("us", 3.0),
+    "copy 64 f64, fresh data": ("us", 15.0),
+    "transform(add) 64 f64, fresh data": ("us", 15.0),
+    "gemm 8x8, fresh data": ("x", 15.0),
 }
 
 
@@ -247,12 +255,53 @@ def _transpose_case(out: list[Result], quick: bool, repeats: int) -> None:
           notes="bandwidth ratio = ratio")
 
 
+def _fresh_data_cases(out: list[Result], number: int, repeats: int) -> None:
+    """Data uni has never seen: new numpy arrays every call, wrapped and used once (what a
+    service handling requests does). The numpy reference allocates the same arrays."""
+    rng = np.random.default_rng(1)
+    s8, t8 = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
+    v64 = rng.standard_normal(64)
+
+    _case(out, "from_numpy, fresh array", lambda: uni.from_numpy(np.empty(64)),
+          "numpy.empty (the same array)", lambda: np.empty(64), number, repeats)
+
+    def copy_uni() -> None:
+        uni.copy(uni.from_numpy(v64.copy()), uni.from_numpy(np.empty(64)))
+
+    def copy_np() -> None:
+        np.copyto(np.empty(64), v64.copy())
+
+    _case(out, "copy 64 f64, fresh data", copy_uni, "numpy.copyto (fresh arrays)", copy_np,
+          number, repeats)
+
+    def add_uni() -> None:
+        uni.transform(uni.from_numpy(np.empty(64)), uni.ops.add, uni.from_numpy(v64.copy()),
+                      uni.from_numpy(v64.copy()))
+
+    def add_np() -> None:
+        np.add(v64.copy(), v64.copy(), out=np.empty(64))
+
+    _case(out, "transform(add) 64 f64, fresh data", add_uni, "numpy.add(out=) (fresh arrays)",
+          add_np, number, repeats)
+
+    def gemm_uni() -> None:
+        uni.gemm(uni.from_numpy(s8.copy()), uni.from_numpy(t8.copy()),
+                 uni.from_numpy(np.empty((8, 8))))
+
+    def gemm_np() -> None:
+        np.matmul(s8.copy(), t8.copy(), out=np.empty((8, 8)))
+
+    _case(out, "gemm 8x8, fresh data", gemm_uni, "numpy.matmul(out=) (fresh arrays)", gemm_np,
+          number, repeats)
+
+
 def run(quick: bool = False, repeats: int | None = None) -> list[Result]:
     """Every case; ``quick`` times fewer calls (and a 2048^2 transpose)."""
     repeats = repeats if repeats is not None else (5 if quick else 9)
     number = 300 if quick else 2000
     out: list[Result] = []
     _sync_cases(out, number, repeats)
+    _fresh_data_cases(out, max(1, number // 4), repeats)
     _async_cases(out, number // 2, repeats)
     _transpose_case(out, quick, repeats)
     return out

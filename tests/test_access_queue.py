@@ -663,11 +663,15 @@ def test_poison_api() -> None:
     assert q.poison_of(0, 100) is boom  # the first entry wins
     assert q.poison_of(35, 35) is other
     assert q.poison_of(12, 11) is None
-    # Only entries lying entirely inside the cleared range are dropped.
+    # Exactly the cleared units stop being poisoned (SPEC: poison is exact to the element).
     q.clear_poison(12, 40)
     assert q.poison_of(35, 35) is None
-    assert q.poison_of(15, 15) is boom
-    q.clear_poison(10, 19)
+    assert q.poison_of(15, 15) is None
+    assert q.poison_of(10, 11) is boom and q.poison_of(11, 11) is boom
+    assert q.poison_of(12, 100) is None
+    q.clear_poison(10, 10)
+    assert q.poison_of(11, 11) is boom
+    q.clear_poison(11, 11)
     assert q.poison_of(0, 100) is None
     # The stored failure is meant to become PoisonedError's __cause__ in the lease layer.
     q.poison(0, 0, boom)

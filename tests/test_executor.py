@@ -10,6 +10,7 @@ import pytest
 from poisoning import poison, poisoned
 
 import uni
+from uni._access import Access, AccessSpec
 from uni._executor import OperationAccess as OpAccess
 from uni._executor import stage as staged
 
@@ -322,3 +323,30 @@ def test_an_async_operation_refused_for_a_folded_poisoned_input_poisons_its_outp
         future.result(timeout=10)
     # Operations queued after it must not compute from stale data.
     assert poisoned(out) and not poisoned(a[0:2])
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["succeeds", "fails"])
+def test_an_async_operation_is_done_before_a_request_behind_it_is_granted(failing: bool) -> None:
+    # A request behind the operation's output is granted in the thread that lets the
+    # operation's accesses go (its callback runs right there): the operation's future must
+    # already say done by then -- it published its outcome before letting go.
+    src, dst = uni.zeros(64), uni.zeros(64)
+    if failing:
+        poison(src)
+    blocker = uni.acquire_host_write_access_sync(dst, overwrite=True)
+    future = uni.copy_async(src, dst)
+    # One behind the output and one behind the input (a writer waits for the copy's read).
+    behind = [Access(AccessSpec.of_view(dst, "read"), owner=None),
+              Access(AccessSpec.of_view(src, "write", overwrite=True), owner=None)]
+    seen: list[bool] = []
+    for access in behind:
+        access.when_granted(lambda: seen.append(future.done()))
+    blocker.release()
+    if failing:
+        with pytest.raises(uni.PoisonedError):
+            future.result(timeout=10)
+    else:
+        assert future.result(timeout=10) in ("blas", "numpy")
+    assert seen == [True, True]
+    for access in behind:
+        access.withdraw()

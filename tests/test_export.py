@@ -100,6 +100,22 @@ def test_export_materializes_what_is_not_in_memory(view: str) -> None:
     assert isinstance(err.value, BufferError) and isinstance(err.value, uni.UniError)
 
 
+def test_copy_false_refusals_name_what_was_exported() -> None:
+    t = uni.from_numpy(np.arange(4.0) * (1 + 1j))
+    for view, reason in ((t[::-1], "negative"), (t.conj(), "computes"), (t, "legacy")):
+        versions = {} if reason == "legacy" else {"max_version": (1, 0)}
+        with pytest.raises(DLPackError) as err:
+            view.__dlpack__(copy=False, **versions)
+        message = str(err.value)
+        assert message.startswith("copy=False, but this tensor (shape (4,)) cannot be exported")
+        assert reason in message and "lease" not in message
+        assert "pass copy=None (the default) or copy=True" in message
+    assert can_write(t)  # refused before any lease was taken
+    with uni.acquire_host_read_access_sync(t[::-1]) as lease:
+        with pytest.raises(DLPackError, match="this read lease's view"):
+            lease.__dlpack__(max_version=(1, 0), copy=False)
+
+
 def test_export_arguments_follow_the_protocol() -> None:
     t = uni.from_numpy(np.arange(3.0))
     assert t.__dlpack_device__() == (kDLCPU, 0)

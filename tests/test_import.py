@@ -105,6 +105,29 @@ def test_read_only_import_can_be_read_but_never_written() -> None:
         uni.acquire_host_write_access_sync(t.T[1:])
 
 
+def test_writing_a_read_only_import_names_the_writable_copy() -> None:
+    array = np.arange(6.0)
+    array.flags.writeable = False
+    base = np.arange(4.0)
+    view = base.view()
+    view.flags.writeable = False
+    # A read-only storage (a producer's READ_ONLY memory), a read-only view of writable
+    # memory, a legacy capsule: there is no "plain tensor" to write through, only a copy.
+    for t in (uni.from_dlpack(Producer(array)), uni.from_dlpack(view),
+              uni.from_numpy(view), uni.from_dlpack(np.arange(3.0).__dlpack__())):
+        with pytest.raises(uni.LeaseError) as err:
+            uni.acquire_host_write_access_sync(t)
+        message = str(err.value)
+        assert "uni.from_dlpack(x, copy=True)" in message and "writable=True" in message
+        assert "plain tensor" not in message
+    private = uni.from_dlpack(Producer(array), copy=True)
+    with uni.acquire_host_write_access_sync(private) as lease:  # what the message offers
+        lease.numpy()[0] = 1.0
+    # A read-only view of a writable tensor names the tensor it came from.
+    with pytest.raises(uni.LeaseError, match="write through the tensor it was made from"):
+        uni.acquire_host_write_access_sync(uni.from_numpy(base).as_readonly())
+
+
 def test_import_keeps_the_producer_alive_and_deletes_once() -> None:
     released = Count()
     array = np.arange(24.0).reshape(4, 6)

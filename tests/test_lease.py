@@ -196,6 +196,36 @@ def test_garbage_collected_active_lease_is_released_with_warning(
             np.testing.assert_array_equal(np.asarray(lease.mdspan()), INITIAL)
 
 
+def test_garbage_collected_lease_stops_being_its_threads_while_the_queue_is_busy(
+    tensor: uni.Tensor, kind: str
+) -> None:
+    # Another thread sits inside the queue's lock when the lease is collected: the release
+    # must wait for it, but the lease is no longer this thread's at once, so this thread's
+    # next acquisition waits for that release instead of calling it a self-deadlock.
+    queue = tensor.storage.access_queue
+    lease = acquire(tensor, kind)
+    access = lease._access
+    inside, leave = threading.Event(), threading.Event()
+
+    def sit_in_the_lock() -> None:
+        with queue._lock:
+            inside.set()
+            leave.wait(10)
+
+    blocker = threading.Thread(target=sit_in_the_lock)
+    blocker.start()
+    assert inside.wait(10)
+    with pytest.warns(ResourceWarning, match="garbage-collected"):
+        del lease
+        gc.collect()
+    assert access.owner_thread is None
+    threading.Timer(0.05, leave.set).start()
+    with uni.acquire_host_write_access_sync(tensor, overwrite=True, timeout=10):
+        pass  # granted once the deferred release ran; never LeaseConflictError
+    blocker.join()
+    assert_idle(tensor)
+
+
 def test_garbage_collected_overwrite_lease_does_not_clear_poison(tensor: uni.Tensor) -> None:
     with pytest.raises(KeyError):
         with uni.acquire_host_write_access_sync(tensor):
@@ -391,3 +421,18 @@ def test_the_giving_thread_waits_instead_of_a_false_conflict() -> None:
     # Before: LeaseConflictError ("this thread holds ..."); the lease is not ours any more.
     with uni.acquire_host_read_access_sync(t, timeout=5):
         pass
+
+
+def test_backend_selector_and_backends_print_their_names_in_order() -> None:
+    t = uni.zeros((2, 2))
+    with uni.acquire_host_read_access_sync(t) as lease:
+        selector = lease.backend_selector()
+        assert repr(selector) == "BackendSelector(blas, numpy, cpu_reference)"
+        assert [repr(b) for b in selector] == [
+            "<backend 'blas'>", "<backend 'numpy'>", "<backend 'cpu_reference'>"]
+        assert selector == t.backend_selector() and isinstance(selector, tuple)
+        assert selector.names() == ("blas", "numpy", "cpu_reference")
+    for name in ("cublas", "cuda_reference"):  # they load without a GPU (and decline there)
+        (backend,) = uni.backends.resolve([name], lenient=True)
+        if not isinstance(backend, uni.backends.UnavailableBackend):  # the CUDA packages
+            assert repr(backend) == f"<backend {name!r}>"

@@ -49,6 +49,7 @@ from uni._errors import PoisonedError as PoisonedError
 from uni._errors import ReadOnlyOutputError as ReadOnlyOutputError
 from uni._errors import ShapeError as ShapeError
 from uni._errors import StorageError as StorageError
+from uni._errors import StorageOSError as StorageOSError
 from uni._errors import TileAccessError as TileAccessError
 from uni._errors import UniError as UniError
 from uni._errors import WouldBlockError as WouldBlockError
@@ -135,6 +136,7 @@ __all__ = [
     "ScaledAccessor",
     "ShapeError",
     "StorageError",
+    "StorageOSError",
     "Tensor",
     "TileAccessError",
     "TransformAccessor",

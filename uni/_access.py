@@ -70,8 +70,8 @@ __all__ = [
 FINALIZER_WAIT = 1.0
 
 
-def release_from_finalizer(release: Callable[[], object], queue: AccessQueue | None = None
-                           ) -> None:
+def release_from_finalizer(release: Callable[[], object], queue: AccessQueue | None = None,
+                           request: AccessRequest | None = None) -> None:
     """Run ``release`` (which must not raise) on behalf of a ``__del__``, without deadlocking.
 
     The garbage collector runs finalizers wherever it happens to fire: possibly inside this
@@ -82,7 +82,13 @@ def release_from_finalizer(release: Callable[[], object], queue: AccessQueue | N
     the way; otherwise it completes as soon as the interrupted section lets go. ``queue``:
     the queue ``release`` needs; while its lock is held (by this thread, perhaps: then waiting
     would only stall it, lock held, for the whole moment) the finalizer does not wait.
+    ``request``: the access being let go. It stops being its thread's at once (a plain
+    attribute store, no lock), so a release still waiting for the lock is never mistaken
+    for a lease this thread holds: its next acquisition waits for the release instead of
+    raising LeaseConflictError.
     """
+    if request is not None:
+        request.owner_thread = None
     done = _thread.allocate_lock()
     done.acquire()
 
@@ -396,11 +402,12 @@ class Access(AccessRequest):
     # ------------------------------------------------------------------ opening
 
     def check_poison(self, what: Callable[[], str], *, allow_poisoned: bool = False,
-                     remedy: str = LEASE_REMEDY) -> None:
+                     remedy: str = LEASE_REMEDY, withdraw: bool = True) -> None:
         """Raise PoisonedError (withdrawing the request) if a failed writer left this data
         half-written; a write with the overwrite promise and ``allow_poisoned`` skip it.
         ``what()`` names the data in the message (called only when it is needed), ``remedy``
-        says what to do about it.
+        says what to do about it. ``withdraw=False``: the caller gives the request back
+        itself (an operation, with the rest of its accesses, once it has said it failed).
 
         The data is the view written (``written``): a write widened over inputs it overlaps
         answers for the output's own view only (each input's view is checked on its own)."""
@@ -411,9 +418,10 @@ class Access(AccessRequest):
         cause = self.poison_cause()
         if cause is None:
             return
-        self.queue.release(self.request)
-        self._state = _ENDED
-        self._primary_done = True
+        if withdraw:
+            self.queue.release(self.request)
+            self._state = _ENDED
+            self._primary_done = True
         raise poisoned_error(what(), cause, remedy)
 
     def poison_cause(self) -> BaseException | None:
@@ -552,8 +560,24 @@ class Access(AccessRequest):
             fence = self.fence
         return self._end(failure, fence, poison)
 
-    def _end(self, failure: BaseException | None, fence: Fence | None, poison: bool
-             ) -> BaseException | None:
+    def hand_back(self, failure: BaseException | None, fence: Fence | None = None, *,
+                  poison: bool = True) -> tuple[BaseException | None, Callable[[Any], None] | None]:
+        """:meth:`finish` but for letting the queue go on: the storage's release hook runs
+        and the poison is set, and the request is kept until the returned ``let_go(wakes)``
+        releases it (None: nothing left to let go; ``wakes`` as for ``AccessQueue.release``).
+        An operation releases every access, says it is done, and only then wakes what its
+        releases granted (OpFuture.done() is True for whoever they wake)."""
+        if self._primary_done:
+            return None, None
+        if self._lock is not None:  # shared: the last holder ends it, whenever that is
+            return self.finish(failure, fence, poison=poison), None
+        self._primary_done = True
+        error = self._end(failure, fence, poison, let_go=False)
+        queue, request = self.queue, self.request
+        return error, lambda wakes: queue.release(request, fence, wakes=wakes)
+
+    def _end(self, failure: BaseException | None, fence: Fence | None, poison: bool,
+             let_go: bool = True) -> BaseException | None:
         if self._state == _ENDED:
             return None
         opened = self._state == _OPEN
@@ -582,13 +606,11 @@ class Access(AccessRequest):
                 # Only what was written is vouched for: the output's own view (not the
                 # inputs a widened write covers), and of another element space only the
                 # queue units wholly inside it.
-                written = self.written
+                # The view says exactly which bytes were written.
                 lo, hi = self.poison_range or (request.lo, request.hi)
-                queue.clear_poison(lo, hi, written.view_key(),
-                                   exhaustive=written.covers_exactly(),
-                                   inner=inner_queue_range(written.storage, written.lo,
-                                                           written.hi))
-        queue.release(request, fence)
+                queue.clear_poison(lo, hi, self.written.view_key())
+        if let_go:
+            queue.release(request, fence)
         return release_error
 
     def __repr__(self) -> str:

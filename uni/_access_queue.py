@@ -66,7 +66,14 @@ from uni._eventloop import (
     run_quietly,
     wait_callback_async,
 )
-from uni._mapping import view_covers, views_overlap
+from uni._poison import (
+    PoisonRecord,
+    bytes_of_range,
+    bytes_of_view,
+    difference,
+    intersects,
+    is_empty,
+)
 
 if TYPE_CHECKING:
     import asyncio
@@ -469,8 +476,8 @@ class _Fenced:
 class AccessQueue:
     """The thread-safe FIFO/epoch access queue of one memory; see the module docstring."""
 
-    __slots__ = ("_entries", "_lock", "_pending", "_poison", "_tail", "has_poison", "label",
-                 "retired", "unit")
+    __slots__ = ("__weakref__", "_entries", "_lock", "_pending", "_poison", "_tail",
+                 "has_poison", "label", "retired", "unit")
 
     def __init__(self, label: str, *, unit: int = 1) -> None:
         self.label = label
@@ -482,7 +489,7 @@ class AccessQueue:
         self._entries: dict[AccessRequest, None] = {}
         self._pending = 0
         self._tail: list[_Fenced] = []
-        self._poison: list[tuple[int, int, BaseException, Any]] = []
+        self._poison: list[PoisonRecord] = []
         #: False while no failed writer left poison here: lets the hot path skip the check.
         self.has_poison = False
         #: True once the memory's storages moved to another queue (:meth:`retire`): nothing
@@ -951,12 +958,16 @@ class AccessQueue:
 
     # ------------------------------------------------------------------ releasing
 
-    def release(self, req: AccessRequest, fence: Fence | None = None) -> None:
+    def release(self, req: AccessRequest, fence: Fence | None = None, *,
+                wakes: list[tuple[AccessQueue, list[tuple[AccessRequest, Waiter]]]] | None = None
+                ) -> None:
         """Release a granted request or withdraw a pending one; idempotent, never raises.
 
         ``fence``: where the released access's work ends, when it is not over yet.
         Conflicting successors are granted now and wait on it. Successors that become
-        grantable are granted in FIFO order under the lock and woken after it is dropped.
+        grantable are granted in FIFO order under the lock and woken after it is dropped --
+        or, given ``wakes``, appended there as ``(queue, woken)`` for the caller to wake with
+        ``queue.wake(woken)`` (an operation says it is done in between).
         """
         if req.released:
             return
@@ -988,9 +999,16 @@ class AccessQueue:
                     return
         finally:
             lock.release()
+        if wakes is not None:
+            wakes.append((self, woken))
+            return
         self._wake(woken)
 
     withdraw = release
+
+    def wake(self, woken: list[tuple[AccessRequest, Waiter]]) -> None:
+        """Wake the waiters a deferred :meth:`release` granted (see its ``wakes``)."""
+        self._wake(woken)
 
     # ------------------------------------------------------------------ fences
 
@@ -1029,47 +1047,82 @@ class AccessQueue:
 
     # ------------------------------------------------------------------ poisoning
     #
-    # A poison entry is the queue range a failed writer covered, its failure, and -- when
-    # known -- the writer's own view ``(storage key, (offset, shape, strides))``: then a
-    # reader of disjoint elements of the same storage inside that range is not poisoned,
-    # and a successful overwrite of that same view clears it (a column ``t[:, 0]`` whose
-    # range spans the whole matrix).
+    # Poison is kept by byte (uni._poison): each record is a failure and the bytes of the
+    # memory its writer's view reached. ``view`` is ``(element space, (offset, shape,
+    # strides))`` (AccessSpec.view_key); without one, the queue range ``[lo, hi]`` stands for
+    # the view (every unit of it).
+
+    def _bytes(self, lo: int, hi: int, view: Any, *, written: bool = False) -> Any:
+        if view is not None:
+            reached = bytes_of_view(view)
+            if reached is not None:
+                return reached
+            if written:
+                return None  # too many runs to list: an overwrite of it clears nothing
+        return bytes_of_range(lo * self.unit, (hi + 1) * self.unit)
 
     def poison(self, lo: int, hi: int, exc: BaseException, view: Any = None) -> None:
         """Mark ``[lo, hi]`` (the writer's ``view``, if given) as left half-written by ``exc``."""
         if lo > hi:
             return
+        reached = self._bytes(lo, hi, view)
         with self._lock:
-            self._poison.append((lo, hi, exc, view))
+            self._poison_locked(reached, exc)
+
+    def _poison_locked(self, reached: Any, exc: BaseException) -> None:
+        if not is_empty(reached):
+            for record in self._poison:
+                record.settle()
+            self._poison.append(PoisonRecord(exc, reached))
             self.has_poison = True
 
     def poison_of(self, lo: int, hi: int, view: Any = None) -> BaseException | None:
-        """The failure of the first poison entry that ``[lo, hi]`` (``view``) touches, else None."""
+        """The failure of the oldest poison record that ``[lo, hi]`` (``view``) touches, else
+        None."""
         if lo > hi or not self.has_poison:
             return None
         with self._lock:
-            entries = list(self._poison)
-        for plo, phi, exc, pview in entries:
-            if plo <= hi and lo <= phi and _views_meet(pview, view):
-                return exc
+            records = list(self._poison)
+        if not records:
+            return None
+        reached = self._bytes(lo, hi, view)
+        for record in records:
+            record.settle()
+        for record in records:
+            if intersects(record.bytes, reached):
+                return record.cause
         return None
 
     def clear_poison(self, lo: int, hi: int, view: Any = None, *, exhaustive: bool = True,
                      inner: tuple[int, int] | None = None) -> None:
-        """A successful overwrite of ``[lo, hi]`` (``view``): drop the poison it overwrote.
+        """A successful overwrite of ``[lo, hi]`` (``view``): exactly the bytes it wrote are
+        no longer poisoned; a record with nothing left goes.
 
-        An entry goes when the overwrite reached every element the failed writer did: a view
-        of the same element space covering the entry's view, or (``exhaustive``: every element
-        of the view was written) an entry lying inside ``inner``, the units wholly written
-        (default ``[lo, hi]``; less when the range was rounded outward to whole units).
+        Without a view, the units ``inner`` (default ``[lo, hi]``) count as written, and only
+        when ``exhaustive`` (every element of the range was written).
         """
         if lo > hi or not self.has_poison:
             return
-        ilo, ihi = (lo, hi) if inner is None else inner
+        if view is not None:
+            written = self._bytes(lo, hi, view, written=True)
+        elif exhaustive:
+            ilo, ihi = (lo, hi) if inner is None else inner
+            written = bytes_of_range(ilo * self.unit, (ihi + 1) * self.unit)
+        else:
+            written = None
+        if written is None or is_empty(written):
+            return
         with self._lock:
-            self._poison = [p for p in self._poison
-                            if not _cleared(p, lo, hi, view, exhaustive, ilo, ihi)]
-            self.has_poison = bool(self._poison)
+            kept = []
+            for record in self._poison:
+                left = difference(record.bytes, written)
+                if not is_empty(left):
+                    if left is not record.bytes:
+                        record = PoisonRecord(record.cause, left, record.settled)
+                    record.settle()
+                    kept.append(record)
+            self._poison = kept
+            self.has_poison = bool(kept)
 
     # ------------------------------------------------------------------ retiring
 
@@ -1306,8 +1359,7 @@ class HeldRun:
         for queue, _, ranges in self._queues:
             for lo, hi, write, view in ranges:
                 if write:
-                    queue._poison.append((lo, hi, err, view))
-                    queue.has_poison = True
+                    queue._poison_locked(queue._bytes(lo, hi, view), err)
 
 
 # Note on the unrolled forms: ``q.has_poison or q.retired or q._entries or q._tail`` is
@@ -1504,24 +1556,6 @@ def _owned_in_wait_graph(start: list[AccessRequest], me: Owner, limit: int = 10_
         if len(seen) > limit:
             return None
     return None
-
-
-def _views_meet(poisoned: Any, view: Any) -> bool:
-    if poisoned is None or view is None or poisoned[0] != view[0]:
-        return True  # other storages' views: their ranges overlap, so count them as touching
-    return views_overlap(poisoned[1], view[1])
-
-
-def _cleared(entry: tuple[int, int, BaseException, Any], lo: int, hi: int, view: Any,
-             exhaustive: bool, ilo: int, ihi: int) -> bool:
-    """Whether an overwrite of ``[lo, hi]`` through ``view`` (``ilo..ihi``: the units it
-    wrote wholly) overwrote every element of the poison ``entry``."""
-    plo, phi, _, poisoned = entry
-    if view is not None and poisoned is not None and view[0] == poisoned[0]:
-        # One element space: the views say exactly which elements each reached.
-        return lo <= plo and phi <= hi and view_covers(view[1], poisoned[1])
-    # Another element space (another dtype, another offset): only whole units count.
-    return exhaustive and ilo <= plo and phi <= ihi
 
 
 def normalize_timeout(timeout: float | None) -> float | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Generator
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -28,9 +28,18 @@ from uni._access_queue import normalize_timeout
 from uni._errors import DomainError, LeaseError
 from uni._eventloop import running_library, unsupported_loop
 from uni._handle import HOST, Domain, HostHandle
-from uni._lease import ReadTensorLease, WriteTensorLease, _Lease, lease_for, open_lease
+from uni._lease import (
+    ReadMdspanLease,
+    ReadTensorLease,
+    WriteMdspanLease,
+    WriteTensorLease,
+    _Lease,
+    lease_for,
+    open_lease,
+)
 from uni._mapping import check_fits
 from uni._mdspec import DataDescriptor
+from uni.concepts import MdspecLike, TensorView
 from uni.storage.host import HostStorage
 
 __all__ = [
@@ -146,16 +155,24 @@ def _from_mdspec(spec: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
     )
 
 
+_WRITABLE_COPY = ("write to a private copy, uni.from_dlpack(x, copy=True) (or pass "
+                  "writable=True, for a legacy DLPack capsule whose producer allows writes)")
+
+
 def _check_write(spec: AccessSpec, is_tensor: bool, fn: str) -> None:
+    # The storage first: read-only memory has no writable tensor to point to.
+    if spec.storage.readonly:
+        raise LeaseError(
+            f"{fn}: the storage of {spec.what()} is read-only (e.g. a read-only numpy array "
+            "or DLPack import, a file opened with mode='r'); it can be read but never "
+            f"written. Imported memory: {_WRITABLE_COPY}"
+        )
     if spec.accessor.readonly:
         raise LeaseError(
             f"{fn}: {spec.what()} is seen through a read-only accessor "
-            f"({type(spec.accessor).__name__}); write through the plain tensor instead"
-        )
-    if spec.storage.readonly:
-        raise LeaseError(
-            f"{fn}: the storage of {spec.what()} is read-only (e.g. a read-only "
-            "numpy array or DLPack import); it can be read but never written"
+            f"({type(spec.accessor).__name__}), so it cannot be written. A view made with "
+            "as_readonly(), conj() or scaled(): write through the tensor it was made from. "
+            f"Read-only memory imported with uni.from_numpy or uni.from_dlpack: {_WRITABLE_COPY}"
         )
 
 
@@ -173,7 +190,12 @@ def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float
     return lease_for(access, is_tensor)
 
 
-class PendingAcquisition:
+#: The lease an acquisition gives: a tensor lease for a tensor view, an mdspan lease for an
+#: mdspec (the overloads of the acquire_* functions say which).
+L = TypeVar("L", bound=_Lease)
+
+
+class PendingAcquisition(Generic[L]):
     """An ``_async`` acquisition: registered at call time; await it or ``async with`` it,
     inside a trio or an asyncio task.
 
@@ -192,10 +214,10 @@ class PendingAcquisition:
         self._state = "registered"
         self._lease: _Lease | None = None
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, L]:
         return self._acquire().__await__()
 
-    async def _acquire(self) -> Any:
+    async def _acquire(self) -> L:
         if self._state != "registered":
             raise RuntimeError("this acquisition was already awaited; call acquire_* again")
         access = self._access
@@ -214,9 +236,9 @@ class PendingAcquisition:
         access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
         await access.open_async()
         self._state = "done"
-        return lease_for(access, self._is_tensor)
+        return lease_for(access, self._is_tensor)  # type: ignore[return-value]
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> L:
         self._lease = await self
         return self._lease
 
@@ -231,7 +253,7 @@ class PendingAcquisition:
         if getattr(self, "_state", None) == "registered":
             self._state = "dropped"
             access = self._access
-            release_from_finalizer(access.withdraw, access.queue)
+            release_from_finalizer(access.withdraw, access.queue, access)
             warnings.warn(
                 f"an acquisition of {access.spec.what()} was never "
                 "awaited; its request was withdrawn. Await it (`await acquire_...(x)`) or use "
@@ -242,12 +264,18 @@ class PendingAcquisition:
 
 
 def _acquire_async(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool,
-                   allow_poisoned: bool) -> PendingAcquisition:
+                   allow_poisoned: bool) -> PendingAcquisition[Any]:
     spec, is_tensor = spec_of(x, mode, domain, fn, overwrite=overwrite)
     return PendingAcquisition(spec, is_tensor, allow_poisoned)
 
 
 # -- public functions --------------------------------------------------------------------
+@overload
+def acquire_host_read_access_sync(x: TensorView, *, timeout: float | None = None,
+                                  allow_poisoned: bool = False) -> ReadTensorLease: ...
+@overload
+def acquire_host_read_access_sync(x: MdspecLike, *, timeout: float | None = None,
+                                  allow_poisoned: bool = False) -> ReadMdspanLease: ...
 def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
                                   allow_poisoned: bool = False) -> Any:
     """Read access to ``x``'s host data; blocks this thread until granted.
@@ -273,6 +301,14 @@ def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
                          overwrite=False, allow_poisoned=allow_poisoned)
 
 
+@overload
+def acquire_host_write_access_sync(x: TensorView, *, timeout: float | None = None,
+                                   overwrite: bool = False, allow_poisoned: bool = False
+                                   ) -> WriteTensorLease: ...
+@overload
+def acquire_host_write_access_sync(x: MdspecLike, *, timeout: float | None = None,
+                                   overwrite: bool = False, allow_poisoned: bool = False
+                                   ) -> WriteMdspanLease: ...
 def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
                                    overwrite: bool = False, allow_poisoned: bool = False) -> Any:
     """Exclusive write access to ``x``'s host data; blocks this thread until granted.
@@ -293,14 +329,29 @@ def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
                          overwrite=overwrite, allow_poisoned=allow_poisoned)
 
 
-def acquire_host_read_access_async(x: Any, *, allow_poisoned: bool = False) -> PendingAcquisition:
+@overload
+def acquire_host_read_access_async(x: TensorView, *, allow_poisoned: bool = False
+                                   ) -> PendingAcquisition[ReadTensorLease]: ...
+@overload
+def acquire_host_read_access_async(x: MdspecLike, *, allow_poisoned: bool = False
+                                   ) -> PendingAcquisition[ReadMdspanLease]: ...
+def acquire_host_read_access_async(x: Any, *, allow_poisoned: bool = False
+                                   ) -> PendingAcquisition[Any]:
     """Register a read request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
     return _acquire_async(x, "read", HOST, "acquire_host_read_access_async", overwrite=False,
                           allow_poisoned=allow_poisoned)
 
 
+@overload
+def acquire_host_write_access_async(x: TensorView, *, overwrite: bool = False,
+                                    allow_poisoned: bool = False
+                                    ) -> PendingAcquisition[WriteTensorLease]: ...
+@overload
+def acquire_host_write_access_async(x: MdspecLike, *, overwrite: bool = False,
+                                    allow_poisoned: bool = False
+                                    ) -> PendingAcquisition[WriteMdspanLease]: ...
 def acquire_host_write_access_async(x: Any, *, overwrite: bool = False,
-                                    allow_poisoned: bool = False) -> PendingAcquisition:
+                                    allow_poisoned: bool = False) -> PendingAcquisition[Any]:
     """Register a write request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
     return _acquire_async(x, "write", HOST, "acquire_host_write_access_async",
                           overwrite=overwrite, allow_poisoned=allow_poisoned)

@@ -72,6 +72,19 @@ class StorageError(UniError, ValueError):
     mid-commit where it cannot be rolled back, a journal that cannot be written."""
 
 
+class StorageOSError(StorageError, OSError):
+    """A StorageError raised for a failed system call (``__cause__``: the ``OSError``; its
+    ``errno`` is copied). It is an ``OSError`` too, so code that caught the bare OS error
+    before still catches it."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno  # OSError's slot; None when unknown
+
+    def __reduce__(self) -> tuple[type[StorageOSError], tuple[str, int | None]]:
+        return type(self), (str(self), self.errno)
+
+
 class KernelDispatchError(UniError, LookupError):
     """Every backend in the walk declined the operation."""
 
@@ -126,6 +139,7 @@ __all__ = [
     "ReadOnlyOutputError",
     "ShapeError",
     "StorageError",
+    "StorageOSError",
     "TileAccessError",
     "UniError",
     "WouldBlockError",

@@ -103,6 +103,19 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] <= a[1] and b[0] <= b[1] and a[0] <= b[1] and b[0] <= a[1]
 
 
+def _wake_all(wakes: list[Any]) -> None:
+    """Wake what deferred releases granted, every queue's waiters even when one raises;
+    the first error is raised after all of them were woken."""
+    error: BaseException | None = None
+    for queue, woken in wakes:
+        try:
+            queue.wake(woken)
+        except BaseException as err:
+            error = error or err
+    if error is not None:
+        raise error
+
+
 class OperationAccess:
     """Register now (``__init__``), wait and open (``acquire``), give back (``finish``).
 
@@ -210,15 +223,17 @@ class OperationAccess:
             if access is not None:
                 if access.queue.has_poison:  # the messages are built only when needed
                     named = _Named(self.op, item)
-                    access.check_poison(named.what, remedy=named.remedy())
+                    access.check_poison(named.what, remedy=named.remedy(), withdraw=False)
                 continue
             cause = poison_of_view(item.spec)  # folded: its writer's request covers it
             if cause is not None:
                 named = _Named(self.op, item)
                 raise poisoned_error(named.what(), cause, named.remedy())
 
-    def acquire(self) -> None:
-        """Wait for every grant and fence (this thread), check poisoning, open the storages."""
+    def acquire(self, publish: Callable[[BaseException | None], None] | None = None) -> None:
+        """Wait for every grant and fence (this thread), check poisoning, open the storages.
+
+        On an error everything is given back (``publish`` as for :meth:`finish`)."""
         try:
             accesses = self._accesses()
             for access in accesses:
@@ -235,9 +250,11 @@ class OperationAccess:
             # operation's outputs are poisoned: operations queued after it must not compute
             # from stale data (a failure travels down the pipeline as PoisonedError).
             if self.detached:
-                self.finish(err)
+                self.finish(err, publish=publish)
             else:
-                self.finish(None, poison=False)
+                failed = err
+                self.finish(None, poison=False,
+                            publish=None if publish is None else lambda _: publish(failed))
             raise
 
     def span(self, index: int, kind: str) -> MdSpan:
@@ -261,34 +278,65 @@ class OperationAccess:
         return self.reads[read_index].writer is not None
 
     def finish(self, failure: BaseException | None, fence: Fence | None = None, *,
-               poison: bool = True) -> BaseException | None:
+               poison: bool = True,
+               publish: Callable[[BaseException | None], None] | None = None
+               ) -> BaseException | None:
         """Give everything back; on failure poison what was (or would have been) written.
 
         Returns the error a storage raised while taking data back (a failed write-back) when
-        the operation itself succeeded: the caller must raise it.
+        the operation itself succeeded: the caller must raise it. ``publish(error)`` (the
+        outcome: the failure, that error, or None) runs after every storage took its data
+        back and before any request waiting behind the operation is granted, so whoever a
+        successor's grant wakes finds the operation's future done.
         """
         if self.finished:
             return None
         self.finished = True
         release_error: BaseException | None = None
-        # Inputs first: an input whose release fails makes the operation fail, and a
-        # reported failure always leaves its outputs poisoned (never "failed" and "clean").
-        for item in self.reads:
-            if item.access is not None:
-                error = item.access.finish(failure, fence, poison=poison)
-                release_error = release_error or error
-            elif item.separate and item.handle is not None:
-                handle, item.handle = item.handle, None
-                try:
-                    item.spec.storage.release_read(item.spec, handle)
-                except BaseException as err:
-                    release_error = release_error or err
-        outputs_failure = failure or release_error
-        for item in self.writes:
-            if item.access is not None:
-                error = item.access.finish(outputs_failure, fence, poison=poison)
-                release_error = release_error or error
+        # With ``publish``, each access is handed back now and let go below, after it;
+        # without, each one is finished at once (no closures on the sync path).
+        let_go: list[Callable[[Any], None]] | None = None if publish is None else []
+        wakes: list[Any] = []
+        try:
+            # Inputs first: an input whose release fails makes the operation fail, and a
+            # reported failure always leaves its outputs poisoned (never "failed" and
+            # "clean").
+            for item in self.reads:
+                if item.access is not None:
+                    error = self._give_back(item.access, failure, fence, poison, let_go)
+                    release_error = release_error or error
+                elif item.separate and item.handle is not None:
+                    handle, item.handle = item.handle, None
+                    try:
+                        item.spec.storage.release_read(item.spec, handle)
+                    except BaseException as err:
+                        release_error = release_error or err
+            outputs_failure = failure or release_error
+            for item in self.writes:
+                if item.access is not None:
+                    error = self._give_back(item.access, outputs_failure, fence, poison, let_go)
+                    release_error = release_error or error
+        finally:
+            # Whatever happened above, every request handed back is let go.
+            for rest in let_go or ():
+                rest(wakes)
+        try:
+            if publish is not None:
+                publish(failure or release_error)
+        finally:
+            _wake_all(wakes)
         return release_error if failure is None else None
+
+    @staticmethod
+    def _give_back(access: Access, failure: BaseException | None, fence: Fence | None,
+                   poison: bool, let_go: list[Callable[[Any], None]] | None
+                   ) -> BaseException | None:
+        if let_go is None:
+            return access.finish(failure, fence, poison=poison)
+        error, rest = access.hand_back(failure, fence, poison=poison)
+        if rest is not None:
+            let_go.append(rest)
+        return error
 
     def owned_blocker(self) -> Any:
         """A request of the calling context that one of this operation's requests waits
@@ -399,11 +447,12 @@ class Job:
         #: Small enough to run in the submitting thread when nothing is in its way.
         self.small = small
 
-    def __call__(self) -> str:
+    def __call__(self, publish: Callable[[BaseException | None], None] | None = None) -> str:
         """Run it here; return the name of the backend that ran it (also kept in
-        ``backend``). Raises what the operation raised."""
+        ``backend``). Raises what the operation raised. ``publish(error)``: see
+        :meth:`OperationAccess.finish` (error None: ``backend`` is set)."""
         access = self.access
-        access.acquire()
+        access.acquire(publish)
         try:
             backend = walk(self.op, self.build(access), self.signature, self.chain)
         except KernelDispatchError as err:
@@ -411,13 +460,13 @@ class Job:
             # A sync caller hears the error and its output stays as it was (a staged write is
             # discarded, nothing is poisoned). An async operation's outputs are poisoned like
             # any failure's: operations queued after it must not compute from stale data.
-            access.finish(err, poison=access.detached)
+            access.finish(err, poison=access.detached, publish=publish)
             raise
         except BaseException as err:
-            access.finish(err)
+            access.finish(err, publish=publish)
             raise
         self.backend = backend
-        release_error = access.finish(None)
+        release_error = access.finish(None, publish=publish)
         if release_error is not None:
             raise release_error
         return str(backend.name)
@@ -684,14 +733,21 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
     context = contextvars.copy_context()
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
+    def publish(error: BaseException | None) -> None:
+        # Called by the job between handing its data back and letting the operations
+        # behind it be granted: done() is True before anyone can see the outputs.
+        if error is None:
+            future.set_result(str(job.backend.name))
+        else:
+            future.set_exception(error)
+
     def run() -> None:
         try:
-            result = context.run(job)
+            context.run(job, publish)
         except BaseException as err:
             job.fail(err)  # no-op when the job already poisoned and released
-            future.set_exception(err)
-        else:
-            future.set_result(result)
+            if not future.done():  # it failed before it held anything (e.g. poisoned input)
+                future.set_exception(err)
 
     def dispatch() -> None:
         # Takes a worker only once every lease is granted: a worker never blocks on a grant,

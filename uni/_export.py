@@ -132,7 +132,17 @@ def _copy_reason(accessor: Any, shape: tuple[int, ...], strides: tuple[int, ...]
 
 
 def _refuse_copy(what: str, reason: str) -> DLPackError:
-    return DLPackError(f"copy=False, but {what} cannot be exported without a copy: {reason}")
+    return DLPackError(f"copy=False, but {what} cannot be exported without a copy: {reason}; "
+                       "pass copy=None (the default) or copy=True for a private copy")
+
+
+def check_shareable(what: str, accessor: Any, shape: tuple[int, ...],
+                    strides: tuple[int, ...], *, readonly: bool, versioned: bool) -> None:
+    """Raise the ``copy=False`` refusal, naming ``what``, if the view cannot be shared as it
+    is (checked before any lease is taken)."""
+    reason = _copy_reason(accessor, shape, strides, readonly=readonly, versioned=versioned)
+    if reason is not None:
+        raise _refuse_copy(what, reason)
 
 
 def _export_copy(values: np.ndarray[Any, np.dtype[Any]], versioned: bool) -> object:

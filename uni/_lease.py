@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class _Lease:
         access = self._access
         return None if access is None else access.error
 
-    def transfer(self) -> Any:
+    def transfer(self) -> Self:
         """Move the access into a new lease object; this one becomes inactive.
 
         Ownership follows the lease: until the new lease is used, no thread counts it as its
@@ -81,7 +81,7 @@ class _Lease:
         access.release_ownership()
         return type(self)(access)
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Self:
         access = self._access
         # `not access.active`, read inline (every end of an access sets _primary_done): this
         # runs on every `with acquire_...(x)`.
@@ -115,7 +115,7 @@ class _Lease:
                 f"a {self._kind} was garbage-collected while active; its writer never "
                 "finished, so the data it covered may be half-written"
             )
-            release_from_finalizer(lambda: access.finish(abandoned), access.queue)
+            release_from_finalizer(lambda: access.finish(abandoned), access.queue, access)
             warnings.warn(
                 f"an active {self._kind} was garbage-collected and released"
                 f"{'' if abandoned is None else ' (its data is now poisoned)'}; release "
@@ -174,7 +174,8 @@ class _TensorLeaseMixin:
         def mdspan(self) -> MdSpan: ...
 
     def backend_selector(self) -> tuple[Any, ...]:
-        return backends.resolve(self._live().spec.storage.default_backends())
+        return backends.BackendSelector(
+            backends.resolve(self._live().spec.storage.default_backends()))
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -57,6 +57,10 @@ __all__ = [
 
 
 # -- validation --------------------------------------------------------------------------------
+#: What ``alpha`` and ``beta`` may be: a Python or numpy number (bool included).
+Scalar = bool | int | float | complex | np.number[Any] | np.bool_
+
+
 def _tensor(x: Any, op: str, name: str) -> Tensor:
     if isinstance(x, Tensor):
         return x
@@ -340,8 +344,8 @@ def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
         slots = [compute] * len(operands)
     # A Python int that does not fit an integer computing dtype is refused here, before any
     # lease, rather than by a backend (which would poison the output) or wrapped silently.
-    factor = getattr(op, "factor", None) if is_element_op(op) else None
-    for x, slot in (*zip(operands, slots, strict=True), (factor, compute)):
+    carried = op.parameters if is_element_op(op) else ()  # scale's factor, clip's bounds
+    for x, slot in (*zip(operands, slots, strict=True), *((p, compute) for p in carried)):
         if _promotion.is_python_scalar(x):
             try:
                 _promotion.python_scalar_to(x, slot)
@@ -392,7 +396,7 @@ def _views(job: Job) -> tuple[Tensor, ...]:
     return (*(item.tensor for item in access.reads), *(item.tensor for item in access.writes))
 
 
-def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
+def gemm(a: Tensor, b: Tensor, c: Tensor, *, alpha: Scalar = 1, beta: Scalar = 0,
          backends: Sequence[Any] | None = None) -> None:
     """``c <- alpha * a @ b + beta * c`` (leading batch axes run as a batch).
 
@@ -411,7 +415,7 @@ def gemm(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
                             ("read", "read", "write"))
 
 
-def gemv(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
+def gemv(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1, beta: Scalar = 0,
          backends: Sequence[Any] | None = None) -> None:
     """``y <- alpha * a @ x + beta * y`` (leading batch axes run as a batch)."""
     if backends is None and _prepared.run_gemv(a, x, y, alpha, beta) is not None:
@@ -424,7 +428,7 @@ def gemv(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
                             ("read", "read", "write"))
 
 
-def copy(src: Any, dst: Any, *, backends: Sequence[Any] | None = None) -> None:
+def copy(src: Tensor, dst: Tensor, *, backends: Sequence[Any] | None = None) -> None:
     """Copy ``src`` into ``dst`` (``src`` broadcasts to ``dst``'s shape).
 
     The dtypes may differ: values convert into ``dst``'s by the store rules (saturating into
@@ -449,7 +453,8 @@ def _offer_transform(backend: Any, job: Job, out: Any, op: Any, inputs: tuple[An
                     (op, inputs, compute))
 
 
-def transform(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = None) -> None:
+def transform(out: Tensor, op: Any, *inputs: Tensor | Scalar,
+              backends: Sequence[Any] | None = None) -> None:
     """``out[...] = op(*inputs)`` elementwise; inputs broadcast to ``out``'s shape.
 
     ``op`` is a ``uni.ops`` element op, a numpy ufunc with one or two inputs (run vectorised
@@ -516,22 +521,24 @@ def _product_async(op: str, make_job: Callable[..., Job | None], run: Any, key: 
         op, backend, key(a, b, c), _views(job), ("read", "read", "write")))
 
 
-def gemm_async(a: Any, b: Any, c: Any, *, alpha: Any = 1, beta: Any = 0,
-               backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
+def gemm_async(a: Tensor, b: Tensor, c: Tensor, *, alpha: Scalar = 1,
+               beta: Scalar = 0, backends: Sequence[Any] | None = None, stream: Any = None
+               ) -> OpFuture:
     """Register gemm's leases now and run it once granted (uni's workers for host data);
     ``await`` the returned future, or call ``.result()``."""
     return _product_async("gemm", _gemm_job, _prepared.run_gemm, _prepared.gemm_key, a, b, c,
                           alpha, beta, backends, stream)
 
 
-def gemv_async(a: Any, x: Any, y: Any, *, alpha: Any = 1, beta: Any = 0,
-               backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
+def gemv_async(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1,
+               beta: Scalar = 0, backends: Sequence[Any] | None = None, stream: Any = None
+               ) -> OpFuture:
     """Register gemv's leases now and run it once granted; ``await`` the result."""
     return _product_async("gemv", _gemv_job, _prepared.run_gemv, _prepared.gemv_key, a, x, y,
                           alpha, beta, backends, stream)
 
 
-def copy_async(src: Any, dst: Any, *, backends: Sequence[Any] | None = None,
+def copy_async(src: Tensor, dst: Tensor, *, backends: Sequence[Any] | None = None,
                stream: Any = None) -> OpFuture:
     """Register the copy's leases now and run it once granted; ``await`` the result."""
     if backends is not None or stream is not None:
@@ -544,8 +551,8 @@ def copy_async(src: Any, dst: Any, *, backends: Sequence[Any] | None = None,
         "copy", backend, _prepared.copy_key(src, dst), _views(job), ("read", "write")))
 
 
-def transform_async(out: Any, op: Any, *inputs: Any, backends: Sequence[Any] | None = None,
-                    stream: Any = None) -> OpFuture:
+def transform_async(out: Tensor, op: Any, *inputs: Tensor | Scalar,
+                    backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
     """Register the transform's leases now and run it once granted; ``await`` the result."""
     if backends is not None or stream is not None:
         return _async("transform", _transform_job(out, op, inputs, backends, owner=None)[0],

@@ -14,7 +14,7 @@ from uni._access import StorageView
 from uni._accessor import ConjugateAccessor, ConstAccessor, ScaledAccessor
 from uni._acquire import acquire_host_read_access_sync, try_read_values
 from uni._errors import DomainError, DTypeError, LayoutError, ShapeError
-from uni._export import check_request, dlpack_device_of, domain_exporter
+from uni._export import check_request, check_shareable, dlpack_device_of, domain_exporter
 from uni._extents import Extents
 from uni._handle import HOST
 from uni._mapping import best_mapping, c_strides, check_fits
@@ -212,7 +212,7 @@ class Tensor(StorageView):
 
     def backend_selector(self) -> tuple[Any, ...]:
         """The storage's backends, best first."""
-        return backends.resolve(self._storage.default_backends())
+        return backends.BackendSelector(backends.resolve(self._storage.default_backends()))
 
     # -- views -------------------------------------------------------------------------
     def _with(self, shape: Sequence[int], strides: Sequence[int], offset: int) -> Tensor:
@@ -417,7 +417,10 @@ class Tensor(StorageView):
             return exporter.tensor_dlpack(self, stream=stream, max_version=max_version,
                                           dl_device=dl_device, copy=copy)
         # Arguments first: a refused request must not wait for (or take) a lease.
-        check_request(self._storage, stream, max_version, dl_device, copy)
+        versioned = check_request(self._storage, stream, max_version, dl_device, copy)
+        if copy is False:  # named as the tensor it is, not as the read lease taken below
+            check_shareable(f"this tensor (shape {self.shape})", self._accessor, self.shape,
+                            self.strides, readonly=True, versioned=versioned)
         lease = acquire_host_read_access_sync(self)
         try:
             return lease.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device,

@@ -167,7 +167,7 @@ class _CudaLease:
             if moved is not None:
                 moved.close(stream)
 
-        release_from_finalizer(release, access.queue)
+        release_from_finalizer(release, access.queue, access)
         warnings.warn(
             f"an active {self._kind} was garbage-collected and released"
             f"{'' if abandoned is None else ' (its data is now poisoned)'}; release leases "
@@ -317,7 +317,7 @@ def acquire_cuda_write_access_sync(x: Any, *, timeout: float | None = None,
 
 
 # -- async (stream-ordered) ------------------------------------------------------------------
-class PendingCudaAcquisition(PendingAcquisition):
+class PendingCudaAcquisition(PendingAcquisition[Any]):
     """A stream-ordered acquisition: registered at call time; ``await`` it (or ``async
     with`` it) for the lease. Awaiting waits for the grant only: ``stream`` waits for the
     earlier accesses' fences on the device."""

@@ -34,17 +34,32 @@ class _Region:
     """A stretch of host memory ``[lo, hi)`` and the queue that orders every access to it.
 
     ``origin`` is the address of the queue's unit 0 (the first member's buffer start).
+    The region holds its queue weakly: the member storages hold it (``access_queue``), so
+    the registry keeps nothing alive -- not even a poisoned storage, whose poison record
+    holds a failure whose traceback may hold the storage (a cycle the collector frees).
     """
 
-    __slots__ = ("__weakref__", "hi", "lo", "members", "origin", "queue")
+    __slots__ = ("__weakref__", "_queue", "hi", "lo", "members", "origin")
 
     def __init__(self, lo: int, hi: int, queue: AccessQueue) -> None:
         self.lo = lo
         self.hi = hi
         self.origin = lo
-        self.queue = queue
+        self._queue = weakref.ref(queue)
         # id(storage) -> (weak reference, buffer start address)
         self.members: dict[int, tuple[weakref.ref[Any], int]] = {}
+
+    @property
+    def queue(self) -> AccessQueue:
+        queue = self._queue()
+        # A live member holds the queue; a region whose members all went is dropped under
+        # the lock (_drop_dead_locked) before anyone asks.
+        assert queue is not None, "a memory region outlived every storage over it"
+        return queue
+
+    @queue.setter
+    def queue(self, queue: AccessQueue) -> None:
+        self._queue = weakref.ref(queue)
 
 
 _lock = threading.Lock()
@@ -71,13 +86,23 @@ def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]
     lo, hi = address, address + nbytes
     with _lock:
         _drop_dead_locked()
-        first = bisect.bisect_right(_starts, lo) - 1
-        if first < 0 or _regions[first].hi <= lo:
-            first += 1
-        last = first
-        while last < len(_regions) and _regions[last].lo < hi:
-            last += 1
-        touched = _regions[first:last]
+        while True:
+            first = bisect.bisect_right(_starts, lo) - 1
+            if first < 0 or _regions[first].hi <= lo:
+                first += 1
+            last = first
+            while last < len(_regions) and _regions[last].lo < hi:
+                last += 1
+            touched = _regions[first:last]
+            # Strong references for the rest of this section: a collection running meanwhile
+            # must not take a queue from under us. A region whose queue is gone already lost
+            # its last storage just now (the weakref callbacks are not drained yet): drop it.
+            queues = [region._queue() for region in touched]
+            if None not in queues:
+                break
+            for region, queue in zip(touched, queues, strict=True):
+                if queue is None:
+                    _drop_region_locked(region)
         if not touched:
             region = _Region(lo, hi, own)
             index = bisect.bisect_left(_starts, lo)
@@ -175,11 +200,17 @@ def _drop_dead_locked() -> None:
         if region is None:
             continue
         region.members.pop(key, None)
-        if region.members:
-            continue
-        index = _index_of(region)
-        del _starts[index]
-        del _regions[index]
+        if not region.members:
+            _drop_region_locked(region)
+
+
+def _drop_region_locked(region: _Region) -> None:
+    for key in region.members:
+        _by_member.pop(key, None)
+    region.members.clear()
+    index = _index_of(region)
+    del _starts[index]
+    del _regions[index]
 
 
 def region_count() -> int:
