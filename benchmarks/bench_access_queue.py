@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _timing import per_op_us, print_table, result
 
-from uni._access_queue import AccessQueue, AccessRequest
+from uni._core import AccessQueue, AccessRequest
 
 
 def bench_sync(repeats: int, n: int = 200_000) -> dict[str, float]:

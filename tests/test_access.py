@@ -15,7 +15,7 @@ from uni._access import (
     inner_queue_range,
     queue_range,
 )
-from uni._access_queue import HostFence
+from uni._core import HostFence
 from uni.storage import HostStorage
 
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from uni._access_queue import (
+from uni._core import (
     AccessQueue,
     AccessRequest,
     AllFences,
@@ -1134,14 +1134,15 @@ def test_a_waiter_that_raises_does_not_keep_the_others_asleep() -> None:
     second = q.register("read", 5, 9, holder="second reader")
 
     class Broken:
-        def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+        def wake(self, request: AccessRequest) -> bool:
             raise RuntimeError("a broken waiter")
 
     woken: list[AccessRequest] = []
 
     class Noting:
-        def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+        def wake(self, request: AccessRequest) -> bool:
             woken.append(request)
+            return True
 
     q.wait_with(first, Broken())
     q.wait_with(second, Noting())

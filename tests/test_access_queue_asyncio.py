@@ -19,7 +19,7 @@ from aio import drive_by_hand, run, settle, until
 from test_access_queue import HELD, Registry, Worker, assert_idle, random_requests, released_with
 
 import uni
-from uni._access_queue import AccessQueue, AccessRequest, HostFence
+from uni._core import AccessQueue, AccessRequest, HostFence
 from uni._errors import LeaseError, LeaseReleasedError, LeaseTimeoutError, WouldBlockError
 
 

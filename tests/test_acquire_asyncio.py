@@ -23,7 +23,7 @@ from test_acquire import (
 from test_storage_protocol import assert_idle
 
 import uni
-from uni._access_queue import _AsyncioWaiter
+from uni._core._waiters import _AsyncioWaiter
 from uni.storage import Region
 
 read_sync = uni.acquire_host_read_access_sync

@@ -26,7 +26,7 @@ import uni
 import uni._acquire
 import uni._lease
 from uni._access import Access, AccessSpec, LeasePlan, open_lease_py, plain_storage
-from uni._access_queue import HostFence
+from uni._core import HostFence
 
 read = uni.acquire_host_read_access_sync
 write = uni.acquire_host_write_access_sync

@@ -9,7 +9,7 @@ import pytest
 
 import uni
 from uni import concepts
-from uni._access_queue import AccessQueue
+from uni._core import AccessQueue
 from uni.storage import HostStorage
 
 

@@ -21,7 +21,8 @@ from test_storage_protocol import AsyncFaultyStorage, assert_idle
 
 import uni
 import uni._lease
-from uni._access_queue import AccessQueue, _TrioWaiter
+from uni._core import AccessQueue
+from uni._core._waiters import _TrioWaiter
 from uni.storage import Region
 
 read_sync = uni.acquire_host_read_access_sync

@@ -19,7 +19,7 @@ import trio
 from cuda_doubles import FakeEvent, RecordingBackend, RecordingStream, fake_cuda, requests
 
 import uni
-from uni._access_queue import HostFence
+from uni._core import HostFence
 from uni.cuda._fences import record_fence
 from uni.cuda._launch import launcher_thread
 

@@ -10,7 +10,7 @@ import pytest
 from cuda_doubles import FakeEvent, RecordingStream, fake_cuda
 
 from uni._access import Access, AccessSpec
-from uni._access_queue import HostFence
+from uni._core import HostFence
 from uni.cuda._fences import (
     AllFences,
     StreamWaiter,

@@ -18,7 +18,7 @@ import trio
 from cuda_doubles import FAKE_PTR, FakeEvent, RecordingStream, fake_cuda, requests
 
 import uni
-from uni._access_queue import HostFence
+from uni._core import HostFence
 from uni._dlpack import DLPACK_FLAG_BITMASK_READ_ONLY, kDLCUDA, live_exports, peek_capsule
 from uni.cuda._fences import record_fence
 

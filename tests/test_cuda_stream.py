@@ -214,7 +214,7 @@ def fake_event(monkeypatch: pytest.MonkeyPatch) -> tuple[uni.cuda.Event, _FakeCu
 
 
 def test_an_event_is_a_queue_fence(fake_event: tuple[uni.cuda.Event, _FakeCuEvent]) -> None:
-    from uni._access_queue import Fence
+    from uni._core import Fence
 
     event, cu = fake_event
     assert isinstance(event, Fence) and event.is_device_fence

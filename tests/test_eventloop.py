@@ -15,7 +15,7 @@ import trio.testing
 from aio import drive_by_hand, run, settle
 
 import uni
-from uni._eventloop import (
+from uni._core import (
     AsyncioWake,
     current_library,
     loop_in_this_thread,

@@ -14,7 +14,7 @@ import pytest
 
 import uni
 from uni._access import Access, AccessSpec
-from uni._access_queue import RetiredQueue
+from uni._core import RetiredQueue
 from uni._executor import OperationAccess
 from uni._mapping import layout_right
 from uni.storage import _memory

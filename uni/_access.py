@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from uni._access_queue import (
+from uni._core import (
     _NO_FENCES,
     CURRENT_THREAD,
     AccessQueue,
@@ -37,10 +37,10 @@ from uni._access_queue import (
     HeldRun,
     Owner,
     RetiredQueue,
-    _owner,
     all_fences,
     current_owner,
 )
+from uni._core._owners import _owner
 from uni._errors import LeaseError, LeaseReleasedError, PoisonedError
 from uni._handle import HOST
 from uni._twins import fit_twin
@@ -809,7 +809,7 @@ class PreparedGroup:
     returns its result, or False when it did not run (nothing touched, nothing held); the
     caller then takes its general path, which waits, or reports poisoning, as it should.
     A failing ``fn`` poisons what the writes covered. A ``small`` group runs ``fn`` inside
-    the queues' critical sections (:class:`~uni._access_queue.HeldRun`: no request is made
+    the queues' critical sections (:class:`~uni._core.HeldRun`: no request is made
     at all) whenever their locks are free, and otherwise -- and always when not small --
     registers a request per access and releases it afterwards.
     """

@@ -24,9 +24,8 @@ from uni._access import (
     StorageView,
     release_from_finalizer,
 )
-from uni._access_queue import normalize_timeout
+from uni._core import normalize_timeout, running_library, unsupported_loop
 from uni._errors import DomainError, LeaseError
-from uni._eventloop import running_library, unsupported_loop
 from uni._handle import HOST, Domain, HostHandle
 from uni._lease import (
     ReadMdspanLease,

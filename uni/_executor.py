@@ -30,11 +30,19 @@ import numpy as np
 import trio
 
 from uni._access import Access, AccessSpec, poison_of_view, poisoned_error, queue_range
-from uni._access_queue import CURRENT_THREAD, Fence, RetiredQueue, countdown, current_owner
 from uni._accessor import DefaultAccessor
+from uni._core import (
+    CURRENT_THREAD,
+    Fence,
+    RetiredQueue,
+    countdown,
+    current_owner,
+    running_library,
+    unsupported_loop,
+    wait_callback_async,
+)
 from uni._dispatch import SLOW_BACKEND, decided, walk
 from uni._errors import KernelDispatchError, LeaseConflictError
-from uni._eventloop import running_library, unsupported_loop, wait_callback_async
 from uni._handle import HOST, HostHandle
 from uni._mapping import best_mapping, layout_right
 from uni._mdspec import MdSpan

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from uni import _prepared, _promotion
-from uni._access_queue import CURRENT_THREAD
 from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall, signature
+from uni._core import CURRENT_THREAD
 from uni._dispatch import backend_list
 from uni._errors import (
     DomainError,

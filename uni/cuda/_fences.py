@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from uni._access import Access, AccessSpec
-from uni._access_queue import AccessQueue, AccessRequest, Fence, countdown, wait_fences_sync
-from uni._access_queue import AllFences as _AllFences
+from uni._core import AccessRequest, Fence, countdown, wait_fences_sync
+from uni._core import AllFences as _AllFences
 from uni._mapping import layout_right
 from uni.cuda._poller import thread_poller
 
@@ -144,11 +144,12 @@ class StreamWaiter:
         self.stream = stream
         self.then = then
 
-    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
+    def wake(self, request: AccessRequest) -> bool:
         if not request.granted:
             self.then(False)
-            return
+            return True
         order_after(self.stream, request.fences, lambda: self.then(True))
+        return True
 
 
 class AllFences(_AllFences):

@@ -32,9 +32,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from uni._access import Access, AccessSpec, Mode, StorageView, release_from_finalizer
-from uni._access_queue import wait_fences_async
 from uni._accessor import ConstAccessor
 from uni._acquire import PendingAcquisition, spec_of
+from uni._core import wait_fences_async
 from uni._dlpack import kDLCUDA
 from uni._errors import DomainError, LeaseError, LeaseReleasedError
 from uni._handle import CUDA

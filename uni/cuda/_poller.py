@@ -41,7 +41,7 @@ import attrs
 import outcome
 import trio
 
-from uni._eventloop import running_library, unsupported_loop
+from uni._core import running_library, unsupported_loop
 
 if TYPE_CHECKING:
     import asyncio

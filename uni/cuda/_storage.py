@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from uni._access import release_from_finalizer
-from uni._access_queue import AccessQueue, Fence
 from uni._accessor import CUDA, DefaultAccessor
+from uni._core import AccessQueue, Fence
 from uni._dtypes import as_dtype
 from uni._errors import DomainError, LayoutError, LeaseError
 from uni.cuda._driver import check_device, cuda_call, require, use_device

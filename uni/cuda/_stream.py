@@ -9,7 +9,7 @@ file changes.
 Streams made here are non-blocking: they never synchronize implicitly with the legacy NULL
 stream (where PyTorch and CuPy work by default), so all ordering goes through events.
 
-An :class:`Event` is also a *fence* of uni's access queue (``uni._access_queue.Fence``):
+An :class:`Event` is also a *fence* of uni's access queue (``uni._core.Fence``):
 ``done()`` never raises and never blocks, ``wait(timeout)`` blocks the calling thread (never
 a trio thread), and ``add_done_callback(fn)`` calls ``fn`` from the process's poll thread once
 the event completes. A stream lease or a CUDA operation releases its access with the event

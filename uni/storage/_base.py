@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from uni._access_queue import AccessQueue
 from uni._accessor import DefaultAccessor
+from uni._core import AccessQueue
 from uni._dtypes import as_dtype
 from uni._errors import LayoutError
 from uni._handle import HOST, Domain

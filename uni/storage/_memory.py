@@ -24,7 +24,7 @@ import threading
 import weakref
 from typing import Any
 
-from uni._access_queue import AccessQueue
+from uni._core import AccessQueue
 from uni._errors import StorageError
 
 __all__ = ["region_count", "register"]

@@ -22,11 +22,11 @@ invariant that every uni waiter keeps: an access's own fence completes only afte
 it was granted with (its work starts after them), so a released writer's fence stands for
 every fence it covers, and those are dropped.
 
-Waiters are one small protocol (:class:`Waiter`, ``wake(queue, request)``): a blocked thread,
+Waiters are one small protocol (:class:`Waiter`, ``wake(request) -> landed``): a blocked thread,
 a parked trio task, an asyncio task awaiting a future, a callback. Grants are decided under
 one ``threading.Lock``; waiters are woken after that lock is dropped, so a wake-up never runs
 foreign code (trio's scheduler, an asyncio loop, another thread) while the queue is locked.
-A task waits under trio or asyncio (:mod:`uni._eventloop` says which); cancelling it
+A task waits under trio or asyncio (:mod:`uni._core._eventloop` says which); cancelling it
 withdraws its request the same way under both, and a grant whose wake-up can no longer land
 (the task's run or loop is gone) is released by the waker.
 
@@ -38,33 +38,36 @@ wait.
 
 from __future__ import annotations
 
-import _thread
-import collections
-import contextvars
-import enum
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Literal, NoReturn
 
 import trio
 
+from uni._core._eventloop import (
+    Library,
+    current_library,
+    loop_in_this_thread,
+)
+from uni._core._fences import (
+    Fence,
+    _after_fences,
+    _describe_fence,
+    run_in_helper_thread,
+    wait_fences_async,
+    wait_fences_sync,
+)
+from uni._core._owners import CURRENT_THREAD, Owner, _get_ident, _owner, _Sentinel, current_owner
+from uni._core._request import _NO_FENCES, AccessRequest, Mode, _Fenced, _Made
+from uni._core._waiters import Waiter, _AsyncioWaiter, _CallbackWaiter, _ThreadWaiter, _TrioWaiter
+from uni._core._waitgraph import _owned_in_wait_graph
 from uni._errors import (
     LeaseConflictError,
     LeaseError,
     LeaseReleasedError,
     LeaseTimeoutError,
     WouldBlockError,
-)
-from uni._eventloop import (
-    AsyncioWake,
-    Library,
-    current_library,
-    loop_in_this_thread,
-    poll_until_async,
-    reschedule_quietly,
-    run_quietly,
-    wait_callback_async,
 )
 from uni._poison import (
     PoisonRecord,
@@ -75,399 +78,13 @@ from uni._poison import (
     is_empty,
 )
 
-if TYPE_CHECKING:
-    import asyncio
-
-Mode = Literal["read", "write"]
-
-__all__ = [
-    "CURRENT_THREAD",
-    "AccessQueue",
-    "AccessRequest",
-    "AllFences",
-    "Fence",
-    "HeldRun",
-    "HostFence",
-    "Mode",
-    "Owner",
-    "RetiredQueue",
-    "Waiter",
-    "all_fences",
-    "countdown",
-    "current_owner",
-    "normalize_timeout",
-    "run_in_helper_thread",
-    "wait_fences_async",
-    "wait_fences_sync",
-]
+__all__ = ["AccessQueue", "RetiredQueue", "normalize_timeout"]
 
 
 class RetiredQueue(Exception):
     """Raised by :meth:`AccessQueue.register` on a retired queue: register on the storage's
     current ``access_queue`` instead (never reaches users)."""
 
-
-class _Sentinel(enum.Enum):
-    CURRENT_THREAD = enum.auto()
-
-
-#: "Whoever makes this call": the one sentinel for request ownership (see :func:`current_owner`).
-CURRENT_THREAD: Final = _Sentinel.CURRENT_THREAD
-
-
-class Owner:
-    """Who holds a request, for self-deadlock detection: one per thread's context.
-
-    A plain thread gets one token for its whole life. Code run through
-    ``trio.to_thread.run_sync`` runs in a copy of the task's context, so a lease taken there
-    belongs to that call, not to the (reused) worker thread: a later, unrelated job on the
-    same worker is never told it holds that lease.
-    """
-
-    __slots__ = ("ident", "name")
-
-    def __init__(self) -> None:
-        thread = threading.current_thread()
-        self.ident = thread.ident
-        self.name = thread.name
-
-    def __repr__(self) -> str:
-        return f"<uni owner in thread {self.name!r}>"
-
-
-_owner: contextvars.ContextVar[Owner] = contextvars.ContextVar("uni_owner")
-_get_ident = threading.get_ident
-
-
-def current_owner() -> Owner:
-    """The owner token of the calling context (made on first use in this thread).
-
-    A context copied into another thread (``trio.to_thread.run_sync``, ``copy_context().run``
-    there) carries its parent's token; a token of another thread never counts here, so such
-    a call gets a token of its own.
-    """
-    owner = _owner.get(None)
-    if owner is None or owner.ident != threading.get_ident():
-        owner = Owner()
-        _owner.set(owner)
-    return owner
-_allocate_lock = _thread.allocate_lock
-_LockType = _thread.LockType
-
-
-# ------------------------------------------------------------------------------ fences
-
-
-@runtime_checkable
-class Fence(Protocol):
-    """Where a released access's work ends: a CUDA event, an async host operation's end."""
-
-    def done(self) -> bool:
-        """True once the work is over (never goes back to False)."""
-        ...
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block the calling thread until done; False when ``timeout`` seconds passed first."""
-        ...
-
-
-class HostFence:
-    """A fence set from host code: the completion of an async host operation.
-
-    ``set()`` marks it done (idempotent) and runs the callbacks added so far, in the setting
-    thread; a callback added after that runs at once in the adding thread.
-    """
-
-    __slots__ = ("_callbacks", "_event", "_lock", "label")
-
-    def __init__(self, label: str = "host work") -> None:
-        self.label = label
-        self._event = threading.Event()
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
-
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
-
-    def set(self) -> None:
-        with self._lock:
-            if self._event.is_set():
-                return
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            run_quietly(fn)
-
-    def add_done_callback(self, fn: Callable[[], None]) -> None:
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(fn)
-                return
-        run_quietly(fn)
-
-    def __repr__(self) -> str:
-        return f"<HostFence {self.label}: {'done' if self.done() else 'pending'}>"
-
-
-class AllFences:
-    """A fence that is done when every one of ``fences`` is: one fence standing for several
-    (the ends of a shared access's holders, a foreign fence and the earlier ones it covers).
-
-    ``done()`` and ``wait()`` as for any :class:`Fence`; it has no ``add_done_callback``
-    (made by :func:`all_fences`, which gives one with it where every part offers one), and
-    ``is_device_fence`` when every part is a device fence. A CUDA stream waits for its
-    parts, not for it (``uni.cuda._fences.split_fences``).
-    """
-
-    __slots__ = ("fences", "label")
-
-    fences: list[Fence]
-
-    def __init__(self, fences: Sequence[Fence], label: str = "") -> None:
-        parts: list[Fence] = []
-        for fence in fences:  # flattened: a fence standing for others is its parts
-            parts += fence.fences if isinstance(fence, AllFences) else [fence]
-        self.fences = parts
-        self.label = label or " and ".join(_describe_fence(f) for f in parts)
-
-    def done(self) -> bool:
-        return all(f.done() for f in self.fences)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return wait_fences_sync(self.fences, timeout) is None
-
-    @property
-    def is_device_fence(self) -> bool:
-        return all(getattr(f, "is_device_fence", False) for f in self.fences)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.label}: {'done' if self.done() else 'pending'}>"
-
-
-class _ChainedFences(AllFences):
-    """:class:`AllFences` whose every part offers ``add_done_callback``: so does it."""
-
-    __slots__ = ()
-
-    def add_done_callback(self, fn: Callable[[], None]) -> None:
-        _after_fences(self.fences, fn)
-
-
-def all_fences(fences: Sequence[Fence]) -> Fence:
-    """One fence done when every one of ``fences`` (at least one) is: the one still pending
-    if there is only one, else an :class:`AllFences` of those pending (with
-    ``add_done_callback`` when each of them offers it)."""
-    pending = [f for f in fences if not f.done()]
-    if not pending:
-        return fences[0]
-    if len(pending) == 1:
-        return pending[0]
-    if all(getattr(f, "add_done_callback", None) is not None for f in pending):
-        return _ChainedFences(pending)
-    return AllFences(pending)
-
-
-def _describe_fence(fence: object) -> str:
-    return str(getattr(fence, "label", None) or repr(fence))
-
-
-def wait_fences_sync(fences: list[Fence], timeout: float | None) -> Fence | None:
-    """Block until every fence is done; the first one still pending after ``timeout``, else None."""
-    deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-    for fence in fences:
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if not fence.wait(left):
-            return fence
-    return None
-
-
-async def wait_fences_async(fences: list[Fence], *,
-                            orphaned: Callable[[], None] | None = None,
-                            library: Library | None = None) -> None:
-    """Wait in a trio or asyncio task until every fence is done, without blocking the loop.
-
-    A fence with ``add_done_callback`` wakes the task from whichever thread completes it (no
-    thread per wait); any other fence is polled with a backoff from 50 us to 5 ms. Cancelling
-    the task stops the waiting, never the work the fence stands for. ``orphaned`` (idempotent)
-    is called, in the completing thread, when a fence completes after the task's loop or run
-    is gone (see :func:`~uni._eventloop.wait_callback_async`); ``library`` is the caller's
-    :func:`~uni._eventloop.current_library`, when it has asked already.
-    """
-    for fence in fences:
-        if fence.done():
-            continue
-        if library is None:
-            library = current_library("waiting for a fence")
-        add = getattr(fence, "add_done_callback", None)
-        if add is None:
-            await poll_until_async(fence.done, library=library)
-        else:
-            await wait_callback_async(add, fence.done, orphaned=orphaned, library=library)
-
-
-# ------------------------------------------------------------------------------ waiters
-
-
-class Waiter(Protocol):
-    """Someone waiting for one request; ``wake`` is called once, outside the queue lock,
-    when the request is granted or withdrawn (check ``request.granted``)."""
-
-    def wake(self, queue: AccessQueue, request: AccessRequest) -> None: ...
-
-
-class _ThreadWaiter:
-    """A thread blocked on a lock that the granting thread releases."""
-
-    __slots__ = ("lock",)
-
-    def __init__(self) -> None:
-        self.lock = _allocate_lock()
-        self.lock.acquire()
-
-    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
-        self.lock.release()
-
-
-class _TrioWaiter:
-    """How to wake one parked trio task, from any thread."""
-
-    __slots__ = ("raise_cancel", "task", "token")
-
-    def __init__(self, task: trio.lowlevel.Task, token: trio.lowlevel.TrioToken) -> None:
-        self.task = task
-        self.token = token
-        # Set by the abort function when a cancellation arrived after the grant (or a
-        # withdrawal) had already claimed the wake-up; the task raises it once woken.
-        self.raise_cancel: Callable[[], NoReturn] | None = None
-
-    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
-        if not self._wake() and request.granted:
-            # The task's trio run is gone, so nobody will ever release this grant.
-            queue.release(request)
-
-    def _wake(self) -> bool:
-        """Reschedule the task; False when its run is gone and the wake-up cannot land."""
-        if self._in_own_run():
-            # Inside a task step of the very run the task belongs to, trio itself
-            # reschedules from abort functions and task code; doing the same saves the
-            # run_sync_soon round trip (and a scheduling batch).
-            trio.lowlevel.reschedule(self.task)
-            return True
-        try:
-            self.token.run_sync_soon(reschedule_quietly, self.task)
-        except trio.RunFinishedError:
-            return False
-        return True
-
-    def _in_own_run(self) -> bool:
-        # current_task() fails between task steps, where the scheduler may be walking its
-        # run queue; a finalizer firing there must not touch it, so it goes through
-        # run_sync_soon instead.
-        try:
-            trio.lowlevel.current_task()
-            return trio.lowlevel.current_trio_token() is self.token
-        except RuntimeError:
-            return False
-
-
-class _AsyncioWaiter:
-    """How to wake one asyncio task awaiting its future, from any thread."""
-
-    __slots__ = ("wakeup",)
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.wakeup = AsyncioWake(loop)
-
-    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
-        if not self.wakeup.wake() and request.granted:
-            # The task's loop has closed, so nobody will ever release this grant.
-            queue.release(request)
-
-
-class _CallbackWaiter:
-    """A function to call (in the granting thread, outside the lock) once granted."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.fn = fn
-
-    def wake(self, queue: AccessQueue, request: AccessRequest) -> None:
-        run_quietly(self.fn)
-
-
-# ------------------------------------------------------------------------------ requests
-
-
-class AccessRequest:
-    """One request for read or write access to the inclusive unit range ``[lo, hi]``.
-
-    Made only by the queue (:meth:`AccessQueue.register`, ``try_grant``), as a new object or
-    in an :class:`~uni._access.Access` (its own request). ``granted`` flips to True once, under
-    the queue's lock; ``released`` flips to True once, when the request is released or
-    withdrawn (a withdrawn request is released without ever having been granted).
-    Reading either flag without the lock is safe: each only ever goes from False to True.
-    ``fences`` is set with the grant: the pending fences of conflicting predecessors.
-    """
-
-    __slots__ = ("_waiter", "_write", "fences", "granted", "group", "hi", "holder", "lo", "mode",
-                 "owner_thread", "queue", "released")
-
-    def __init__(
-        self, mode: Mode, write: bool, lo: int, hi: int, holder: object,
-        owner_thread: Owner | None, queue: AccessQueue | None = None,
-    ) -> None:
-        self.mode: Mode = mode
-        self._write = write
-        self.lo = lo
-        self.hi = hi
-        self.holder = holder
-        self.owner_thread = owner_thread
-        self.granted = False
-        self.released = False
-        self.fences: list[Fence] = _NO_FENCES
-        self.queue = queue
-        #: The requests of one operation, registered together: a granted member whose
-        #: siblings still wait is waiting too (for self-deadlock detection).
-        self.group: tuple[AccessRequest, ...] | None = None
-        # Set only while somebody waits on the request; whoever grants or withdraws the
-        # request takes it (under the queue lock), so each waiter is woken exactly once.
-        self._waiter: Waiter | None = None
-
-    @property
-    def state(self) -> Literal["pending", "active", "released", "withdrawn"]:
-        if self.released:
-            return "released" if self.granted else "withdrawn"
-        return "active" if self.granted else "pending"
-
-    def __repr__(self) -> str:
-        return f"<AccessRequest {self.mode} [{self.lo}, {self.hi}] {self.state}: {self.holder}>"
-
-
-# Shared by every request granted with nothing to wait for; never mutated.
-_NO_FENCES: Final[list[Fence]] = []
-
-
-class _Made(AccessRequest):
-    """An :class:`AccessRequest` whose maker stores its state itself (no ``__init__`` call)."""
-
-    __slots__ = ()
-    __init__ = object.__init__
-
-
-class _Fenced:
-    """A released request whose work is not over yet: kept until its fence is done."""
-
-    __slots__ = ("fence", "hi", "lo", "write")
-
-    def __init__(self, lo: int, hi: int, write: bool, fence: Fence) -> None:
-        self.lo = lo
-        self.hi = hi
-        self.write = write
-        self.fence = fence
 
 
 # ------------------------------------------------------------------------------ the queue
@@ -781,7 +398,7 @@ class AccessQueue:
         Cancelled, asyncio's CancelledError, a coroutine closed): a request not yet granted
         is withdrawn; one whose grant raced the cancellation, or that waits on fences, is
         released; the cancellation propagates. ``library``: the caller's
-        :func:`~uni._eventloop.current_library`, when it has asked already; under any other
+        :func:`~uni._core._eventloop.current_library`, when it has asked already; under any other
         loop this raises EventLoopError (after withdrawing ``req``) once it has to wait.
         """
         if not req.granted:
@@ -954,7 +571,7 @@ class AccessQueue:
                         raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
                     req._waiter = waiter
                     return
-        waiter.wake(self, req)
+        self._wake([(req, waiter)])
 
     # ------------------------------------------------------------------ releasing
 
@@ -1272,237 +889,16 @@ class AccessQueue:
         error: BaseException | None = None
         for req, waiter in woken:
             try:
-                waiter.wake(self, req)
+                if not waiter.wake(req) and req.granted:
+                    # The wake-up cannot land (its task's run or loop is gone): nobody
+                    # will ever release this grant, so the queue does.
+                    self.release(req)
             except BaseException as err:
                 if error is None:
                     error = err
         if error is not None:
             raise error
 
-
-class HeldRun:
-    """A small kernel run inside the critical sections of the queues it touches.
-
-    For prepared repeats of small operations. Instead of registering a request per operand
-    and releasing it afterwards (about a microsecond each), take each queue's lock, never
-    waiting for it; check that nothing is in the way of any operand's range -- no
-    conflicting request, no pending fence it would be granted with, no poison anywhere in
-    the queue, the queue not retired -- run the kernel, and let go. Nothing can register on
-    those queues meanwhile, so the kernel is ordered exactly as requests registered, granted
-    and released at that instant would be, and the queues never see it. Other threads wait
-    on the locks for the kernel's duration: only for small work.
-
-    ``items`` are ``(queue, lo, hi, write, view)`` per operand; a queue met twice (two
-    operands in one memory) is locked once. A failing kernel poisons its writes' ranges
-    before the locks are dropped, as a failed writer's release does.
-
-    ``HeldRun(items)`` makes the form for the number of distinct queues (one, two, three,
-    any): the one-to-three forms are unrolled -- no list of held locks, one test per queue of
-    the four attributes that make a queue anything but idle, the per-range search only when
-    one of them says the queue is in use.
-    """
-
-    __slots__ = ("_flat", "_queues")
-
-    def __new__(cls, items: list[tuple[AccessQueue, int, int, bool, Any]]) -> HeldRun:
-        if cls is HeldRun:
-            cls = _HELD_FORMS.get(len({id(item[0]) for item in items}), HeldRun)
-        return object.__new__(cls)
-
-    def __init__(self, items: list[tuple[AccessQueue, int, int, bool, Any]]) -> None:
-        by_queue: dict[int, tuple[AccessQueue, list[tuple[int, int, bool, Any]]]] = {}
-        for queue, lo, hi, write, view in items:
-            by_queue.setdefault(id(queue), (queue, []))[1].append((lo, hi, write, view))
-        self._queues = tuple((queue, queue._lock, tuple(ranges))
-                             for queue, ranges in by_queue.values())
-        # (queue, lock, queue, lock, ...): what the unrolled forms unpack.
-        self._flat: tuple[Any, ...] = tuple(x for queue, lock, _ in self._queues
-                                            for x in (queue, lock))
-
-    def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
-        """``fn(*args)``'s answer; False (not run) when something is in the way; None (not
-        run) when a queue's lock was taken by another thread at that moment."""
-        held: list[_LockType] = []
-        try:
-            for _, lock, _ in self._queues:
-                if not lock.acquire(False):
-                    return None
-                held.append(lock)
-            if self._refused():
-                return False
-            try:
-                return fn(*args)
-            except BaseException as err:
-                self._poison_writes(err)
-                raise
-        finally:
-            for lock in reversed(held):
-                lock.release()
-
-    def _refused(self) -> bool:
-        """With every lock held: whether something is in the way (poison anywhere in a queue,
-        a retired queue, a conflicting request or pending fence)."""
-        for queue, _, ranges in self._queues:
-            if queue.has_poison or queue.retired:
-                return True
-            # An idle queue (the common case of a repeat) has nothing to check.
-            if (queue._entries or queue._tail) and _in_the_way_locked(queue, ranges):
-                return True
-        return False
-
-    def retired(self) -> bool:
-        """Whether one of the queues no longer takes registrations (its memory joined another
-        memory's queue): a prepared caller drops its entry (read without the lock: a hint)."""
-        return any(queue.retired for queue, _, _ in self._queues)
-
-    def _poison_writes(self, err: BaseException) -> None:
-        for queue, _, ranges in self._queues:
-            for lo, hi, write, view in ranges:
-                if write:
-                    queue._poison_locked(queue._bytes(lo, hi, view), err)
-
-
-# Note on the unrolled forms: ``q.has_poison or q.retired or q._entries or q._tail`` is
-# false exactly for an idle, open, clean queue, where nothing can be in the way; when it
-# is true, HeldRun._refused decides (poison or retired: refused; else the ranges).
-class _HeldOne(HeldRun):
-    """A held run over every operand in one queue (unrolled)."""
-
-    __slots__ = ()
-
-    def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
-        q1, l1 = self._flat
-        if not l1.acquire(False):
-            return None
-        try:
-            if (q1.has_poison or q1.retired or q1._entries or q1._tail) and self._refused():
-                return False
-            try:
-                return fn(*args)
-            except BaseException as err:
-                self._poison_writes(err)
-                raise
-        finally:
-            l1.release()
-
-
-class _HeldTwo(HeldRun):
-    """A held run over two queues (unrolled)."""
-
-    __slots__ = ()
-
-    def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
-        q1, l1, q2, l2 = self._flat
-        if not l1.acquire(False):
-            return None
-        try:
-            if not l2.acquire(False):
-                return None
-            try:
-                if ((q1.has_poison or q1.retired or q1._entries or q1._tail
-                     or q2.has_poison or q2.retired or q2._entries or q2._tail)
-                        and self._refused()):
-                    return False
-                try:
-                    return fn(*args)
-                except BaseException as err:
-                    self._poison_writes(err)
-                    raise
-            finally:
-                l2.release()
-        finally:
-            l1.release()
-
-
-class _HeldThree(HeldRun):
-    """A held run over three queues (unrolled)."""
-
-    __slots__ = ()
-
-    def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
-        q1, l1, q2, l2, q3, l3 = self._flat
-        if not l1.acquire(False):
-            return None
-        try:
-            if not l2.acquire(False):
-                return None
-            try:
-                if not l3.acquire(False):
-                    return None
-                try:
-                    if ((q1.has_poison or q1.retired or q1._entries or q1._tail
-                         or q2.has_poison or q2.retired or q2._entries or q2._tail
-                         or q3.has_poison or q3.retired or q3._entries or q3._tail)
-                            and self._refused()):
-                        return False
-                    try:
-                        return fn(*args)
-                    except BaseException as err:
-                        self._poison_writes(err)
-                        raise
-                finally:
-                    l3.release()
-            finally:
-                l2.release()
-        finally:
-            l1.release()
-
-
-_HELD_FORMS: Final[dict[int, type[HeldRun]]] = {1: _HeldOne, 2: _HeldTwo, 3: _HeldThree}
-
-
-def _in_the_way_locked(queue: AccessQueue, ranges: tuple[tuple[int, int, bool, Any], ...]
-                       ) -> bool:
-    """Whether a request or a pending fence of ``queue`` conflicts with one of ``ranges``."""
-    entries = queue._entries
-    for lo, hi, write, _ in ranges:
-        for q in entries:
-            if q.lo <= hi and lo <= q.hi and (write or q._write):
-                return True
-        if queue._tail and queue._fences_for_locked(lo, hi, write):
-            return True
-    return False
-
-
-def run_in_helper_thread(fn: Callable[[], None]) -> None:
-    """Run ``fn`` (which must not raise) in a fresh low-level thread, without waiting.
-
-    For cleanup that may have interrupted this very thread inside a queue's critical section
-    (a garbage collection): the helper takes the lock once that section lets go. ``_thread``
-    rather than ``threading``: no ``threading`` lock of this thread is needed either. At
-    interpreter shutdown (no new threads) ``fn`` runs here, as a last resort.
-    """
-    try:
-        _thread.start_new_thread(run_quietly, (fn,))
-    except RuntimeError:
-        fn()
-
-
-def countdown(count: int, then: Callable[[], None]) -> Callable[[], None]:
-    """A function that calls ``then()`` on its ``count``-th call, from whichever thread makes
-    it (each call counts once: the callback of one of ``count`` things that must all happen)."""
-    lock = threading.Lock()
-    left = [count]
-
-    def one() -> None:
-        with lock:
-            left[0] -= 1
-            last = not left[0]
-        if last:
-            then()
-
-    return one
-
-
-def _after_fences(fences: list[Fence], callback: Callable[[], None]) -> None:
-    """Run ``callback`` once every fence is done, chaining done-callbacks where offered."""
-    pending = [f for f in fences if not f.done()]
-    if not pending or any(getattr(f, "add_done_callback", None) is None for f in pending):
-        run_quietly(callback)
-        return
-    one = countdown(len(pending), lambda: run_quietly(callback))
-    for fence in pending:
-        fence.add_done_callback(one)  # type: ignore[attr-defined]
 
 
 def _inside(loop: Library) -> str:
@@ -1520,42 +916,6 @@ def _who(req: AccessRequest) -> str:
         text += f" from thread {owner.name!r}"
     return text
 
-
-def _owned_in_wait_graph(start: list[AccessRequest], me: Owner, limit: int = 10_000
-                         ) -> AccessRequest | None:
-    """A request of ``me`` that waiting for ``start`` would wait for, however indirectly.
-
-    One breadth-first search of the wait graph across queues, each node visited once: a
-    pending request waits for the earlier conflicting requests of its queue (a chain inside
-    it); a granted request of an operation (``group``: an async operation runs only once
-    every one of its requests is granted) waits for its pending siblings, in other queues.
-    Found: a request ``me`` holds or has requested, which will never be released while
-    ``me`` waits. Each queue is asked under its own lock, one at a time (never two locks at
-    once), so the graph is a snapshot: it only decides whether waiting would be forever,
-    never a grant. ``limit`` bounds the work on huge graphs (then: nothing found).
-    """
-    queue: collections.deque[AccessRequest] = collections.deque(start)
-    seen = set(start)
-    while queue:
-        b = queue.popleft()
-        if b.owner_thread is me and not b.released:
-            return b
-        if b.released:
-            continue
-        if not b.granted:
-            owner_queue = b.queue
-            following = [] if owner_queue is None else owner_queue._blockers_snapshot(b)
-        elif b.group is not None:
-            following = [s for s in b.group if not (s.granted or s.released)]
-        else:
-            continue
-        for n in following:
-            if n not in seen:
-                seen.add(n)
-                queue.append(n)
-        if len(seen) > limit:
-            return None
-    return None
 
 
 def normalize_timeout(timeout: float | None) -> float | None:
@@ -1575,6 +935,7 @@ def normalize_timeout(timeout: float | None) -> float | None:
     if value == float("inf") or value > threading.TIMEOUT_MAX:
         return None
     return max(value, 0.0)
+
 
 
 def _describe(reqs: list[AccessRequest]) -> str:

@@ -1,0 +1,56 @@
+"""Who holds a request, for self-deadlock detection: one owner token per thread's context."""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import threading
+from typing import Final
+
+__all__ = ["CURRENT_THREAD", "Owner", "current_owner"]
+
+
+class _Sentinel(enum.Enum):
+    CURRENT_THREAD = enum.auto()
+
+
+#: "Whoever makes this call": the one sentinel for request ownership (see :func:`current_owner`).
+CURRENT_THREAD: Final = _Sentinel.CURRENT_THREAD
+
+
+class Owner:
+    """Who holds a request, for self-deadlock detection: one per thread's context.
+
+    A plain thread gets one token for its whole life. Code run through
+    ``trio.to_thread.run_sync`` runs in a copy of the task's context, so a lease taken there
+    belongs to that call, not to the (reused) worker thread: a later, unrelated job on the
+    same worker is never told it holds that lease.
+    """
+
+    __slots__ = ("ident", "name")
+
+    def __init__(self) -> None:
+        thread = threading.current_thread()
+        self.ident = thread.ident
+        self.name = thread.name
+
+    def __repr__(self) -> str:
+        return f"<uni owner in thread {self.name!r}>"
+
+
+_owner: contextvars.ContextVar[Owner] = contextvars.ContextVar("uni_owner")
+_get_ident = threading.get_ident
+
+
+def current_owner() -> Owner:
+    """The owner token of the calling context (made on first use in this thread).
+
+    A context copied into another thread (``trio.to_thread.run_sync``, ``copy_context().run``
+    there) carries its parent's token; a token of another thread never counts here, so such
+    a call gets a token of its own.
+    """
+    owner = _owner.get(None)
+    if owner is None or owner.ident != threading.get_ident():
+        owner = Owner()
+        _owner.set(owner)
+    return owner

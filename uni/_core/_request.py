@@ -1,0 +1,87 @@
+"""One request for read or write access to a range of a queue's units."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, Literal
+
+from uni._core._fences import Fence
+from uni._core._owners import Owner
+
+if TYPE_CHECKING:
+    from uni._core._queue import AccessQueue
+    from uni._core._waiters import Waiter
+
+Mode = Literal["read", "write"]
+
+__all__ = ["AccessRequest", "Mode"]
+
+
+# ------------------------------------------------------------------------------ requests
+
+
+class AccessRequest:
+    """One request for read or write access to the inclusive unit range ``[lo, hi]``.
+
+    Made only by the queue (:meth:`AccessQueue.register`, ``try_grant``), as a new object or
+    in an :class:`~uni._access.Access` (its own request). ``granted`` flips to True once, under
+    the queue's lock; ``released`` flips to True once, when the request is released or
+    withdrawn (a withdrawn request is released without ever having been granted).
+    Reading either flag without the lock is safe: each only ever goes from False to True.
+    ``fences`` is set with the grant: the pending fences of conflicting predecessors.
+    """
+
+    __slots__ = ("_waiter", "_write", "fences", "granted", "group", "hi", "holder", "lo", "mode",
+                 "owner_thread", "queue", "released")
+
+    def __init__(
+        self, mode: Mode, write: bool, lo: int, hi: int, holder: object,
+        owner_thread: Owner | None, queue: AccessQueue | None = None,
+    ) -> None:
+        self.mode: Mode = mode
+        self._write = write
+        self.lo = lo
+        self.hi = hi
+        self.holder = holder
+        self.owner_thread = owner_thread
+        self.granted = False
+        self.released = False
+        self.fences: list[Fence] = _NO_FENCES
+        self.queue = queue
+        #: The requests of one operation, registered together: a granted member whose
+        #: siblings still wait is waiting too (for self-deadlock detection).
+        self.group: tuple[AccessRequest, ...] | None = None
+        # Set only while somebody waits on the request; whoever grants or withdraws the
+        # request takes it (under the queue lock), so each waiter is woken exactly once.
+        self._waiter: Waiter | None = None
+
+    @property
+    def state(self) -> Literal["pending", "active", "released", "withdrawn"]:
+        if self.released:
+            return "released" if self.granted else "withdrawn"
+        return "active" if self.granted else "pending"
+
+    def __repr__(self) -> str:
+        return f"<AccessRequest {self.mode} [{self.lo}, {self.hi}] {self.state}: {self.holder}>"
+
+
+# Shared by every request granted with nothing to wait for; never mutated.
+_NO_FENCES: Final[list[Fence]] = []
+
+
+class _Made(AccessRequest):
+    """An :class:`AccessRequest` whose maker stores its state itself (no ``__init__`` call)."""
+
+    __slots__ = ()
+    __init__ = object.__init__
+
+
+class _Fenced:
+    """A released request whose work is not over yet: kept until its fence is done."""
+
+    __slots__ = ("fence", "hi", "lo", "write")
+
+    def __init__(self, lo: int, hi: int, write: bool, fence: Fence) -> None:
+        self.lo = lo
+        self.hi = hi
+        self.write = write
+        self.fence = fence
