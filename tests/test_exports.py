@@ -104,7 +104,7 @@ def test_the_metadata_layer_does_not_import_leases_ops_or_backends() -> None:
 
     root = pathlib.Path(uni.__file__).parent
     higher = ("uni._lease", "uni._acquire", "uni._core", "uni.backends", "uni.ops",
-              "uni._ops", "uni._dispatch", "uni.plan")
+              "uni._operations", "uni._dispatch", "uni.plan")
     for module in ("_extents", "_mapping", "_accessor", "_mdspec", "concepts", "_dtypes",
                    "_errors"):
         tree = ast.parse((root / f"{module}.py").read_text())

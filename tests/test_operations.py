@@ -1,4 +1,4 @@
-"""The operation front ends (uni._ops): copy, gemm, gemv and their _async forms.
+"""The operation front ends (uni._operations): copy, gemm, gemv and their _async forms.
 
 Conformance of both host backends against numpy over layouts, dtypes and views; the edge
 rules; validation before any lease; aliasing and overlap; async dispatch, poisoning and the

@@ -48,7 +48,7 @@ from uni._errors import ShapeError
 from uni._executor import OpFuture
 from uni._factories import from_numpy
 from uni._mapping import layout_right
-from uni._ops import copy_async, gemm_async, transform_async
+from uni._operations import copy_async, gemm_async, transform_async
 from uni._tensor import Tensor
 from uni.storage._protocol import Region
 from uni.storage.host import HostStorage

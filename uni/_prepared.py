@@ -274,7 +274,7 @@ _INT32 = range(-(2**31), 2**31)
 
 
 def _plain_scalars(alpha: Any, beta: Any) -> bool:
-    # What the front end passes through unchanged, with no range check (_ops._check_scalars):
+    # What the front end passes through unchanged, with no range check (_operations._check_scalars):
     # plain bool, float, and int of 32 bits.
     ta, tb = type(alpha), type(beta)
     return (ta in _PLAIN_SCALARS and tb in _PLAIN_SCALARS

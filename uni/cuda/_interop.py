@@ -49,7 +49,7 @@ from uni._factories import empty
 from uni._handle import CUDA
 from uni._mapping import best_mapping, c_strides, layout_stride
 from uni._mdspec import MdSpan
-from uni._ops import copy as copy_op
+from uni._operations import copy as copy_op
 from uni._tensor import Tensor
 from uni.cuda._codegen import UnsupportedKernel, lower_accessor
 from uni.cuda._fences import order_after_sync, record_fence, split_fences
