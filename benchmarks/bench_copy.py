@@ -1,4 +1,4 @@
-"""Benchmark of uni.backends.blas._fastcopy.strided_copy against np.copyto, measured in the same run.
+"""Benchmark of uni._strided_copy.strided_copy against np.copyto, measured in the same run.
 
 Run:  .venv/bin/python benchmarks/bench_copy.py [--quick] [--repeats N]
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _timing import once as _time
 from _timing import print_table, result
 
-from uni.backends.blas._fastcopy import _MAX_WORKERS, strided_copy
+from uni._strided_copy import _MAX_WORKERS, strided_copy
 
 Array = np.ndarray[Any, Any]
 

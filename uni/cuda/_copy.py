@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from uni.backends.blas._fastcopy import strided_copy
+from uni._strided_copy import strided_copy
 from uni.cuda._copyplan import (
     DEFAULT_CHUNK_BYTES,
     Memcpy,

@@ -29,12 +29,12 @@ from uni._accessor import DefaultAccessor
 from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall, spans_of
 from uni._mdspec import MdSpan, host_view
 from uni._probe import Decline, Declined, Probe
+from uni._strided_copy import _MIN_TILED_BYTES, strided_copy
 from uni.backends._common import host_signature, host_spans, unvectorised
 from uni.backends._geometry import fold_accessors
 from uni.backends.blas import _kernels as kernels
 from uni.backends.blas import _temporaries as temporaries
 from uni.backends.blas._elementwise import execute, prepare_execute
-from uni.backends.blas._fastcopy import _MIN_TILED_BYTES, strided_copy
 from uni.ops import is_element_op
 
 __all__ = ["Blas", "blas"]

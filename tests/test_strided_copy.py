@@ -1,4 +1,4 @@
-"""Tests for uni.backends.blas._fastcopy.strided_copy: np.copyto is the oracle on seeded random layouts."""
+"""Tests for uni._strided_copy.strided_copy: np.copyto is the oracle on seeded random layouts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from uni._errors import DTypeError, ShapeError
-from uni.backends.blas._fastcopy import _copy, _line_aligned, _tiles, strided_copy
+from uni._strided_copy import _copy, _line_aligned, _tiles, strided_copy
 from uni.plan import iteration_plan
 
 _DTYPES = [np.float64, np.float32, np.int8, np.int16, np.complex128, np.bool_]
