@@ -7,8 +7,10 @@ commits one write lease and is stopped at a step of the commit (``UNI_TEST_CRASH
 ``os._exit`` or SIGKILL), optionally forks a second process that stops in the middle of
 rolling that commit back, and then opens the file itself (which rolls back whatever was
 left) and reports what it finds: the elements, what an ``np.memmap`` opened before all the
-trials shows, and every file left beside the data file once its storage is closed. The test
-compares that with its own model of what each trial must leave.
+trials shows, and every file left beside the data file once its storage is closed. A trial
+with ``"recover": true`` first runs ``uni.storage.recover`` and reports what plain
+``numpy.fromfile`` then reads (no storage opened yet). The test compares all that with its
+own model of what each trial must leave.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import uni
-from uni.storage import MappedFileStorage, _file_state
+from uni.storage import MappedFileStorage, _file_state, recover
 
 
 def _view(t: uni.Tensor, key: list[Any]) -> uni.Tensor:
@@ -73,7 +75,13 @@ def main() -> None:
         if trial.get("recovery_crash"):
             recovery_status = _fork({"UNI_TEST_CRASH_AT": trial["recovery_crash"]}, open_tensor)
         torn = bool(os.path.isdir(os.path.join(directory, f".{os.path.basename(path)}.uni-journal")))
-        storage, t = open_tensor()  # rolls back what the crash left
+        extra: dict[str, Any] = {}
+        if trial.get("recover"):
+            done = recover(path)
+            plain = np.fromfile(path, dtype=np.float64, offset=offset)[:n]
+            extra = {"plain": hashlib.sha256(plain.tobytes()).hexdigest(),
+                     "actions": [j.action for j in done.journals]}
+        storage, t = open_tensor()  # rolls back what the crash left (if recover did not)
         with uni.acquire_host_read_access_sync(t) as lease:
             after = np.array(lease.mdspan())
         seen = np.array(watcher)
@@ -84,7 +92,7 @@ def main() -> None:
         print(json.dumps({
             "status": status, "recovery_status": recovery_status, "journal_dir_before": torn,
             "after": hashlib.sha256(after.tobytes()).hexdigest(),
-            "memmap": hashlib.sha256(seen.tobytes()).hexdigest(), "left": left,
+            "memmap": hashlib.sha256(seen.tobytes()).hexdigest(), "left": left, **extra,
         }), flush=True)
 
 

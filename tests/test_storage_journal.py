@@ -6,11 +6,21 @@ import itertools
 import os
 import pathlib
 import random
+import struct
+import zlib
 
+import attrs
 import pytest
 
 from uni.storage import _journal
-from uni.storage._journal import JournalRecord, complement, decode, decode_header, hole_extents
+from uni.storage._journal import (
+    FileIdentity,
+    JournalRecord,
+    complement,
+    decode,
+    decode_header,
+    hole_extents,
+)
 
 
 def record(seed: int = 0) -> JournalRecord:
@@ -92,3 +102,100 @@ def test_holes_are_found_and_rolled_back_as_zeros(tmp_path: pathlib.Path) -> Non
         assert os.pread(fd, 16 * block, 0) == before
     finally:
         os.close(fd)
+
+
+# -- the file a journal belongs to; the previous format ------------------------------------
+def encode_v1(rec: JournalRecord) -> bytes:
+    """A journal of the previous format ("UNIJRNL1": no file identity), as uni wrote them."""
+    header = struct.Struct("<8s5q6I")
+    holes = b"".join(struct.pack("<qq", o, n) for o, n in rec.holes)
+    new, flags = (rec.new_check, 1) if rec.new_check else ((0, 0), 0)
+    fields = (b"UNIJRNL1", rec.start, rec.length, rec.file_size, len(rec.holes),
+              len(rec.payload), *new, *_journal.checksum(rec.payload), flags)
+    head = header.pack(*fields, 0)[:68]
+    return header.pack(*fields, zlib.crc32(holes, zlib.crc32(head))) + holes + rec.payload
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_journal_names_its_file_and_the_previous_format_still_decodes(seed: int) -> None:
+    ident = FileIdentity(device=(259 << 8) | 3, inode=1 << 40 | seed, generation=0xDEADBEEF)
+    rec = attrs.evolve(record(seed), new_check=(seed, seed + 1), file=ident)
+    raw = rec.encode_header() + rec.payload
+    assert raw[:8] == b"UNIJRNL2" and decode(raw) == rec
+    head = decode_header(rec.encode_header())
+    assert head is not None and head.file == ident
+    old = encode_v1(rec)
+    assert decode(old) == attrs.evolve(rec, file=None)  # read as before: it names no file
+    assert decode_header(old[: len(old) - len(rec.payload)]) == attrs.evolve(rec, payload=b"",
+                                                                             file=None)
+    rng = random.Random(seed)
+    for _ in range(20):
+        damaged = bytearray(old)
+        damaged[rng.randrange(len(old))] ^= 1 << rng.randrange(8)
+        assert decode(bytes(damaged)) is None
+    assert decode(bytes(8) + old[8:]) is None  # cleared the same way
+
+
+def test_read_header_reads_either_format(tmp_path: pathlib.Path) -> None:
+    rec = attrs.evolve(record(3), file=FileIdentity(1, 2, 3))
+    for raw, want in ((rec.encode_header() + rec.payload, rec),
+                      (encode_v1(rec), attrs.evolve(rec, file=None))):
+        path = tmp_path / "j"
+        path.write_bytes(raw)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert decode_header(_journal.read_header(fd)) == attrs.evolve(want, payload=b"")
+        finally:
+            os.close(fd)
+
+
+def test_which_files_a_recorded_identity_accepts() -> None:
+    recorded = FileIdentity(device=10, inode=500, generation=77)
+    same = FileIdentity(10, 500, 77)
+    assert recorded.is_same_file(same, journal_device=10)
+    assert not recorded.is_same_file(FileIdentity(10, 501, 77), 10)   # another inode
+    assert not recorded.is_same_file(FileIdentity(10, 500, 78), 10)   # inode number reused
+    assert not recorded.is_same_file(FileIdentity(11, 500, 77), 10)   # another file system
+    # The file system came back under another device number (a reboot): the journal beside
+    # the file moved with it, so its device stands in for the recorded one.
+    assert recorded.is_same_file(FileIdentity(11, 500, 77), journal_device=11)
+    assert not recorded.is_same_file(FileIdentity(12, 500, 77), journal_device=11)
+    # A file system that reports no generation: device and inode decide.
+    assert FileIdentity(10, 500).is_same_file(FileIdentity(10, 500, 0), 10)
+    assert recorded.is_same_file(FileIdentity(10, 500, 0), 10)
+    assert "device 0:10, inode 500, generation 77" == str(recorded)
+    assert "generation" not in str(FileIdentity(10, 500))
+
+
+def test_the_identity_of_a_file_follows_the_file(tmp_path: pathlib.Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.write_bytes(b"a")
+    second.write_bytes(b"b")
+    fds = [os.open(p, os.O_RDONLY) for p in (first, second, first)]
+    try:
+        a, b, a_again = (FileIdentity.of(fd) for fd in fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    st = os.stat(first)
+    assert (a.device, a.inode) == (st.st_dev, st.st_ino) and a == a_again
+    assert not a.is_same_file(b, st.st_dev)
+
+
+def test_the_generation_is_read_as_the_file_system_reports_it(tmp_path: pathlib.Path) -> None:
+    # _IOR('v', 1, long): the request number encodes sizeof(long).
+    assert _journal._FS_IOC_GETVERSION == {8: 0x80087601, 4: 0x80047601}[struct.calcsize("l")]
+    path = tmp_path / "f"
+    seen = []
+    for _ in range(20):  # delete and create again: file systems reuse the freed inode number
+        path.write_bytes(b"x")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            seen.append(FileIdentity.of(fd))
+        finally:
+            os.close(fd)
+        path.unlink()
+    reused = [(a, b) for a, b in itertools.pairwise(seen) if a.inode == b.inode]
+    if not reused or all(s.generation == 0 for s in seen):
+        pytest.skip("this file system reused no inode number, or reports no generation")
+    assert all(a.generation != b.generation for a, b in reused)

@@ -6,9 +6,11 @@ Crashes, journals and other processes: tests/test_storage_file_state.py.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import pathlib
+import re
 import stat
 import tempfile
 import threading
@@ -600,3 +602,49 @@ def test_writes_through_random_views_match_numpy(shape: tuple[int, ...], seed: i
         with uni.acquire_host_read_access_sync(view) as lease:
             np.testing.assert_array_equal(np.asarray(lease.mdspan()), want)
         storage.close()
+
+
+# -- files this user may not write ------------------------------------------------------------
+class _WritesRefused:
+    """Make opening ``path`` for writing fail with EACCES, as for a user without write
+    permission (on purpose: the tests run as root, who may write anyway)."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path, self.real = str(path), os.open
+
+    def __call__(self, path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path) == self.path and flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return self.real(path, flags, *args, **kwargs)
+
+
+def test_opening_for_writing_without_permission_is_a_storage_error(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, values = make_file(tmp_path)
+    before = path.read_bytes()
+    monkeypatch.setattr(os, "open", _WritesRefused(path))
+    for mode in ("r+", "w+"):
+        with pytest.raises(uni.StorageError, match=re.escape(f"(mode '{mode}')")) as caught:
+            MappedFileStorage(path, np.float32, N, offset=len(HEADER), mode=mode)
+        err = caught.value
+        assert isinstance(err.__cause__, PermissionError) and str(path) in str(err)
+        assert isinstance(err, OSError) and err.errno == errno.EACCES  # what was caught before
+        assert ("mode='r' to only read it" if mode == "r+" else "write permission") in str(err)
+    # Reading needs no write permission; asking for it later says the same.
+    t = open_tensor(path, mode="r")
+    np.testing.assert_array_equal(t.to_numpy(), values.reshape(SHAPE))
+    with pytest.raises(uni.StorageError, match="for writing \\(mode 'r\\+'\\)") as caught:
+        open_tensor(path, mode="r+")
+    assert isinstance(caught.value.__cause__, PermissionError)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and leftovers(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write a read-only file anyway")
+def test_a_read_only_file_opened_for_writing_is_a_storage_error(tmp_path: pathlib.Path) -> None:
+    path, _ = make_file(tmp_path)
+    os.chmod(path, 0o444)
+    with pytest.raises(uni.StorageError, match="mode 'r\\+'") as caught:
+        open_tensor(path)
+    assert isinstance(caught.value.__cause__, PermissionError)

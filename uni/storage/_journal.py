@@ -14,19 +14,30 @@ Bytes that lie in a *hole* of the data file (never written since the file was cr
 extended: the file system stores nothing there and reads them as zeros) are not copied:
 the journal lists them as zero ranges, and rolling back writes zeros there.
 
+A journal names the data file it was written for (``FileIdentity``: device, inode and the
+file system's generation number of the inode): a journal is only ever applied to that file,
+never to one that has since been put in its place (a new file renamed over the name).
+
 Layout (little endian)::
 
-    header   72 bytes: magic "UNIJRNL1"; start, length, file size, hole count, payload
-             length (int64 each); CRC-32 and Adler-32 of the new contents (zeros when not
-             checked), then of the payload; flags (1: the new contents are checked);
-             CRC-32 of the 68 bytes before it and of the hole table
+    header   96 bytes: magic "UNIJRNL2"; start, length, file size, hole count, payload
+             length (int64 each); the data file's device, inode and generation (uint64
+             each); CRC-32 and Adler-32 of the new contents (zeros when not checked), then
+             of the payload; flags (1: the new contents are checked, 2: the file's identity
+             is recorded); CRC-32 of the 92 bytes before it and of the hole table
     holes    hole count x (offset, length): absolute data-file offsets, sorted, disjoint
     payload  the old bytes of the range minus its holes, in file order
+
+The previous format, "UNIJRNL1" (72 bytes of header: the same fields without the file's
+identity, flag 2 unknown), is still read, so that a journal left by an older uni is rolled
+back; it names no file, so nothing can be checked against it.
 """
 
 from __future__ import annotations
 
+import array
 import errno
+import fcntl
 import os
 import signal
 import struct
@@ -36,11 +47,17 @@ from collections.abc import Sequence
 
 import attrs
 
-MAGIC = b"UNIJRNL1"
-_HEADER = struct.Struct("<8s5q6I")
-_CHECKED = 68  # the header bytes the header checksum (the last 4) covers, with the hole table
+MAGIC = b"UNIJRNL2"
+_HEADER = struct.Struct("<8s5q3Q6I")
+_MAGIC_V1 = b"UNIJRNL1"
+_HEADER_V1 = struct.Struct("<8s5q6I")  # the previous format: no file identity
 _HAS_NEW_CHECK = 1
+_HAS_FILE = 2
 HEADER_SIZE = _HEADER.size
+#: Linux FS_IOC_GETVERSION, _IOR('v', 1, long): the inode's generation number, which tells
+#: a file from a later one that got the same inode number after the first was deleted. The
+#: number encodes sizeof(long) (0x80087601 on 64-bit machines, 0x80047601 on 32-bit ones).
+_FS_IOC_GETVERSION = (2 << 30) | (struct.calcsize("l") << 16) | (ord("v") << 8) | 1
 _HOLE = struct.Struct("<qq")
 #: More hole entries than this in one journal is corruption, not a real file.
 _MAX_HOLES = 1 << 20
@@ -56,6 +73,53 @@ def checksum(data: bytes | bytearray | memoryview) -> Check:
 
 
 @attrs.frozen
+class FileIdentity:
+    """Which file a journal belongs to: its device and inode, and the inode's generation
+    number (0 where the file system reports none; ext4, XFS and Btrfs do, tmpfs does not)."""
+
+    device: int
+    inode: int
+    generation: int = 0
+
+    @classmethod
+    def of(cls, fd: int) -> FileIdentity:
+        st = os.fstat(fd)
+        return cls(st.st_dev, st.st_ino, _generation(fd))
+
+    def __str__(self) -> str:
+        generation = f", generation {self.generation}" if self.generation else ""
+        return (f"device {os.major(self.device)}:{os.minor(self.device)}, "
+                f"inode {self.inode}{generation}")
+
+    def is_same_file(self, current: FileIdentity, journal_device: int) -> bool:
+        """True when ``current`` (the file at the journal's path now) is the file this
+        identity was taken of. ``journal_device``: the device the journal is on now.
+
+        A file system may come back under another device number after a reboot: then the
+        journal, which lives beside the file, moved with it, and the device it is on now
+        stands in for the recorded one.
+        """
+        if self.inode != current.inode:
+            return False
+        if self.generation and current.generation and self.generation != current.generation:
+            return False
+        if self.device == current.device:
+            return True
+        return journal_device != self.device and current.device == journal_device
+
+
+def _generation(fd: int) -> int:
+    # The ioctl is declared with a long, but ext4, XFS and Btrfs store a 32-bit int at the
+    # start of the buffer: read that int, which is right on big-endian machines too.
+    buf = array.array("i", [0] * (struct.calcsize("l") // struct.calcsize("i")))
+    try:
+        fcntl.ioctl(fd, _FS_IOC_GETVERSION, buf, True)
+    except OSError:  # not reported by this file system (ENOTTY, EINVAL, ...)
+        return 0
+    return buf[0] & 0xFFFFFFFF
+
+
+@attrs.frozen
 class JournalRecord:
     """The old contents of ``length`` data-file bytes from ``start`` (holes listed, the rest in
     ``payload``), and the check of the new contents the commit writes there."""
@@ -68,6 +132,8 @@ class JournalRecord:
     #: None: the commit clears its journal durably instead (large ranges, where a sync costs
     #: less than checking every byte).
     new_check: Check | None = None
+    #: The data file the journal was written for; None in a journal of the previous format.
+    file: FileIdentity | None = None
 
     def data_parts(self) -> list[Extent]:
         """The extents of the range that are not holes, in file order (what ``payload`` holds)."""
@@ -80,9 +146,13 @@ class JournalRecord:
         """The header and hole table; the payload follows them in the journal file."""
         holes = b"".join(_HOLE.pack(o, n) for o, n in self.holes)
         new, flags = (self.new_check, _HAS_NEW_CHECK) if self.new_check else ((0, 0), 0)
+        file = self.file
+        if file is not None:
+            flags |= _HAS_FILE
+        ident = (file.device, file.inode, file.generation) if file is not None else (0, 0, 0)
         fields = (MAGIC, self.start, self.length, self.file_size, len(self.holes),
-                  len(self.payload), *new, *checksum(self.payload), flags)
-        head = _HEADER.pack(*fields, 0)[:_CHECKED]
+                  len(self.payload), *ident, *new, *checksum(self.payload), flags)
+        head = _HEADER.pack(*fields, 0)[:-4]
         return _HEADER.pack(*fields, zlib.crc32(holes, zlib.crc32(head))) + holes
 
 
@@ -102,24 +172,42 @@ def complement(lo: int, hi: int, holes: Sequence[Extent]) -> list[Extent]:
 def _parse(raw: bytes) -> tuple[JournalRecord, int, Check] | None:
     """The record ``raw`` starts with (payload left empty), where its payload starts and the
     payload's check; None unless the magic, the header checksum and the bounds are right."""
-    if len(raw) < HEADER_SIZE:
+    header = _header_of(raw)
+    if header is None or len(raw) < header.size:
         return None
-    (magic, start, length, size, n_holes, n_payload, new_crc, new_adler, crc, adler,
-     flags, header_crc) = _HEADER.unpack_from(raw)
-    if magic != MAGIC or flags & ~_HAS_NEW_CHECK or not 0 <= n_holes <= _MAX_HOLES:
+    fields = header.unpack_from(raw)
+    file: FileIdentity | None = None
+    if header is _HEADER:
+        (_, start, length, size, n_holes, n_payload, device, inode, generation, new_crc,
+         new_adler, crc, adler, flags, header_crc) = fields
+        known = _HAS_NEW_CHECK | _HAS_FILE
+        if flags & _HAS_FILE:
+            file = FileIdentity(device, inode, generation)
+    else:
+        (_, start, length, size, n_holes, n_payload, new_crc, new_adler, crc, adler,
+         flags, header_crc) = fields
+        known = _HAS_NEW_CHECK
+    if flags & ~known or not 0 <= n_holes <= _MAX_HOLES:
         return None
-    holes_end = HEADER_SIZE + n_holes * _HOLE.size
+    holes_end = header.size + n_holes * _HOLE.size
     if len(raw) < holes_end:
         return None
-    if zlib.crc32(raw[HEADER_SIZE:holes_end], zlib.crc32(raw[:_CHECKED])) != header_crc:
+    checked = zlib.crc32(raw[: header.size - 4])  # every header byte but the checksum
+    if zlib.crc32(raw[header.size : holes_end], checked) != header_crc:
         return None
     if start < 0 or length <= 0 or n_payload < 0:
         return None
-    holes = _holes(raw, start, length, n_holes)
+    holes = _holes(raw, header.size, start, length, n_holes)
     if holes is None or n_payload != length - sum(n for _, n in holes):
         return None
     new = (new_crc, new_adler) if flags & _HAS_NEW_CHECK else None
-    return JournalRecord(start, length, size, holes, b"", new), holes_end, (crc, adler)
+    return JournalRecord(start, length, size, holes, b"", new, file), holes_end, (crc, adler)
+
+
+def _header_of(raw: bytes) -> struct.Struct | None:
+    """The header layout a journal starting with ``raw`` uses; None when neither magic."""
+    magic = raw[: len(MAGIC)]
+    return _HEADER if magic == MAGIC else _HEADER_V1 if magic == _MAGIC_V1 else None
 
 
 def decode_header(raw: bytes) -> JournalRecord | None:
@@ -141,8 +229,9 @@ def decode(raw: bytes) -> JournalRecord | None:
     return attrs.evolve(head, payload=payload)
 
 
-def _holes(raw: bytes, start: int, length: int, n_holes: int) -> tuple[Extent, ...] | None:
-    holes = tuple(_HOLE.unpack_from(raw, HEADER_SIZE + i * _HOLE.size) for i in range(n_holes))
+def _holes(raw: bytes, at: int, start: int, length: int,
+           n_holes: int) -> tuple[Extent, ...] | None:
+    holes = tuple(_HOLE.unpack_from(raw, at + i * _HOLE.size) for i in range(n_holes))
     pos = start
     for offset, n in holes:
         if offset < pos or n <= 0:
@@ -157,12 +246,14 @@ def _holes(raw: bytes, start: int, length: int, n_holes: int) -> tuple[Extent, .
 def read_header(fd: int) -> bytes:
     """The header and hole table at the start of journal file ``fd`` (not the payload)."""
     head = os.pread(fd, HEADER_SIZE, 0)
-    if len(head) < HEADER_SIZE:
+    header = _header_of(head)
+    if header is None or len(head) < header.size:
         return head
-    n_holes = _HEADER.unpack_from(head)[4]  # unchecked: decode_header checks it
+    head = head[: header.size]
+    n_holes = header.unpack_from(head)[4]  # unchecked: decode_header checks it
     if not 0 <= n_holes <= _MAX_HOLES:
         return head
-    return head + os.pread(fd, n_holes * _HOLE.size, HEADER_SIZE)
+    return head + os.pread(fd, n_holes * _HOLE.size, header.size)
 
 
 def hole_extents(fd: int, lo: int, hi: int) -> tuple[Extent, ...]:

@@ -198,7 +198,8 @@ class MappedFileStorage(StorageBase):
             return  # the file was never touched: nothing to undo
         state = self._live_state()
         data = np.ascontiguousarray(handle.buffer).reshape(-1).view(np.uint8)
-        state.commit(self.byte_offset + region.lo * self.dtype.itemsize, data.data)
+        state.commit(self.byte_offset + region.lo * self.dtype.itemsize, data.data,
+                     mode=self.mode)
         self.commits += 1
 
     def _warn_if_sparse(self, region: Region) -> None:
