@@ -5,7 +5,9 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 import pathlib
+import struct
 import subprocess
 import sys
 import textwrap
@@ -69,6 +71,8 @@ def _check_schema(doc: dict[str, Any]) -> None:
             assert math.isclose(case["uni_gb_per_s"], case["bytes"] / case["uni_s"] / 1e9)
     for error in doc["errors"]:
         assert set(error) == {"module", "error", "traceback"}
+    for skip in doc["skipped"]:
+        assert set(skip) == {"module", "extra", "missing", "reason"}
 
 
 def test_json_of_a_real_quick_module_follows_the_schema(tmp_path: pathlib.Path,
@@ -155,6 +159,56 @@ def test_plot_png_is_written(tmp_path: pathlib.Path) -> None:
     assert data.startswith(b"\x89PNG") and len(data) > 5_000
 
 
+def _png_size(path: pathlib.Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = struct.unpack(">II", header[16:24])
+    return width, height
+
+
+# The docs' figure comes from a real `uni bench --quick --json` run: real ratios, every module.
+REAL_RUN = json.loads((REPO / "docs" / "img" / "bench-quick.json").read_text())
+
+
+def test_the_plot_has_a_panel_per_module_and_fits_1600_pixels(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("matplotlib")
+    cases = REAL_RUN["cases"]
+    modules = list(dict.fromkeys(c["module"] for c in cases))
+    fig = _bench.figure(cases, "a real run")
+    titles = [ax.get_title(loc="left").split()[0] for ax in fig.axes]
+    assert sorted(titles) == sorted(modules) and len(modules) >= 10
+    for ax in fig.axes:  # one bar per case of its module, parity marked
+        module = ax.get_title(loc="left").split()[0]
+        assert len(ax.patches) == sum(c["module"] == module for c in cases)
+        assert any(list(line.get_xdata()) == [1.0, 1.0] for line in ax.get_lines())
+    png = tmp_path / "bench.png"
+    _bench.plot(str(png), cases, "a real run")
+    width, height = _png_size(png)
+    assert width <= 1600 and height <= 1600
+
+    # Twice as many modules and cases still fit.
+    more = cases + [{**c, "module": f"{c['module']}_again"} for c in cases]
+    _bench.plot(str(png), more, "twice the run")
+    width, height = _png_size(png)
+    assert width <= 1600 and height <= 1600
+
+
+def test_outliers_are_clipped_with_their_value_printed() -> None:
+    pytest.importorskip("matplotlib")
+    cases = [{"module": "m", "case": name, "reference": "r", "ratio": ratio}
+             for name, ratio in (("slow", 7.8e-6), ("even", 1.0), ("fast", 1e4), ("half", 0.5))]
+    fig = _bench.figure(cases, "outliers")
+    (ax,) = fig.axes
+    low, high = ax.get_xlim()
+    assert _bench.CLIP_LOW <= low < 0.5 and 1.0 < high <= _bench.CLIP_HIGH
+    texts = [t.get_text() for t in ax.texts]
+    assert "\u00ab 7.8e-06x (off the axis)" in texts and "1e+04x (off the axis) \u00bb" in texts
+    assert "0.50x" in texts and "1.00x" in texts
+    # Every bar ends inside the axis: the clipped ones at its edges.
+    ends = sorted(p.get_x() + p.get_width() for p in ax.patches)
+    assert ends[0] == pytest.approx(low) and ends[-1] == pytest.approx(high)
+
+
 def test_plot_without_matplotlib_exits_2(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail on purpose
@@ -178,3 +232,40 @@ def test_a_benchmark_still_runs_as_a_script() -> None:
                            "--quick", "--number", "500", "--repeats", "5"],
                           capture_output=True, text=True, timeout=120, check=True)
     assert "ratio" in done.stdout and "with threading.Lock()" in done.stdout
+
+
+def test_a_benchmark_whose_extra_is_missing_is_skipped_naming_it(tmp_path: pathlib.Path) -> None:
+    # The test double: a sitecustomize that makes `import dask` fail, as on a plain install.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text('import sys\nsys.modules["dask"] = None\n')
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run([str(pathlib.Path(sys.executable).parent / "uni"), "bench", "--quick",
+                           "--only", "dask,lease", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert ("uni bench: skipped bench_dask needs the [dask] extra (no module named 'dask'): "
+            "pip install 'uni[dask]'") in done.stderr
+    doc = json.loads(out.read_text())
+    _check_schema(doc)
+    assert doc["errors"] == []
+    assert [(s["module"], s["extra"], s["missing"]) for s in doc["skipped"]] == [
+        ("dask", "dask", "dask")]
+    assert {c["module"] for c in doc["cases"]} == {"lease"}  # the others still ran
+
+
+@pytest.mark.parametrize(("name", "extra"), [
+    ("dask", "dask"), ("distributed.client", "dask"), ("zarr", "dask"),
+    ("matplotlib.pyplot", "bench"), ("cuda.bindings", "cuda-compile"), ("numpy", None),
+    ("no_such_module", None), (None, None)])
+def test_extra_for_reads_uni_s_own_extras(name: str | None, extra: str | None) -> None:
+    assert _bench.extra_for(name) == extra
+
+
+def test_a_missing_module_of_no_extra_is_a_failure(tmp_path: pathlib.Path) -> None:
+    suite = _suite(tmp_path, typo="import numpyy\n\ndef run(quick=False):\n    return []\n")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--suite", str(suite), "--json", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["skipped"] == [] and [e["module"] for e in doc["errors"]] == ["typo"]

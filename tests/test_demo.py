@@ -226,10 +226,14 @@ def test_json_of_a_failed_pipeline_names_the_error(tmp_path: pathlib.Path,
 
 def test_json_to_a_place_that_cannot_be_written_is_refused_first(
         tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # tests/test_cli.py runs these refusals through the real `uni` command.
     for path in (tmp_path / "missing" / "demo.json", tmp_path):
-        assert main([*SMALL, "--json", str(path)]) == 2
+        with pytest.raises(SystemExit) as caught:
+            main([*SMALL, "--json", str(path)])
+        assert caught.value.code == 2
         captured = capsys.readouterr()
-        assert f"--json {path}: expected a file in a writable directory" in captured.err
+        assert (f"argument --json: expected a file in a writable directory, got '{path}'"
+                in captured.err)
         assert captured.out == ""
 
 
@@ -258,8 +262,11 @@ def test_blas_threads_apply_to_the_runs_and_are_restored(
     assert main([*SMALL, "--blas-threads", "1"]) == 0
     assert "1 thread per call" in capsys.readouterr().out
     assert [lib["threads"] for lib in _machine.blas()] == before
-    assert main([*SMALL, "--blas-threads", "0"]) == 2
-    assert "--blas-threads must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:
+        main([*SMALL, "--blas-threads", "0"])
+    assert caught.value.code == 2
+    assert "argument --blas-threads: expected a whole number >= 1, got '0'" in (
+        capsys.readouterr().err)
 
 
 def test_the_blas_line_names_the_library_the_blas_backend_calls() -> None:

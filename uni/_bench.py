@@ -6,6 +6,10 @@ was compared with), ``reference_s`` (its median seconds, measured in the same ru
 optionally ``bytes`` (moved per run) and ``notes``. The ratio is ``reference_s / uni_s``:
 above 1, uni is faster.
 
+A module whose import (or ``run``) fails for a package of one of uni's extras that is not
+installed (``bench_dask`` without ``uni[dask]``) is skipped with a line naming the extra, and
+listed under ``skipped`` in the JSON; it does not fail the run.
+
 Where the suite is: ``benchmarks/`` lives in the source repository, not in the installed
 package, so ``uni bench`` looks, in order, at ``--suite DIR``, ``$UNI_BENCHMARKS``,
 ``./benchmarks`` (run from a checkout), and the ``benchmarks/`` beside the ``uni`` package
@@ -18,10 +22,13 @@ The JSON file (``--json``; schema ``uni-bench``, ``version`` 1) is documented in
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import importlib.util
 import json
 import math
+import re
 import sys
+import textwrap
 import time
 import traceback
 from collections.abc import Sequence
@@ -43,6 +50,48 @@ REQUIRED = {"case": str, "uni_s": float, "reference": str, "reference_s": float}
 
 class BenchRefused(Exception):
     """``uni bench`` cannot run as asked (exit status 2)."""
+
+
+class MissingExtra(ModuleNotFoundError):
+    """A benchmark needs a package of one of uni's extras that is not installed: it is skipped."""
+
+    def __init__(self, module: str, missing: str, extra: str) -> None:
+        super().__init__(f"bench_{module} needs the [{extra}] extra (no module named "
+                         f"{missing!r}): pip install 'uni[{extra}]'", name=missing)
+        self.module, self.missing, self.extra = module, missing, extra
+
+    def record(self) -> dict[str, str]:
+        """The entry of the JSON's ``skipped`` list."""
+        return {"module": self.module, "extra": self.extra, "missing": self.missing,
+                "reason": str(self)}
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def extra_for(import_name: str | None) -> str | None:
+    """The extra of uni's package metadata that installs the top-level module ``import_name``.
+
+    A requirement matches when its distribution is named like the module (``dask``, ``zarr``,
+    ``matplotlib``) or like the module and a suffix (``cuda`` -> ``cuda-core``); None when no
+    extra installs it (then a failed import is a broken benchmark, not a skipped one).
+    """
+    if not import_name:
+        return None
+    top = _normal(import_name.split(".")[0])
+    try:
+        requirements = importlib.metadata.requires("uni") or []
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return None
+    for requirement in requirements:
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
+        if name and extra and _normal(name.group()) != "uni":
+            distribution = _normal(name.group())
+            if distribution == top or distribution.startswith(top + "-"):
+                return extra.group(1)
+    return None
 
 
 def find_suite(explicit: str | None) -> Path:
@@ -85,6 +134,20 @@ def load(name: str, path: Path) -> ModuleType:
     if not callable(getattr(module, "run", None)):
         raise TypeError(f"{path} has no run(quick: bool = False) -> list[dict]")
     return module
+
+
+def run_module(name: str, path: Path, quick: bool) -> list[dict[str, Any]]:
+    """Load one module and run it: its validated cases.
+
+    Raises ``MissingExtra`` where a package of one of uni's extras cannot be imported, at the
+    module's import or inside its ``run`` (where a module imports one lazily).
+    """
+    try:
+        return validate(name, load(name, path).run(quick=quick))
+    except ModuleNotFoundError as err:
+        if (extra := extra_for(err.name)) is None:
+            raise
+        raise MissingExtra(name, err.name or "", extra) from err
 
 
 def validate(name: str, cases: Any) -> list[dict[str, Any]]:
@@ -143,36 +206,142 @@ def table(cases: Sequence[dict[str, Any]], title: str) -> Table:
     return t
 
 
-def plot(path: str, cases: Sequence[dict[str, Any]], title: str) -> None:
-    """A horizontal bar per case: its ratio on a log axis, 1 (parity) marked."""
-    from matplotlib.figure import Figure  # optional (the bench extra): only for --plot
-    from matplotlib.ticker import FuncFormatter  # optional, as above
+#: The plot's ratio axis: parity (1x) in the middle, and bars beyond these bounds clipped at
+#: them with their value printed (the cliffs' "before" cases reach 1e-5: on an axis stretched
+#: that far every other bar would be a sliver beside parity).
+CLIP_LOW, CLIP_HIGH = 0.01, 100.0
+#: The plot's pixel budget (at DPI): no more than this wide and tall.
+PLOT_INCHES, PLOT_DPI = 16.0, 100
+#: How the bars are coloured, as the table does: (lowest ratio, colour, legend).
+BANDS = ((0.95, "#3a8f4c", "uni faster, or within 5%"),
+         (0.5, "#e3a12f", "uni up to 2x slower"),
+         (0.0, "#c4463a", "uni more than 2x slower"))
 
-    modules = sorted({c["module"] for c in cases})
-    colours = {m: f"C{i % 10}" for i, m in enumerate(modules)}
-    fig = Figure(figsize=(10, 1.2 + 0.28 * len(cases)), layout="constrained")
-    ax = fig.subplots()
-    labels = [f"{c['module']}: {c['case']} vs {c['reference']}" for c in cases]
+
+def _groups(cases: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(module, its cases) in the order the modules first appear."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for c in cases:
+        out.setdefault(c["module"], []).append(c)
+    return list(out.items())
+
+
+def _columns(sizes: Sequence[float], columns: int) -> list[list[int]]:
+    """Deal panels of these heights into ``columns`` of about equal height (the figure is as
+    tall as its tallest column): the tallest panel first, each to the shortest column so far;
+    each column keeps the panels in their order."""
+    runs: list[list[int]] = [[] for _ in range(max(1, min(columns, len(sizes))))]
+    heights = [0.0] * len(runs)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        shortest = heights.index(min(heights))
+        runs[shortest].append(i)
+        heights[shortest] += sizes[i]
+    return [sorted(run) for run in runs]
+
+
+def _label(case: dict[str, Any], shared: bool) -> str:
+    """The case, and below it what it was compared with (unless the panel's title says)."""
+    lines = textwrap.wrap(case["case"], 48, break_on_hyphens=False)
+    if not shared:
+        lines += textwrap.wrap(f"vs {case['reference']}", 48, break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def _rows(group: Sequence[dict[str, Any]]) -> tuple[list[str], list[float], float]:
+    """A panel's labels, the centre of each row and the panel's height, in lines of text:
+    every row is as tall as its label, and at least two lines (the bars keep one thickness)."""
+    shared = len({c["reference"] for c in group}) == 1
+    labels = [_label(c, shared) for c in group]
+    heights = [max(2.0, label.count("\n") + 1.0) + 0.3 for label in labels]
+    centres = [sum(heights[:i]) + h / 2 for i, h in enumerate(heights)]
+    return labels, centres, sum(heights)
+
+
+def _ticks(low: float, high: float) -> list[float]:
+    decades = math.log10(high / low)
+    steps = (1.0, 2.0, 5.0) if decades <= 3.2 else (1.0, 3.0) if decades <= 5 else (1.0,)
+    return [t * 10.0**e for e in range(-3, 4) for t in steps if low <= t * 10.0**e <= high]
+
+
+def figure(cases: Sequence[dict[str, Any]], title: str) -> Any:
+    """The ratios as a matplotlib Figure: one panel per module (``plot`` writes it)."""
+    from matplotlib.figure import Figure  # optional (the bench extra): only for --plot
+    from matplotlib.patches import Patch  # optional, as above
+    from matplotlib.ticker import NullFormatter, NullLocator  # optional, as above
+
+    groups = _groups(cases)
+    rows = [_rows(group) for _, group in groups]
+    # A panel's height in lines of text: its rows, plus its title and axis.
+    sizes = [r[2] + 3.4 for r in rows]
+    # Two columns where one would shrink the text; not three: the labels need the width.
+    columns = 1 if sum(sizes) <= 90 or len(groups) == 1 else 2
+    runs = _columns(sizes, columns)
+    tallest = max(sum(sizes[i] for i in run) for run in runs)
+    line_in = 0.15  # inches per line of 8-point text, with its spacing
+    height = min(PLOT_INCHES, max(3.5, 1.4 + tallest * line_in))
+    font = max(5.5, min(8.0, 8.0 * (height - 1.4) / (tallest * line_in)))
+    width = PLOT_INCHES if columns == 2 else 10.0
+    fig = Figure(figsize=(width, height), dpi=PLOT_DPI, layout="constrained")
     ratios = [c["ratio"] for c in cases]
-    # Bars grow from parity: right of 1 uni is faster, left of it slower.
-    ax.barh(range(len(cases)), [r - 1.0 for r in ratios], left=1.0,
-            color=[colours[c["module"]] for c in cases])
-    for y, r in enumerate(ratios):
-        ax.annotate(f"{r:.2f}x", (r, y), xytext=(3 if r >= 1 else -3, 0),
-                    textcoords="offset points", va="center", ha="left" if r >= 1 else "right",
-                    fontsize=6)
-    ax.set_yticks(range(len(cases)), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("reference time / uni time (log scale; above 1: uni is faster)")
-    low, high = min(min(ratios), 1.0) / 1.8, max(max(ratios), 1.0) * 1.8
-    ax.set_xlim(low, high)
-    ticks = [t * 10.0**e for e in range(-4, 5) for t in (1, 2, 5) if low <= t * 10.0**e <= high]
-    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    ax.xaxis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
-    fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=110)
+    low = max(min(min(ratios), 0.5) / 1.5, CLIP_LOW)
+    high = min(max(max(ratios), 2.0) * 1.5, CLIP_HIGH)
+    subfigs = fig.subfigures(1, columns, squeeze=False)[0]
+    for subfig, run in zip(subfigs, runs, strict=True):
+        # Constrained layout gives each panel's title and ticks their own room, so the axes
+        # share the height by rows alone: one line pitch in every panel.
+        axes = subfig.subplots(len(run), 1, squeeze=False,
+                               height_ratios=[rows[i][2] for i in run])[:, 0]
+        for ax, i in zip(axes, run, strict=True):
+            module, group = groups[i]
+            references = {c["reference"] for c in group}
+            shared = len(references) == 1
+            labels, ys, lines = rows[i]
+            values = [c["ratio"] for c in group]
+            shown = [min(max(r, low), high) for r in values]
+            colours = [next(colour for bound, colour, _ in BANDS if r >= bound) for r in values]
+            # Bars grow from parity: right of 1x uni is faster, left of it slower.
+            ax.barh(ys, [s - 1.0 for s in shown], left=1.0, color=colours, height=1.4)
+            for y, r, s in zip(ys, values, shown, strict=True):
+                # Two significant digits below 0.1x too: "0.012x", not "0.01x".
+                text = f"{r:.2f}x" if 0.1 <= r < 100 else f"{r:.2g}x"
+                if s != r:
+                    text = f"\u00ab {text} (off the axis)" if r < s else f"{text} (off the axis) \u00bb"
+                # By an edge of the axis (clipped, or nearly) the value goes inside the bar.
+                if min(math.log10(s / low), math.log10(high / s)) < 0.4:
+                    ax.annotate(text, (s, y), xytext=(4 if r < 1 else -4, 0),
+                                textcoords="offset points", va="center",
+                                ha="left" if r < 1 else "right", fontsize=font,
+                                color="white", fontweight="bold")
+                else:
+                    ax.annotate(text, (s, y), xytext=(3 if r >= 1 else -3, 0),
+                                textcoords="offset points", va="center",
+                                ha="left" if r >= 1 else "right", fontsize=font)
+            ax.set_yticks(ys, labels, fontsize=font)
+            ax.set_ylim(lines, 0.0)
+            ax.set_xscale("log")
+            ax.set_xlim(low, high)
+            ticks = _ticks(low, high)
+            ax.set_xticks(ticks, [f"{t:g}x" for t in ticks], fontsize=font)
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+            ax.set_axisbelow(True)
+            ax.axvline(1.0, color="black", linewidth=1.0)
+            heading = module if not shared else f"{module}  (vs {next(iter(references))})"
+            ax.set_title(heading, loc="left", fontsize=font + 1, fontweight="bold")
+            ax.tick_params(axis="y", length=0)
+        axes[-1].set_xlabel("reference time / uni time (log scale; right of 1x: uni is faster)",
+                            fontsize=font)
+    handles = [Patch(color=colour, label=label) for _, colour, label in BANDS]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(BANDS), fontsize=font + 1,
+               frameon=False)
+    fig.suptitle(title, fontsize=font + 2)
+    return fig
+
+
+def plot(path: str, cases: Sequence[dict[str, Any]], title: str) -> None:
+    """Write ``figure(cases, title)``: at most PLOT_INCHES x PLOT_DPI pixels each way."""
+    figure(cases, title).savefig(path, dpi=PLOT_DPI)
 
 
 def _blas_summary(machine: dict[str, Any]) -> str:
@@ -206,13 +375,16 @@ def run(*, quick: bool = False, json_path: str | None = None, plot_path: str | N
     started = time.perf_counter()
     cases: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
+    skipped: list[MissingExtra] = []
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("benchmarks", total=len(modules))
         for name, path in modules:
             bar.update(task, description=f"bench_{name}")
             try:
-                cases += validate(name, load(name, path).run(quick=quick))
+                cases += run_module(name, path, quick)
+            except MissingExtra as missing:
+                skipped.append(missing)
             except Exception as err:
                 errors.append({"module": name, "error": f"{type(err).__name__}: {err}",
                                "traceback": traceback.format_exc()})
@@ -224,6 +396,8 @@ def run(*, quick: bool = False, json_path: str | None = None, plot_path: str | N
     title = (f"uni bench{' --quick' if quick else ''}: {machine['cpu_model']}, {cpu['usable']} "
              f"cores; ratio = reference time / uni time (above 1: uni is faster); {wall:.0f} s")
     console.print(table(cases, title))
+    for skip in skipped:
+        errors_console.print(f"uni bench: skipped {escape(str(skip))}")
     for e in errors:
         errors_console.print(f"uni bench: bench_{e['module']} failed: {escape(e['error'])}")
     if json_path is not None:
@@ -238,6 +412,7 @@ def run(*, quick: bool = False, json_path: str | None = None, plot_path: str | N
             "machine": machine,
             "cases": cases,
             "errors": errors,
+            "skipped": [skip.record() for skip in skipped],
         }
         Path(json_path).write_text(json.dumps(document, indent=2) + "\n")
         console.print(f"results written to {json_path}")
