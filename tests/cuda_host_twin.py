@@ -44,78 +44,16 @@ from uni._calls import GemmCall, GemvCall
 from uni.cuda import _codegen, _launch_plan
 from uni.cuda._codegen import KernelSource
 from uni.cuda._launch_plan import Launch
+from uni.cuda._sim import _twin
 
 CXX = os.environ.get("CXX", "g++")
 FLAGS = ("-std=c++17", "-O1", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-fast-math",
          "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-Wno-unused-function")
 
-HOST_PRELUDE = r"""// uni host twin: the launch grid, emulated on the CPU.
-#define UNI_HOST_TWIN 1
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-#include <vector>
-struct uni_dim3 { unsigned x, y, z; };
-static thread_local uni_dim3 blockIdx, threadIdx, blockDim, gridDim;
-#define UNI_KERNEL extern "C" void
-#define UNI_FN inline
-#define UNI_SHARED static
-struct uni_twin_barrier {
-  std::mutex m; std::condition_variable cv; unsigned count, waiting = 0, generation = 0;
-  explicit uni_twin_barrier(unsigned n) : count(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(m);
-    const unsigned gen = generation;
-    if (++waiting == count) { waiting = 0; ++generation; cv.notify_all(); return; }
-    cv.wait(lock, [&] { return gen != generation; });
-  }
-};
-static thread_local uni_twin_barrier* uni_twin_block_barrier = nullptr;
-#define UNI_SYNC() uni_twin_block_barrier->wait()
-// One function runs every twin (no template: one copy of the std::thread machinery).
-typedef void (*uni_twin_body)(void**);
-static void uni_twin_run(const unsigned* geometry, bool threads, uni_twin_body body,
-                         void** params) {
-  const uni_dim3 grid = {geometry[0], geometry[1], geometry[2]};
-  const uni_dim3 block = {geometry[3], geometry[4], geometry[5]};
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-  for (unsigned by = 0; by < grid.y; ++by)
-  for (unsigned bx = 0; bx < grid.x; ++bx) {
-    auto thread_body = [=](unsigned tx, unsigned ty, unsigned tz, uni_twin_barrier* b) {
-      gridDim = grid; blockDim = block; blockIdx = {bx, by, bz}; threadIdx = {tx, ty, tz};
-      uni_twin_block_barrier = b;
-      body(params);
-    };
-    if (!threads) {
-      for (unsigned tz = 0; tz < block.z; ++tz)
-      for (unsigned ty = 0; ty < block.y; ++ty)
-      for (unsigned tx = 0; tx < block.x; ++tx) thread_body(tx, ty, tz, nullptr);
-      continue;
-    }
-    uni_twin_barrier barrier(block.x * block.y * block.z);
-    std::vector<std::thread> workers;
-    for (unsigned tz = 0; tz < block.z; ++tz)
-    for (unsigned ty = 0; ty < block.y; ++ty)
-    for (unsigned tx = 0; tx < block.x; ++tx)
-      workers.emplace_back(thread_body, tx, ty, tz, &barrier);
-    for (auto& w : workers) w.join();
-  }
-}
-"""
-
-
-def _launcher(kernel: KernelSource) -> str:
-    args = ", ".join(f"*({p.ctype}*)params[{i}]" for i, p in enumerate(kernel.params))
-    threads = "true" if kernel.uses_sync else "false"
-    return (f"static void body_{kernel.name}(void** params) {{ {kernel.name}({args}); }}\n"
-            f'extern "C" void twin_{kernel.name}(void** params, const unsigned* geometry) {{\n'
-            f"  uni_twin_run(geometry, {threads}, body_{kernel.name}, params);\n}}\n")
-
-
-def twin_source(kernels: Sequence[KernelSource]) -> str:
-    """One host translation unit: the host prelude, the kernels, their launchers."""
-    return (HOST_PRELUDE + _codegen.translation_unit(kernels) + "\n"
-            + "\n".join(_launcher(k) for k in kernels))
+# The host prelude, the launchers and the translation unit are the simulated device's own
+# (uni.cuda._sim._twin): the twins these tests build are the kernels the simulator runs.
+HOST_PRELUDE = _twin.HOST_PRELUDE
+twin_source = _twin.twin_source
 
 
 def cache_dir() -> pathlib.Path:

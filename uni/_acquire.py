@@ -25,6 +25,7 @@ from uni._access import (
     release_from_finalizer,
 )
 from uni._core import normalize_timeout, running_library, unsupported_loop
+from uni._core._owners import TaskOwner
 from uni._errors import DomainError, LeaseError
 from uni._handle import HOST, Domain, HostHandle
 from uni._lease import (
@@ -231,6 +232,8 @@ class PendingAcquisition(Generic[L]):
                 f"acquire_{spec.storage.domain.value}_{spec.mode}_access_async(...)")
         self._state = "awaiting"
         await access.wait_async(library=library)
+        # Granted: from now on a time-out behind it names this task (SPEC §4: who holds it).
+        access.request.owner_thread = TaskOwner(library)
         # Before opening: a handle the opener made would never be handed back.
         access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
         await access.open_async()

@@ -42,7 +42,7 @@ from uni._core import (
     wait_callback_async,
 )
 from uni._dispatch import SLOW_BACKEND, decided, walk
-from uni._errors import KernelDispatchError, LeaseConflictError
+from uni._errors import KernelDispatchError, LeaseConflictError, LeaseTimeoutError
 from uni._handle import HOST, HostHandle
 from uni._mapping import best_mapping, layout_right
 from uni._mdspec import MdSpan
@@ -601,9 +601,11 @@ class OpFuture:
     def result(self, timeout: float | None = None) -> Any:
         """Block this thread until the operation finished; re-raise its error.
 
-        Raises TimeoutError (naming the operation) when ``timeout`` seconds pass first, and
-        LeaseConflictError when the operation waits for a lease this very thread holds (it
-        could never finish while this thread waits for it).
+        Raises LeaseTimeoutError (a TimeoutError naming the operation, the lease it waits
+        for and who holds the data) when ``timeout`` seconds pass while it waits for a lease,
+        TimeoutError when it is running still, and LeaseConflictError when the operation
+        waits for a lease this very thread holds (it could never finish while this thread
+        waits for it).
         """
         job = self._job
         if job is not None and not self._completion.done():
@@ -616,10 +618,18 @@ class OpFuture:
         try:
             return self._completion.result(timeout)
         except concurrent.futures.TimeoutError:
+            pass
+        waiting = None if job is None else next(
+            (a for a in job.access._accesses() if not a.request.granted
+             and not a.request.released), None)
+        if waiting is None:
             raise TimeoutError(
                 f"uni.{self.op}_async did not finish within {timeout} s: {self._described} is still "
-                "waiting for its leases or running"
-            ) from None
+                "waiting for its leases or running") from None
+        raise LeaseTimeoutError(
+            f"uni.{self.op}_async did not finish within {timeout} s: {self._described} is still "
+            f"waiting for its leases: its {waiting.spec} waits for what is "
+            f"{waiting.queue.waits_for(waiting.request)}") from None
 
     def __await__(self) -> Generator[Any, None, Any]:
         completion = self._completion

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import enum
 import threading
 from typing import Final
 
-__all__ = ["CURRENT_THREAD", "Owner", "current_owner"]
+import trio
+
+__all__ = ["CURRENT_THREAD", "Owner", "TaskOwner", "current_owner"]
 
 
 class _Sentinel(enum.Enum):
@@ -36,6 +39,41 @@ class Owner:
 
     def __repr__(self) -> str:
         return f"<uni owner in thread {self.name!r}>"
+
+    def describe(self) -> str:
+        """Who this is, for messages: ``thread 'MainThread'``."""
+        return f"thread {self.name!r}"
+
+
+class TaskOwner(Owner):
+    """The trio or asyncio task holding an awaited lease, for messages (``describe``).
+
+    Never the calling context's token: an awaited lease is nobody's for self-deadlock
+    detection (a task never deadlocks a thread), but a time-out behind it still names who
+    holds the data.
+    """
+
+    __slots__ = ("task",)
+
+    def __init__(self, library: str) -> None:
+        super().__init__()
+        self.task = f"{library} task {_task_name(library)!r}"
+
+    def __repr__(self) -> str:
+        return f"<uni owner: {self.describe()}>"
+
+    def describe(self) -> str:
+        return f"{self.task} in thread {self.name!r}"
+
+
+def _task_name(library: str) -> str:
+    try:
+        if library == "trio":
+            return trio.lowlevel.current_task().name
+        task = asyncio.current_task()
+        return task.get_name() if task is not None else "?"
+    except RuntimeError:  # not inside a task after all
+        return "?"
 
 
 _owner: contextvars.ContextVar[Owner] = contextvars.ContextVar("uni_owner")

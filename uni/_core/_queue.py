@@ -800,6 +800,11 @@ class AccessQueue:
 
     # ------------------------------------------------------------------ internals
 
+    def waits_for(self, req: AccessRequest) -> str:
+        """What ``req`` waits for, in words (``held by ...; queued behind ...``)."""
+        with self._lock:
+            return _describe(self._blockers_locked(req))
+
     def _blockers_locked(self, req: AccessRequest) -> list[AccessRequest]:
         """Earlier requests conflicting with ``req``, the active ones first."""
         lo, hi, write = req.lo, req.hi, req._write
@@ -913,7 +918,7 @@ def _who(req: AccessRequest) -> str:
     text = str(req.holder)
     owner = req.owner_thread
     if owner is not None and " from thread " not in text:
-        text += f" from thread {owner.name!r}"
+        text += f" from {owner.describe()}"
     return text
 
 

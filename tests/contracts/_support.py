@@ -1,0 +1,501 @@
+"""The axes of the contracts (README.md): loops, ways in, storages, plan states, and the
+subject a contract works on.
+
+A contract body is one ``async def body(loop)``. Every way in is driven through awaits, so
+the same body runs under trio, under asyncio, and with no event loop at all: the ``sync``
+loop steps the coroutine by hand and fails if it ever suspends (a sync way must never need a
+loop), and its concurrency is threads where trio's and asyncio's is tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+import uni
+from uni import _prepared
+from uni.storage import MappedFileStorage, Region, StorageBase
+
+BOUND = 10.0  # seconds: only ever reached when something deadlocked
+SHAPE = (4, 3)
+INITIAL = 1.0
+
+Body = Callable[["Loop"], Coroutine[Any, Any, Any]]
+
+
+# -- storages ---------------------------------------------------------------------------------
+class StagingStorage(StorageBase):
+    """A custom storage (docs/custom-storage.md): elements live in a private array; a lease
+    works on a staging copy of ``lo..hi``, copied in on acquire (not for an exact overwrite)
+    and copied back when a write lease succeeds."""
+
+    def __init__(self, size: int, dtype: Any = np.float64) -> None:
+        super().__init__(dtype, size, label="StagingStorage(contracts)")
+        self.data = np.zeros(self.size, self.dtype)
+        self._lock = threading.Lock()  # write-backs of disjoint writers may run at once
+
+    def _stage(self, region: Region, fill: bool) -> uni.HostHandle:
+        n = max(region.hi - region.lo + 1, 0)
+        with self._lock:
+            stage = self.data[region.lo : region.lo + n].copy() if fill else np.empty(n, self.dtype)
+        return uni.HostHandle(stage, region.offset - region.lo, self)
+
+    def acquire_read(self, region: Region) -> uni.HostHandle:
+        return self._stage(region, fill=True)
+
+    def acquire_write(self, region: Region, *, overwrite: bool) -> uni.HostHandle:
+        return self._stage(region, fill=not (overwrite and region.covers_exactly()))
+
+    def release_read(self, region: Region, handle: Any) -> None:
+        pass
+
+    def release_write(self, region: Region, handle: Any, *, error: BaseException | None) -> None:
+        if error is None and not region.empty:
+            with self._lock:
+                self.data[region.lo : region.hi + 1] = handle.buffer
+
+
+STORAGES = ("host", "mapped", "staging", "cuda")
+PLANS = ("fresh", "cached")
+
+
+def make_tensor(storage: str, tmp_path: Any) -> uni.Tensor:
+    size = SHAPE[0] * SHAPE[1]
+    if storage == "host":
+        return uni.zeros(SHAPE)
+    if storage == "mapped":
+        backing = MappedFileStorage(tmp_path / "contract.f64", np.float64, size, mode="w+")
+        return uni.Tensor.from_storage(backing, uni.layout_right(SHAPE))
+    if storage == "staging":
+        return uni.Tensor.from_storage(StagingStorage(size), uni.layout_right(SHAPE))
+    if storage == "cuda":
+        return uni.zeros(SHAPE, device="cuda")
+    raise AssertionError(f"unknown storage {storage!r}")
+
+
+class Failing:
+    """A backend whose kernel fails on purpose: the failing operation of the op ways."""
+
+    name = "failing"
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def probe(self, op: str, signature: Any) -> Any:
+        return uni.Probe.MAYBE
+
+    def try_kernel(self, op: str, call: Any) -> Any:
+        raise self.error
+
+
+# -- loops ------------------------------------------------------------------------------------
+@dataclass
+class Task:
+    """A concurrent activity started by :meth:`Loop.start` (a thread, or a trio/asyncio task)."""
+
+    name: str
+    done: bool = False
+    cancelled: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    _cancel: Callable[[], None] | None = None
+    _join: Callable[[], Coroutine[Any, Any, None]] | None = None
+
+    def cancel(self) -> None:
+        if self._cancel is None:
+            raise AssertionError(f"{self.name}: a thread cannot be cancelled")
+        self._cancel()
+
+    async def join(self) -> Any:
+        assert self._join is not None
+        await self._join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that must never suspend (a sync way's body) to its end."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise AssertionError("a sync way suspended: it awaited something only an event loop runs")
+
+
+class Loop:
+    """How a body runs: ``sync`` (no loop; threads), ``trio`` or ``asyncio`` (tasks)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._nursery: trio.Nursery | None = None
+
+    def __repr__(self) -> str:
+        return self.name
+
+    @property
+    def is_async(self) -> bool:
+        return self.name != "sync"
+
+    def run(self, body: Body) -> Any:
+        if self.name == "sync":
+            return drive(body(self))
+        if self.name == "trio":
+            return trio.run(self._trio_main, body)
+
+        async def bounded() -> Any:
+            return await asyncio.wait_for(body(self), BOUND)
+
+        return asyncio.run(bounded(), debug=True)
+
+    async def _trio_main(self, body: Body) -> Any:
+        with trio.fail_after(BOUND):
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    return await body(self)
+                finally:
+                    self._nursery = None
+
+    def start(self, name: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Task:
+        """Start ``fn()`` beside the body: a thread (sync), a task (trio, asyncio)."""
+        task = Task(name)
+
+        if self.name == "sync":
+            def in_thread() -> None:
+                try:
+                    task.result = drive(fn())
+                except BaseException as err:
+                    task.error = err
+                task.done = True
+
+            thread = threading.Thread(target=in_thread, name=name, daemon=True)
+
+            async def join_thread() -> None:
+                thread.join(BOUND)
+                assert not thread.is_alive(), f"{name} did not finish within {BOUND} s"
+
+            task._join = join_thread
+            thread.start()
+            return task
+
+        if self.name == "trio":
+            assert self._nursery is not None
+            scope = trio.CancelScope()
+            finished = trio.Event()
+
+            async def in_trio() -> None:
+                try:
+                    with scope:
+                        task.result = await fn()
+                    task.cancelled = scope.cancelled_caught
+                except Exception as err:
+                    task.error = err
+                finally:
+                    task.done = True
+                    finished.set()
+
+            async def join_trio() -> None:
+                await finished.wait()
+
+            task._cancel, task._join = scope.cancel, join_trio
+            self._nursery.start_soon(in_trio)
+            return task
+
+        async def in_asyncio() -> None:
+            try:
+                task.result = await fn()
+            except asyncio.CancelledError:
+                task.cancelled = True
+            except Exception as err:
+                task.error = err
+            finally:
+                task.done = True
+
+        future = asyncio.ensure_future(in_asyncio())
+
+        async def join_asyncio() -> None:
+            await asyncio.wait([future])
+
+        def cancel_asyncio() -> None:
+            future.cancel()
+
+        task._cancel, task._join = cancel_asyncio, join_asyncio
+        return task
+
+    async def until(self, predicate: Callable[[], bool], what: str) -> None:
+        """Wait (without timing anything) until ``predicate()`` holds."""
+        deadline = time.monotonic() + BOUND
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"[{self.name}] timed out waiting for {what}")
+            if self.name == "trio":
+                # Everything that can run has run and blocked; then give threads a moment.
+                await trio.testing.wait_all_tasks_blocked()
+                if not predicate():
+                    await trio.sleep(0.0005)
+            elif self.name == "asyncio":
+                await asyncio.sleep(0.0005)
+            else:
+                time.sleep(0.0005)
+
+
+LOOPS = {name: Loop(name) for name in ("sync", "trio", "asyncio")}
+
+
+# -- the subject: one tensor over the storage under test and its named views ----------------------
+#: name -> index into the (4, 3) tensor. "a" is the target (rows 0-1), "a0"/"a1" its rows,
+#: "gap" and "d" are rows of the tensor disjoint from it, "all" overlaps everything.
+VIEWS: dict[str, Any] = {
+    "all": (),
+    "a": slice(0, 2),
+    "a0": 0,
+    "a1": 1,
+    "gap": 2,
+    "d": 3,
+}
+SLOTS = 3  # distinct scratch outputs per view, for op reads that run side by side
+
+
+@dataclass
+class Subject:
+    storage: str
+    plan: str
+    t: uni.Tensor
+    views: dict[str, uni.Tensor] = field(default_factory=dict)
+    sources: dict[str, tuple[np.ndarray[Any, Any], uni.Tensor]] = field(default_factory=dict)
+    scratch: dict[tuple[str, int], tuple[np.ndarray[Any, Any], uni.Tensor]] = field(
+        default_factory=dict)
+
+    @classmethod
+    def build(cls, storage: str, plan: str, tmp_path: Any) -> Subject:
+        t = make_tensor(storage, tmp_path)
+        subject = cls(storage, plan, t)
+        for name, index in VIEWS.items():
+            view = t[index]
+            subject.views[name] = view
+            array = np.zeros(view.shape)
+            subject.sources[name] = (array, uni.from_numpy(array))
+            for slot in range(SLOTS):
+                out = np.zeros(view.shape)
+                subject.scratch[name, slot] = (out, uni.from_numpy(out))
+        src_all = subject.sources["all"]
+        src_all[0][...] = INITIAL
+        uni.copy(src_all[1], t)  # works on every storage, CUDA included
+        return subject
+
+    @property
+    def queue(self) -> Any:
+        return self.t.storage.access_queue
+
+    def view(self, name: str) -> uni.Tensor:
+        return self.views[name]
+
+    @property
+    def host(self) -> bool:
+        return self.storage != "cuda"
+
+    def label(self, name: str) -> str:
+        """How uni names a lease on view ``name`` in messages."""
+        return f"lease on Tensor(shape={self.view(name).shape}, dtype=float64)"
+
+    async def warm(self, way: Way) -> None:
+        """The cached plan state: run the way's reads and writes on these very views often
+        enough that uni's caches apply (a lease plan kept on each view; prepared repeats for
+        operations on plain host memory, made on the second sighting), then restore."""
+        for _ in range(3):
+            for name in VIEWS:
+                await way.write(self, name, INITIAL, overwrite=True)
+                for slot in range(SLOTS):
+                    await way.read(self, name, slot=slot)
+        if way.kind == "op" and self.storage == "host":
+            # Guard against a cached state that silently is not one (uni._prepared is private:
+            # this only checks that the axis means what it says).
+            assert _prepared.lookup("copy", self.sources["a"][1], self.view("a")) is not None
+            assert _prepared.lookup("copy", self.view("a"), self.scratch["a", 0][1]) is not None
+
+
+def assert_idle(subject: Subject) -> None:
+    """Nothing pending, held, running or poisoned in the subject's queue, and a fresh writer
+    over everything is granted at once (timeout=0)."""
+    queue = subject.queue
+    assert queue.pending_count() == 0
+    assert queue.active_count() == 0
+    assert queue.busy_reason() is None, queue.busy_reason()
+    if subject.host:
+        uni.acquire_host_write_access_sync(subject.t, timeout=0).release()
+
+
+# -- ways in ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Way:
+    """One way in: ``kind`` is ``lease`` (acquire_host_*_access) or ``op`` (uni.copy as the
+    writer and the reader), run by ``loop`` (sync forms under ``sync``, awaited ``_async``
+    forms under trio or asyncio)."""
+
+    kind: str
+    loop: Loop
+
+    @property
+    def id(self) -> str:
+        return f"{self.loop.name}-{self.kind}"
+
+    def __repr__(self) -> str:
+        return self.id
+
+    @property
+    def holds(self) -> bool:
+        """Whether a reader can be held open (a lease) rather than run to its end (an op)."""
+        return self.kind == "lease"
+
+    def run(self, subject: Subject, body: Body) -> Any:
+        async def main(loop: Loop) -> Any:
+            if subject.plan == "cached":
+                await subject.warm(self)
+            return await body(loop)
+
+        return self.loop.run(main)
+
+    # A lease on CUDA data is a CUDA lease, with a stream: not these host forms.
+    def _host_only(self, subject: Subject) -> None:
+        if self.kind == "lease" and not subject.host:
+            raise AssertionError("host lease ways do not apply to CUDA data")
+
+    @contextlib.asynccontextmanager
+    async def writing(self, subject: Subject, name: str, *,
+                      overwrite: bool = False) -> AsyncIterator[np.ndarray[Any, Any]]:
+        """A write lease on view ``name``: the writable numpy view of its data."""
+        self._host_only(subject)
+        view = subject.view(name)
+        if self.loop.is_async:
+            async with uni.acquire_host_write_access_async(view, overwrite=overwrite) as lease:
+                yield np.asarray(lease.mdspan())
+        else:
+            with uni.acquire_host_write_access_sync(view, overwrite=overwrite,
+                                                    timeout=BOUND) as lease:
+                yield np.asarray(lease.mdspan())
+
+    @contextlib.asynccontextmanager
+    async def reading(self, subject: Subject, name: str, *, slot: int = 0,
+                      allow_poisoned: bool = False) -> AsyncIterator[np.ndarray[Any, Any]]:
+        """Read view ``name``: a lease's data, held for the block (lease ways), or the values
+        an operation copied out, after it finished (op ways)."""
+        view = subject.view(name)
+        if self.kind == "op" and not allow_poisoned:
+            array, out = subject.scratch[name, slot]
+            if self.loop.is_async:
+                await uni.copy_async(view, out)
+            else:
+                uni.copy(view, out)
+            yield array.copy()
+            return
+        # allow_poisoned is a lease option (operations have none): op ways read anyway
+        # through the lease form of their loop.
+        self._host_only(subject)
+        if self.loop.is_async:
+            async with uni.acquire_host_read_access_async(view, allow_poisoned=allow_poisoned) as lease:
+                yield np.array(lease.mdspan(), copy=True)
+        else:
+            with uni.acquire_host_read_access_sync(view, allow_poisoned=allow_poisoned,
+                                                   timeout=BOUND) as lease:
+                yield np.array(lease.mdspan(), copy=True)
+
+    async def read(self, subject: Subject, name: str, *, slot: int = 0,
+                   allow_poisoned: bool = False) -> np.ndarray[Any, Any]:
+        async with self.reading(subject, name, slot=slot, allow_poisoned=allow_poisoned) as values:
+            return values
+
+    async def write(self, subject: Subject, name: str, value: float, *,
+                    overwrite: bool = False) -> None:
+        """Write ``value`` over view ``name`` (an op's copy is always a full write)."""
+        if self.kind == "lease":
+            async with self.writing(subject, name, overwrite=overwrite) as data:
+                data[...] = value
+            return
+        array, src = subject.sources[name]
+        array[...] = value
+        if self.loop.is_async:
+            await uni.copy_async(src, subject.view(name))
+        else:
+            uni.copy(src, subject.view(name))
+
+    async def fail_write(self, subject: Subject, name: str, error: BaseException) -> None:
+        """A writer of view ``name`` that fails with ``error``: a lease whose block raises
+        halfway through, or an operation whose kernel raises."""
+        if self.kind == "lease":
+            async with self.writing(subject, name) as data:
+                data.flat[0] = -99.0
+                raise error
+        _, src = subject.sources[name]
+        backends = [Failing(error)]
+        if self.loop.is_async:
+            await uni.copy_async(src, subject.view(name), backends=backends)
+        else:
+            uni.copy(src, subject.view(name), backends=backends)
+
+
+def way(kind: str, loop: str) -> Way:
+    return Way(kind, LOOPS[loop])
+
+
+ALL_WAYS = tuple(way(kind, loop) for kind in ("lease", "op") for loop in ("sync", "trio", "asyncio"))
+LEASE_WAYS = tuple(w for w in ALL_WAYS if w.kind == "lease")
+ASYNC_WAYS = tuple(w for w in ALL_WAYS if w.loop.is_async)
+
+
+# -- the grid ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Combo:
+    """One combination of the axes a contract runs over."""
+
+    way: Way
+    storage: str
+    plan: str
+    extra: str = ""  # a contract's own axis (what is asked, who holds), when it has one
+
+    @property
+    def id(self) -> str:
+        parts = [self.way.id, self.storage, self.plan]
+        return "/".join([*parts, self.extra] if self.extra else parts)
+
+
+def grid(ways: Iterable[Way], extras: Iterable[str] = ("",), cuda: bool = False,
+         known: Callable[[Combo], str | None] | None = None) -> list[Any]:
+    """pytest params over ways x storages x plans (x extras), ids naming the combination.
+    ``known(combo)`` names the uni defect a combination shows: it is marked
+    ``xfail(strict=True, raises=AssertionError)``, so the day the defect is fixed it fails and
+    the entry must go. CUDA combinations run only where
+    a device is usable (the ``subject`` fixture skips with the reason) and only for contracts
+    that say ``cuda=True`` with op ways: the host lease forms do not apply to CUDA data."""
+    params = []
+    for w in ways:
+        for storage in STORAGES:
+            for plan in PLANS:
+                for extra in extras:
+                    combo = Combo(w, storage, plan, extra)
+                    marks: list[Any] = []
+                    if storage == "cuda":
+                        marks.append(pytest.mark.cuda)
+                        if not cuda or w.kind == "lease":
+                            marks.append(pytest.mark.skip(reason=CUDA_NOT_WRITTEN))
+                    reason = None if known is None or storage == "cuda" else known(combo)
+                    if reason is not None:
+                        marks.append(pytest.mark.xfail(strict=True, raises=AssertionError,
+                                                       reason=reason))
+                    params.append(pytest.param(combo, id=combo.id, marks=marks))
+    return params
+
+
+CUDA_NOT_WRITTEN = ("needs host leases on the data (a blocker, a holder or the way in itself); "
+                    "CUDA leases take a stream (acquire_cuda_*): not written for CUDA yet")
