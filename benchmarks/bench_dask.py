@@ -1,9 +1,11 @@
 """Benchmark: tiled float64 gemm from Zarr to Zarr on a LocalCluster, uni.dask against dask.
 
-Run:  .venv/bin/python benchmarks/bench_dask.py [--quick]
+Run:  .venv/bin/python benchmarks/bench_dask.py [--quick] [--costs]
 
-C = A @ B with A, B, C Zarr v3 arrays of raw float64 chunks of 1024 x 1024, N = 4096 and
-8192 (``--quick``: N = 2048 only), on a LocalCluster of 2 worker processes x 1 thread with
+C = A @ B with A, B, C Zarr v3 arrays of float64 chunks of 1024 x 1024, N = 4096 and
+8192 (``--quick``: N = 2048 only), raw chunks and, at the smaller N, zstd-compressed ones
+(zarr's default codec, and dask's ``to_zarr``'s: all three stores compressed, for both
+contenders), on a LocalCluster of 2 worker processes x 1 thread with
 1 GiB of memory each (distributed pins BLAS to one thread per worker). Every run gets a fresh
 cluster; the input files sit in the page cache (they were just written).
 
@@ -18,6 +20,11 @@ both, which counts every read() the workers made, so not uni's mapped reads), an
 moved between workers (distributed's ``transfer_outgoing_bytes_total``). Ratio = reference / uni.
 Every run is checked against numpy on the first 64 rows of C. Imports (uni, dask.array, zarr)
 and uni's first-call costs are paid on the workers before the timing, for both contenders.
+
+``--costs`` measures instead the per-tile costs that docs/scale-out.md's "Scale on paper"
+model uses: reading a 1024 x 1024 float64 tile (mapped raw, decoded zstd), one k-step of
+its gemm, committing it (raw, zstd), and the overhead per task of the scheduler and of
+uni.dask's task (tiny tiles, so that data costs nothing).
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ import dask
 import dask.array as da
 import zarr
 from distributed import Client, LocalCluster
-from zarr.codecs import BytesCodec
+from zarr.codecs import BytesCodec, ZstdCodec
 
+import uni
 import uni.dask as ud
 
 TILE = 1024
@@ -49,18 +57,21 @@ WORKER_MEMORY = "1GiB"
 CHECK_ROWS = 64
 
 
-def _raw_array(path: str, n: int) -> Any:
+CODECS: dict[str, Any] = {"raw": None, "zstd": ZstdCodec()}
+
+
+def _array(path: str, n: int, codec: str = "raw") -> Any:
     return zarr.create_array(store=path, shape=(n, n), chunks=(TILE, TILE), dtype="<f8",
-                             compressors=None, filters=None, serializer=BytesCodec(),
+                             compressors=CODECS[codec], filters=None, serializer=BytesCodec(),
                              fill_value=0.0, zarr_format=3, overwrite=True)
 
 
-def _inputs(workdir: str, n: int) -> tuple[str, str]:
+def _inputs(workdir: str, n: int, codec: str = "raw") -> tuple[str, str]:
     rng = np.random.default_rng(n)
     paths = []
     for name in ("a", "b"):
-        path = os.path.join(workdir, f"{name}{n}.zarr")
-        array = _raw_array(path, n)
+        path = os.path.join(workdir, f"{name}{n}{codec}.zarr")
+        array = _array(path, n, codec)
         for i in range(0, n, TILE):  # one row panel at a time: never N x N in memory
             array[i:i + TILE] = rng.standard_normal((min(TILE, n - i), n))
         paths.append(path)
@@ -118,7 +129,8 @@ def _check(path: str, a_path: str, b_path: str) -> float:
     return error
 
 
-def run_uni(workdir: str, a_path: str, b_path: str, n: int) -> dict[str, Any]:
+def run_uni(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
+            ) -> dict[str, Any]:
     c_path = os.path.join(workdir, f"c{n}.zarr")
     with _cluster() as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
@@ -126,7 +138,8 @@ def run_uni(workdir: str, a_path: str, b_path: str, n: int) -> dict[str, Any]:
         before = _counters(client)
         with ud.session(client):
             a, b = ud.open(a_path), ud.open(b_path)
-            c = ud.empty(c_path, (n, n), (TILE, TILE), overwrite=True)
+            c = ud.empty(c_path, (n, n), (TILE, TILE), overwrite=True,
+                         compressors=CODECS[codec])
             start = time.perf_counter()
             ud.gemm(a, b, c).result()
             seconds = time.perf_counter() - start
@@ -139,9 +152,10 @@ def run_uni(workdir: str, a_path: str, b_path: str, n: int) -> dict[str, Any]:
             "rchar": after[0] - before[0], "moved": after[1] - before[1], "error": error}
 
 
-def run_dask(workdir: str, a_path: str, b_path: str, n: int) -> dict[str, Any]:
+def run_dask(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
+             ) -> dict[str, Any]:
     c_path = os.path.join(workdir, f"d{n}.zarr")
-    target = _raw_array(c_path, n)
+    target = _array(c_path, n, codec)
     with _cluster() as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         client.run(_warm_dask)
@@ -161,23 +175,24 @@ def _mib(nbytes: float) -> str:
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    sizes = [2048] if quick else [4096, 8192]
+    cases = ([(2048, "raw"), (2048, "zstd")] if quick
+             else [(4096, "raw"), (8192, "raw"), (4096, "zstd")])
     rows = []
     workdir = tempfile.mkdtemp(prefix="bench_dask_")
     try:
-        for n in sizes:
+        for n, codec in cases:
             reps = 5 if n <= 4096 else 3
-            a_path, b_path = _inputs(workdir, n)
+            a_path, b_path = _inputs(workdir, n, codec)
             ours: list[dict[str, Any]] = []
             theirs: list[dict[str, Any]] = []
             for rep in range(reps):
                 # Alternate who goes first: drift of a shared machine hits both alike.
                 if rep % 2 == 0:
-                    ours.append(run_uni(workdir, a_path, b_path, n))
-                    theirs.append(run_dask(workdir, a_path, b_path, n))
+                    ours.append(run_uni(workdir, a_path, b_path, n, codec))
+                    theirs.append(run_dask(workdir, a_path, b_path, n, codec))
                 else:
-                    theirs.append(run_dask(workdir, a_path, b_path, n))
-                    ours.append(run_uni(workdir, a_path, b_path, n))
+                    theirs.append(run_dask(workdir, a_path, b_path, n, codec))
+                    ours.append(run_uni(workdir, a_path, b_path, n, codec))
             uni_s = statistics.median(r["s"] for r in ours)
             ref_s = statistics.median(r["s"] for r in theirs)
             no_cache = (n // TILE) ** 3 * 2 * TILE * TILE * 8
@@ -196,7 +211,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 f"{max(r['error'] for r in ours + theirs):.1e}"
             )
             rows.append({
-                "case": f"gemm f64 N={n} tile {TILE} Zarr->Zarr",
+                "case": f"gemm f64 N={n} tile {TILE} Zarr->Zarr, {codec} chunks",
                 "uni_s": uni_s,
                 "reference": "(da.from_zarr(A) @ da.from_zarr(B)).to_zarr(C), same cluster shape",
                 "reference_s": ref_s,
@@ -210,10 +225,123 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
+# -- per-tile costs (--costs): the inputs of docs/scale-out.md's "Scale on paper" -----------
+COST_REPS = 7
+TINY_TASKS = 600
+
+
+def _median_s(fn: Any, reps: int = COST_REPS) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _codec_costs(workdir: str, codec: str, x: np.ndarray[Any, Any]) -> dict[str, float]:
+    # On the worker: this script's functions travel by value, and the cache is the worker's.
+    from uni.dask._cache import CACHE  # worker-side (see above)
+    from uni.dask._chunk_storage import chunk_storage  # worker-side (see above)
+
+    t = ud.empty(os.path.join(workdir, f"cost-{codec}.zarr"), (TILE, TILE), (TILE, TILE),
+                 overwrite=True, compressors=CODECS[codec])
+    storage = chunk_storage(t, (0, 0))
+    buffer = CACHE.take(TILE * TILE, np.dtype(np.float64))
+    buffer[...] = x.reshape(-1)
+    epochs = iter(range(1, 1000))
+    costs = {f"commit_{codec}": _median_s(lambda: storage.commit(buffer, next(epochs))),
+             f"read_{codec}": _median_s(lambda: storage.load(None)),  # no cache: every time
+             f"stored_bytes_{codec}": float(os.path.getsize(t.chunk_path((0, 0))))}
+    if codec == "raw":
+        fd = os.open(t.chunk_path((0, 0)), os.O_RDONLY)
+        scratch = np.empty(TILE * TILE)
+        try:
+            costs["read_raw_copy"] = _median_s(
+                lambda: os.preadv(fd, [scratch.view(np.uint8).data], 0))
+        finally:
+            os.close(fd)
+    return costs
+
+
+def _tile_costs(workdir: str) -> dict[str, float]:
+    """On a worker (one BLAS thread): the costs of one 1024 x 1024 float64 tile, in seconds."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((TILE, TILE))
+    costs: dict[str, float] = {}
+    for codec in CODECS:
+        costs.update(_codec_costs(workdir, codec, x))
+    a, b = uni.from_numpy(x), uni.from_numpy(x.T.copy())
+    c = uni.zeros((TILE, TILE))
+    uni.gemm(a, b, c, beta=1.0)
+    costs["gemm_kstep"] = _median_s(lambda: uni.gemm(a, b, c, beta=1.0))
+    return costs
+
+
+def _noop(i: int) -> int:
+    return i
+
+
+def _fill_tiny(out_tile: Any) -> None:
+    with uni.acquire_host_write_access_sync(out_tile, overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = 1.0
+
+
+def _loop_cpu() -> float:
+    """CPU seconds of the thread that runs it: the scheduler's event loop (which, in a
+    LocalCluster, the client shares)."""
+    return time.thread_time()
+
+
+def run_costs() -> dict[str, float]:
+    workdir = tempfile.mkdtemp(prefix="bench_dask_costs_")
+    try:
+        with _cluster() as cluster, Client(cluster) as client:
+            client.wait_for_workers(2)
+            client.run(_warm_uni)
+            costs = client.submit(_tile_costs, workdir, pure=False).result()
+            # Plain dask tasks that do nothing: the scheduler's (and the workers') cost.
+            client.gather(client.map(_noop, range(50), pure=False))
+            cpu0 = client.run_on_scheduler(_loop_cpu)
+            start = time.perf_counter()
+            client.gather(client.map(_noop, range(TINY_TASKS), pure=False))
+            wall = time.perf_counter() - start
+            costs["dask_task_wall"] = wall / TINY_TASKS
+            costs["dask_task_scheduler_cpu"] = (client.run_on_scheduler(_loop_cpu)
+                                                - cpu0) / TINY_TASKS
+            # uni.dask tasks on 1-element tiles: registration, the task, a versioned commit.
+            with ud.session(client):
+                warm = ud.empty(os.path.join(workdir, "warm.zarr"), (50,), (1,))
+                ud.map_tiles(_fill_tiny, warm, overwrite=True).result()
+                tiny = ud.empty(os.path.join(workdir, "tiny.zarr"), (TINY_TASKS,), (1,))
+                cpu0 = client.run_on_scheduler(_loop_cpu)
+                start = time.perf_counter()
+                future = ud.map_tiles(_fill_tiny, tiny, overwrite=True)
+                registered = time.perf_counter() - start
+                future.result()
+                wall = time.perf_counter() - start
+            costs["uni_task_register"] = registered / TINY_TASKS
+            costs["uni_task_wall"] = wall / TINY_TASKS
+            costs["uni_task_scheduler_cpu"] = (client.run_on_scheduler(_loop_cpu)
+                                               - cpu0) / TINY_TASKS
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="N = 2048 only")
+    parser.add_argument("--costs", action="store_true",
+                        help="per-tile and per-task costs (docs/scale-out.md, Scale on paper)")
     args = parser.parse_args()
+    if args.costs:
+        with dask.config.set({"distributed.logging.distributed": "error"}):
+            costs = run_costs()
+        for name, value in costs.items():
+            shown = f"{value / 2**20:.2f} MiB" if "bytes" in name else f"{value * 1e3:.3f} ms"
+            print(f"{name}: {shown}")
+        return
     with dask.config.set({"distributed.logging.distributed": "error"}):
         rows = run(quick=args.quick)
     for row in rows:

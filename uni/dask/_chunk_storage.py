@@ -26,6 +26,7 @@ import uni
 from uni._errors import TileAccessError
 from uni.dask import _layout
 from uni.dask._cache import CACHE, map_file
+from uni.dask._codec import RAW, ChunkCodec, chunk_codec
 from uni.dask._grid import Index, chunk_size, tile_extent
 from uni.storage import Region, StorageBase
 
@@ -120,6 +121,10 @@ class ChunkStorage(StorageBase):
         self._lock = threading.Lock()
         self._covering: dict[int, bool] = {}
         self.leases = 0
+        #: Zarr's codec pipeline of an encoded array (None: raw chunks, mapped as they are).
+        self.codec: ChunkCodec | None = (
+            None if tiled.codecs == RAW
+            else chunk_codec(tiled.path, tiled.store_id, tiled.codecs, tiled.chunks))
 
     # -- reading the store ---------------------------------------------------------------
     def _cache_key(self, epoch: int, st: os.stat_result) -> tuple[Any, ...]:
@@ -137,29 +142,44 @@ class ChunkStorage(StorageBase):
             return _fill_buffer(self.dtype, self.size, self.tiled.fill_value)
         try:
             st = os.fstat(fd)
-            expected = self.size * self.dtype.itemsize
-            if st.st_size != expected:
-                raise uni.LayoutError(
-                    f"chunk file {self.chunk_file} holds {st.st_size} bytes; a raw chunk of "
-                    f"{self.tiled.chunks} {self.dtype.name} elements holds {expected}: the "
-                    "array must use Zarr's bytes codec without compression or sharding"
-                )
             key = None if read_epoch is None else self._cache_key(read_epoch, st)
             if key is not None:
                 hit = CACHE.get(key)
                 if hit is not None:
                     return hit
-            buffer = map_file(fd, expected, self.dtype)
-            if buffer is None:
-                buffer = CACHE.take(self.size, self.dtype)
-                _layout.read_file_into(fd, buffer)
-            CACHE.count_read(expected)
+            if self.codec is not None:
+                buffer = self._decode(fd, st)
+            else:
+                buffer = self._map(fd, st)
         finally:
             os.close(fd)
         if key is not None:
             CACHE.put(key, buffer)
         else:
             buffer.flags.writeable = False
+        return buffer
+
+    def _map(self, fd: int, st: os.stat_result) -> np.ndarray[Any, Any]:
+        expected = self.size * self.dtype.itemsize
+        if st.st_size != expected:
+            raise uni.LayoutError(
+                f"chunk file {self.chunk_file} holds {st.st_size} bytes; a raw chunk of "
+                f"{self.tiled.chunks} {self.dtype.name} elements holds {expected}: the "
+                "array's zarr.json says its chunks are raw (the bytes codec alone)"
+            )
+        buffer = map_file(fd, expected, self.dtype)
+        if buffer is None:
+            buffer = CACHE.take(self.size, self.dtype)
+            _layout.read_file_into(fd, buffer)
+        CACHE.count_read(expected)
+        return buffer
+
+    def _decode(self, fd: int, st: os.stat_result) -> np.ndarray[Any, Any]:
+        assert self.codec is not None
+        data = _layout.read_whole_file(fd, st.st_size)
+        buffer = CACHE.take(self.size, self.dtype)
+        self.codec.decode(data, buffer, f"chunk file {self.chunk_file}")
+        CACHE.count_read(len(data))
         return buffer
 
     def check_poison(self) -> None:
@@ -288,9 +308,12 @@ class ChunkStorage(StorageBase):
         store = self.tiled.path
         _layout.require_array(store)  # a write never creates a store
         os.makedirs(_layout.tmp_dir(store), exist_ok=True)
+        # Encoded before anything is written: a codec that fails leaves no temporary.
+        stored = (buffer if self.codec is None
+                  else self.codec.encode(buffer, f"chunk {self.index} of {store}"))
         tmp = _layout.new_tmp(store, self.tiled.chunk_name(self.index))
         try:
-            _layout.write_new_file(tmp, buffer, durable=self.tiled.durable)
+            _layout.write_new_file(tmp, stored, durable=self.tiled.durable)
             self._before_rename(tmp)
             if epoch is None:
                 _layout.commit_unversioned(self.chunk_file, tmp, durable=self.tiled.durable)
@@ -304,8 +327,18 @@ class ChunkStorage(StorageBase):
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
-        CACHE.count_written(buffer.nbytes)
-        if committed and epoch is not None:
+        CACHE.count_written(stored.nbytes)
+        if committed and epoch is not None and self.codec is not None:
+            # Write-through of the decoded contents: readers of this version on this worker
+            # need not decode the file again (the buffer is then not reused for a while).
+            # The version file is the chunk file's other name (the same inode): unlike the
+            # chunk file, it cannot be a newer commit's by now.
+            try:
+                st = os.stat(os.path.join(_layout.versions_dir(store, self.index), str(epoch)))
+            except FileNotFoundError:
+                return committed
+            CACHE.put(self._cache_key(epoch, st), buffer)
+        elif committed and epoch is not None:
             # Write-through: readers of this version on this worker need not open the file
             # again. What is kept is a map of the file just written (its page-cache pages),
             # so that ``buffer`` can be reused by the next task (see uni.dask._cache).

@@ -39,16 +39,17 @@ def uni_dir(store: str) -> str:
 
 
 def has_array(store: str) -> bool:
-    """Whether ``store`` holds a Zarr v3 array (its ``zarr.json``)."""
-    return os.path.isfile(os.path.join(store, "zarr.json"))
+    """Whether ``store`` holds a Zarr array (its ``zarr.json``, or v2's ``.zarray``)."""
+    return (os.path.isfile(os.path.join(store, "zarr.json"))
+            or os.path.isfile(os.path.join(store, ".zarray")))
 
 
 def require_array(store: str) -> None:
     """Refuse to write into a store that is not there: a write never creates a store."""
     if not has_array(store):
         raise TileAccessError(
-            f"{store}: there is no Zarr array there (no zarr.json): the store was moved or "
-            "deleted; nothing was written (a write never creates a store)")
+            f"{store}: there is no Zarr array there (no zarr.json or .zarray): the store was "
+            "moved or deleted; nothing was written (a write never creates a store)")
 
 
 def tmp_dir(store: str) -> str:
@@ -99,6 +100,19 @@ def read_file_into(fd: int, out: np.ndarray[Any, Any]) -> None:
         if got == 0:
             raise EOFError(f"chunk file ended after {done} of {len(view)} bytes")
         done += got
+
+
+def read_whole_file(fd: int, size: int) -> bytes:
+    """The ``size`` bytes of an open file (an encoded chunk), read to the end."""
+    parts = []
+    done = 0
+    while done < size:
+        got = os.read(fd, size - done)
+        if not got:
+            raise EOFError(f"chunk file ended after {done} of {size} bytes")
+        parts.append(got)
+        done += len(got)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def versions(store: str, index: Index) -> list[int]:
@@ -299,8 +313,8 @@ def sweep(store: str) -> list[str]:
     Run it while nothing writes to the store: a commit in flight owns its temporary.
     """
     store = os.path.abspath(os.fspath(store))
-    if not os.path.exists(os.path.join(store, "zarr.json")):
-        raise FileNotFoundError(f"{store} is not a Zarr v3 array (no zarr.json)")
+    if not has_array(store):
+        raise FileNotFoundError(f"{store} is not a Zarr array (no zarr.json or .zarray)")
     removed: list[str] = []
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(tmp_dir(store)):

@@ -1,6 +1,6 @@
-"""TiledTensor: a small picklable description of a Zarr v3 array with raw chunks.
+"""TiledTensor: a small picklable description of a Zarr array (v3, or v2).
 
-It holds metadata only (store path, shape, chunks, dtype, domain, fill value): it travels to
+It holds metadata only (store path, shape, chunks, dtype, domain, fill value, codecs): it travels to
 workers in task arguments, and ``.tile(index)`` there opens one chunk as a ``uni.Tensor``.
 The data never travels with it.
 """
@@ -22,11 +22,11 @@ import dask.array as da
 import numpy as np
 import zarr
 from zarr.codecs import BytesCodec
-from zarr.core.metadata import ArrayV3Metadata
+from zarr.core.metadata import ArrayV2Metadata, ArrayV3Metadata
 
 import uni
 from uni._errors import TileAccessError
-from uni.dask import _current, _layout
+from uni.dask import _codec, _current, _layout
 from uni.dask._chunk_storage import chunk_storage
 from uni.dask._grid import Index, chunk_name, grid_shape, tile_extent, tile_indices, tile_slices
 
@@ -75,7 +75,10 @@ def _check_domain(instance: TiledTensor, attribute: Any, value: Any) -> None:
 
 @attrs.frozen(repr=False)
 class TiledTensor:
-    """A Zarr v3 array with raw (uncompressed) chunks, described; no data attached.
+    """A Zarr array, described; no data attached.
+
+    Raw chunks (the bytes codec alone) are mapped as they are; any other codecs (compressors,
+    filters, sharding, Zarr v2's) go through Zarr's own codec pipeline, one chunk at a time.
 
     Build one with ``uni.dask.open``, ``empty``, ``zeros``, ``full`` or ``from_dask``.
     """
@@ -95,6 +98,11 @@ class TiledTensor:
     key_separator: str = attrs.field(default="/", validator=attrs.validators.in_(("/", ".")))
     #: fsync every committed chunk before its rename (survives power loss, not only a kill).
     durable: bool = False
+    #: The array's codecs as JSON ("": raw chunks, mapped and never decoded); see
+    #: uni.dask._codec. For a sharded array a chunk here is a whole shard.
+    codecs: str = _codec.RAW
+    #: 3, or 2 for a Zarr v2 array (``.zarray``).
+    zarr_format: int = attrs.field(default=3, validator=attrs.validators.in_((2, 3)))
 
     # -- metadata --------------------------------------------------------------------
     @property
@@ -115,8 +123,14 @@ class TiledTensor:
         return math.prod(self.grid)
 
     @property
+    def encoded(self) -> bool:
+        """Whether chunks go through codecs (compressed, filtered, sharded) rather than raw."""
+        return self.codecs != _codec.RAW
+
+    @property
     def chunk_nbytes(self) -> int:
-        """Bytes of one chunk file (edge chunks are stored full-size, padded)."""
+        """Bytes of one decoded chunk (of a raw chunk file: edge chunks are stored full-size,
+        padded)."""
         return math.prod(self.chunks) * self.dtype.itemsize
 
     def tiles(self) -> Iterator[Index]:
@@ -264,7 +278,7 @@ _checked_lock = threading.Lock()
 
 def _store_key(t: TiledTensor) -> tuple[Any, ...]:
     return (t.path, t.store_id, t.shape, t.chunks, t.dtype.str, repr(t.fill_value),
-            t.key_encoding, t.key_separator)
+            t.key_encoding, t.key_separator, t.codecs, t.zarr_format)
 
 
 def _same_fill(dtype: np.dtype[Any], a: Any, b: Any) -> bool:
@@ -275,7 +289,8 @@ def _same_fill(dtype: np.dtype[Any], a: Any, b: Any) -> bool:
 def _mismatch(t: TiledTensor) -> str | None:
     """What the array at ``t.path`` does not share with ``t`` (None: it is that array)."""
     if not _layout.has_array(t.path):
-        return "there is no Zarr array there (no zarr.json)"
+        return "there is no Zarr array there (no zarr.json)" if t.zarr_format == 3 else (
+            "there is no Zarr array there (no .zarray)")
     try:
         found = open(t.path, domain=t.domain)
     except (OSError, ValueError, uni.UniError) as err:
@@ -283,9 +298,12 @@ def _mismatch(t: TiledTensor) -> str | None:
     if t.store_id and found.store_id != t.store_id:
         return (f"another array is stored there (store id {found.store_id or 'none'}, "
                 f"expected {t.store_id}): it was replaced")
-    for what in ("shape", "chunks", "dtype", "key_encoding", "key_separator"):
+    for what in ("shape", "chunks", "dtype", "key_encoding", "key_separator", "zarr_format"):
         if getattr(found, what) != getattr(t, what):
             return f"the array there has {what} {getattr(found, what)}, expected {getattr(t, what)}"
+    if found.codecs != t.codecs:
+        return (f"the array there stores its chunks through {_codec.names(found.codecs)}, "
+                f"expected {_codec.names(t.codecs)}")
     if not _same_fill(t.dtype, found.fill_value, t.fill_value):
         return f"the array there has fill value {found.fill_value!r}, expected {t.fill_value!r}"
     return None
@@ -298,7 +316,7 @@ def _fill(dtype: np.dtype[Any], value: Any) -> Any:
 
 
 def _create(path: Any, shape: Any, chunks: Any, dtype: Any, fill_value: Any, domain: Any,
-            overwrite: bool, durable: bool) -> TiledTensor:
+            overwrite: bool, durable: bool, compressors: Any = None) -> TiledTensor:
     store_id = uuid.uuid4().hex
     probe = TiledTensor(path, shape, chunks, dtype, domain, 0, store_id, durable=durable)
     dt = probe.dtype
@@ -311,6 +329,7 @@ def _create(path: Any, shape: Any, chunks: Any, dtype: Any, fill_value: Any, dom
             raise FileExistsError(
                 f"{target} exists and is not a Zarr array: uni.dask will not delete it")
         _current.forget_store(target)
+        _codec.forget(target)
         with _checked_lock:  # the old array's description must be checked again
             for key in [k for k in _checked if k[0] == target]:
                 _checked.discard(key)
@@ -318,71 +337,87 @@ def _create(path: Any, shape: Any, chunks: Any, dtype: Any, fill_value: Any, dom
             shutil.rmtree(target)
         else:
             os.unlink(target)
-    zarr.create_array(
-        store=target, shape=probe.shape, chunks=probe.chunks, dtype=dt.newbyteorder("<"),
-        compressors=None, filters=None, serializer=BytesCodec(endian="little"),
-        fill_value=fill, zarr_format=3,
-        attributes={"uni": {"domain": probe.domain.value, "store_id": store_id}},
-    )
+    try:
+        array = zarr.create_array(
+            store=target, shape=probe.shape, chunks=probe.chunks, dtype=dt.newbyteorder("<"),
+            compressors=compressors, filters=None, serializer=BytesCodec(endian="little"),
+            fill_value=fill, zarr_format=3,
+            attributes={"uni": {"domain": probe.domain.value, "store_id": store_id}},
+        )
+    except (TypeError, ValueError, KeyError) as err:
+        if compressors is None:
+            raise
+        raise uni.LayoutError(
+            f"{target}: zarr does not take compressors={compressors!r} ({type(err).__name__}: "
+            f"{err}); pass a zarr.codecs compressor such as zarr.codecs.ZstdCodec(), a list "
+            "of them, or None for raw chunks") from err
     os.makedirs(_layout.tmp_dir(target), exist_ok=True)
-    return attrs.evolve(probe, fill_value=fill)
+    return attrs.evolve(probe, fill_value=fill, codecs=_codec.describe(array.metadata))
 
 
 def empty(path: Any, shape: Any, chunks: Any, dtype: Any = np.float64, *,
           domain: uni.Domain = uni.HOST, overwrite: bool = False,
-          durable: bool = False) -> TiledTensor:
-    """A new Zarr v3 store of raw chunks, nothing written yet.
+          durable: bool = False, compressors: Any = None) -> TiledTensor:
+    """A new Zarr v3 store, nothing written yet: raw chunks, or ``compressors`` (zarr's,
+    e.g. ``zarr.codecs.ZstdCodec()``) applied to every chunk.
 
     # Note: unlike numpy.empty, unwritten chunks read as the fill value (0), as in Zarr.
     """
-    return _create(path, shape, chunks, dtype, 0, domain, overwrite, durable)
+    return _create(path, shape, chunks, dtype, 0, domain, overwrite, durable, compressors)
 
 
 def zeros(path: Any, shape: Any, chunks: Any, dtype: Any = np.float64, *,
           domain: uni.Domain = uni.HOST, overwrite: bool = False,
-          durable: bool = False) -> TiledTensor:
+          durable: bool = False, compressors: Any = None) -> TiledTensor:
     """A new store that reads as zeros (no chunk file is written: the fill value is 0)."""
-    return _create(path, shape, chunks, dtype, 0, domain, overwrite, durable)
+    return _create(path, shape, chunks, dtype, 0, domain, overwrite, durable, compressors)
 
 
 def full(path: Any, shape: Any, chunks: Any, fill_value: Any, dtype: Any = np.float64, *,
          domain: uni.Domain = uni.HOST, overwrite: bool = False,
-         durable: bool = False) -> TiledTensor:
+         durable: bool = False, compressors: Any = None) -> TiledTensor:
     """A new store whose every element reads as ``fill_value`` until written."""
-    return _create(path, shape, chunks, dtype, fill_value, domain, overwrite, durable)
+    return _create(path, shape, chunks, dtype, fill_value, domain, overwrite, durable,
+                   compressors)
 
 
 def open(path: Any, *, domain: uni.Domain | None = None, durable: bool = False) -> TiledTensor:
-    """Describe an existing Zarr v3 array; it must store raw chunks (bytes codec only).
+    """Describe an existing Zarr array: v3 (``zarr.json``) or v2 (``.zarray``), any codecs.
 
-    ``domain`` defaults to the one uni.dask recorded in the store (else ``uni.HOST``).
+    Raw chunks (the little-endian bytes codec alone) are mapped as they are; compressed,
+    filtered, big-endian and v2 chunks are decoded on read and encoded on commit through
+    Zarr's own codecs. A sharded array's tiles are its shards. ``domain`` defaults to the one
+    uni.dask recorded in the store (else ``uni.HOST``).
     """
     target = _abspath(path)
-    if not os.path.exists(os.path.join(target, "zarr.json")):
+    if not _layout.has_array(target):
         raise FileNotFoundError(
-            f"{target} is not a Zarr v3 array (no zarr.json); uni.dask reads Zarr v3 only")
+            f"{target} is not a Zarr array (no zarr.json, and no .zarray of Zarr v2)")
     array = zarr.open_array(target, mode="r")
     meta = array.metadata
-    if not isinstance(meta, ArrayV3Metadata):
-        raise uni.LayoutError(f"{target} is a Zarr v{meta.zarr_format} array; uni.dask needs v3")
-    codecs = tuple(meta.codecs)
-    if len(codecs) != 1 or not isinstance(codecs[0], BytesCodec) or (
-            codecs[0].endian is not None and codecs[0].endian.value != "little"):
-        raise uni.LayoutError(
-            f"{target} stores its chunks through {[type(c).__name__ for c in codecs]}; uni.dask "
-            "maps raw chunks only: the bytes codec (little-endian), no compression, no sharding"
-        )
-    encoding = meta.chunk_key_encoding
-    name = getattr(encoding, "name", "default")
-    separator = getattr(encoding, "separator", "/")
+    if isinstance(meta, ArrayV3Metadata):
+        encoding = meta.chunk_key_encoding
+        name = getattr(encoding, "name", "default")
+        separator = getattr(encoding, "separator", "/")
+        grid = getattr(meta.chunk_grid, "chunk_shape", None)
+        if grid is None:
+            raise uni.LayoutError(
+                f"{target} has a {type(meta.chunk_grid).__name__}; uni.dask tiles regular "
+                "chunk grids only")
+        chunks = tuple(grid)  # of a sharded array: the shard, the unit of one file
+    elif isinstance(meta, ArrayV2Metadata):
+        name, separator, chunks = "v2", meta.dimension_separator, tuple(meta.chunks)
+    else:  # pragma: no cover - zarr has no other format
+        raise uni.LayoutError(f"{target}: unknown Zarr metadata {type(meta).__name__}")
     attributes = dict(array.attrs).get("uni", {})
     recorded = attributes.get("domain", "host") if isinstance(attributes, dict) else "host"
     store_id = attributes.get("store_id", "") if isinstance(attributes, dict) else ""
     if domain is None:
         domain = uni.CUDA if recorded == "cuda" else uni.HOST
-    tiled = TiledTensor(target, array.shape, array.chunks, array.dtype, domain,
-                        _fill(np.dtype(array.dtype), meta.fill_value), str(store_id), name,
-                        separator, durable)
+    fill = meta.fill_value if meta.fill_value is not None else 0
+    tiled = TiledTensor(target, array.shape, chunks, np.dtype(array.dtype), domain,
+                        _fill(np.dtype(array.dtype), fill), str(store_id), name,
+                        separator, durable, _codec.describe(meta), meta.zarr_format)
     if tiled.nchunks:
         first = next(tiled.tiles())
         with contextlib.suppress(AttributeError):
