@@ -28,7 +28,7 @@ def test_info_names_version_dtypes_backends_blas_and_cuda(capsys: pytest.Capture
 def test_a_backend_that_cannot_load_says_why(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     # A built-in name whose module is missing: the loader's ImportError is the reason.
-    monkeypatch.setitem(uni.backends._BUILTIN, "phantom", "uni.backends.no_such_module")
+    monkeypatch.setitem(uni._registry._BUILTIN, "phantom", "uni.backends.no_such_module")
     assert _info.backend_status("phantom") == (
         "cannot load here: No module named 'uni.backends.no_such_module'")
     assert main(["info"]) == 0

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import attrs
 
 from uni import _promotion
-from uni import backends as _backends
+from uni import _registry as _backends
 from uni._calls import CopyCall, GemmCall, GemvCall
 from uni._errors import KernelDispatchError, PerformanceWarning
 from uni._probe import Decline, Declined, Probe, reason_of

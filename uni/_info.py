@@ -20,8 +20,7 @@ from uni.storage import HostStorage, MappedFileStorage
 
 def known_backends() -> list[str]:
     """Every backend name this build knows: the built-in ones, then any registered since."""
-    builtin = list(getattr(backends, "_BUILTIN", {}))
-    return builtin + sorted(set(getattr(backends, "_registry", {})) - set(builtin))
+    return backends.known()
 
 
 def backend_status(name: str) -> str:
@@ -106,7 +105,10 @@ def run() -> int:
         print(f"  the blas backend's prepared repeats call it {packed}")
     print(f"cpu:      {_machine.cpu_model()}, {cores['usable']} of {cores['logical']} cores usable")
     if gpu["available"]:
-        print(f"cuda:     available: {', '.join(gpu['devices']) or 'devices not listed'}")
+        # The simulated device (uni.cuda.simulate) is named as such: it is not a GPU.
+        kind = ("simulated (uni's simulated device, not a GPU)" if cuda.is_simulated()
+                else "available")
+        print(f"cuda:     {kind}: {', '.join(gpu['devices']) or 'devices not listed'}")
     else:
         print(f"cuda:     not available ({gpu['reason']})")
     return 0

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
-from uni import backends
+from uni import _registry as backends
 from uni._access import Access, configure_fastlease, open_lease_py, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._errors import LeaseError, LeaseReleasedError

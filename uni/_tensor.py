@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from uni import backends
+from uni import _registry as backends
 from uni._access import StorageView
 from uni._accessor import ConjugateAccessor, ConstAccessor, ScaledAccessor
 from uni._acquire import acquire_host_read_access_sync, try_read_values
