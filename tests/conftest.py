@@ -16,7 +16,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default))
 
 
 def pytest_collection_modifyitems(config: object, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.cuda`` tests skip, with the exact reason, where no CUDA device is usable."""
+    """``@pytest.mark.cuda`` tests skip, with the exact reason, where no CUDA device is usable.
+
+    On the simulated device (``UNI_CUDA_SIMULATOR=1``) CUDA is usable, so they run; the few
+    that cannot mean anything there skip themselves (``cuda_gate.real_driver_only``)."""
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return

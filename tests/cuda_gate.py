@@ -1,18 +1,46 @@
 """A gate for GPU tests: holds a stream's later work until the host opens it.
 
-``cuStreamWaitValue32`` makes the stream wait until a page-locked 32-bit flag reaches 1;
-the host writes the flag. This is how a test keeps device work pending for as long as it
-needs (a kernel that "runs long" would race the test's checks). Import in GPU tests only.
+``cuStreamWaitValue32`` (through the driver seam: a GPU's, or the simulated device's) makes
+the stream wait until a page-locked 32-bit flag reaches 1; the host writes the flag. This is
+how a test keeps device work pending for as long as it needs (a kernel that "runs long" would
+race the test's checks). Import in GPU tests only.
+
+:func:`real_driver_only` marks a test that cannot mean anything on the simulated device
+(``UNI_CUDA_SIMULATOR=1``): one that measures speed, or uses another library's CUDA
+(torch.cuda, CuPy) or the real driver's own objects.
 """
 
 from __future__ import annotations
 
+import ctypes
 from types import TracebackType
+from typing import Any
 
 import numpy as np
+import pytest
 
 import uni
-from uni.cuda._driver import check, use_device
+from uni.cuda._driver import seam, use_device
+
+
+def real_driver_only(why: str) -> Any:
+    """Skip under the simulated device, saying why (``why``: what the test needs)."""
+    return pytest.mark.skipif(uni.cuda.is_simulated(),
+                              reason=f"not on the simulated device: {why}")
+
+
+class _Pinned:
+    """Raw page-locked bytes from the seam (uni's PinnedStorage holds uni dtypes only)."""
+
+    def __init__(self, nbytes: int, device: int) -> None:
+        use_device(device)
+        self.device, self.nbytes = device, nbytes
+        self.ptr = seam().host_alloc(nbytes)
+        self.raw: ctypes.Array[ctypes.c_ubyte] = seam().host_view(self.ptr, nbytes)
+
+    def free(self) -> None:
+        use_device(self.device)
+        seam().host_free(self.ptr)
 
 
 class Gate:
@@ -20,17 +48,15 @@ class Gate:
     block's end)."""
 
     def __init__(self, stream: uni.cuda.Stream) -> None:
-        from cuda.bindings import driver  # GPU tests only
-
-        self.flag = uni.cuda.PinnedStorage(1, np.uint32, device=stream.device)
-        self.flag.buffer[0] = 0
+        # Note: never freed (a few bytes per test): the stream may still wait on the flag.
+        self._flag = _Pinned(4, stream.device)
+        self.flag = np.frombuffer(self._flag.raw, np.uint32)
+        self.flag[0] = 0
         use_device(stream.device)
-        check(driver.cuStreamWaitValue32(
-            driver.CUstream(stream.handle), driver.CUdeviceptr(int(self.flag.buffer.ctypes.data)),
-            1, driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32")
+        seam().stream_wait_value32(stream.handle, self._flag.ptr, 1)
 
     def open(self) -> None:
-        self.flag.buffer[0] = 1
+        self.flag[0] = 1
 
     def __enter__(self) -> Gate:
         return self
@@ -42,12 +68,13 @@ class Gate:
 
 def device_bytes(ptr: int, nbytes: int, stream: uni.cuda.Stream) -> np.ndarray:  # type: ignore[type-arg]
     """Copy ``nbytes`` of device memory to a fresh host array (synchronously)."""
-    from cuda.bindings import driver  # GPU tests only
-
-    out = uni.cuda.PinnedStorage(nbytes, np.uint8, device=stream.device)
-    use_device(stream.device)
-    if nbytes:
-        check(driver.cuMemcpyAsync(int(out.buffer.ctypes.data), ptr, nbytes,
-                                   driver.CUstream(stream.handle)), "cuMemcpyAsync")
-    stream.synchronize()
-    return np.array(out.buffer)
+    if not nbytes:
+        return np.empty(0, np.uint8)
+    out = _Pinned(nbytes, stream.device)
+    try:
+        use_device(stream.device)
+        seam().memcpy_async(out.ptr, ptr, nbytes, stream.handle)
+        stream.synchronize()
+        return np.frombuffer(out.raw, np.uint8).copy()
+    finally:
+        out.free()

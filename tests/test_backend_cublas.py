@@ -462,30 +462,27 @@ def test_without_the_cublas_library_a_gemm_is_declined_not_failed(
 
 
 class FakeCublas:
-    """Records handle creation and destruction (the lifecycle has no GPU to run on here)."""
-
-    class PointerMode:
-        HOST = 0
+    """The driver seam's cuBLAS handle calls: records creation and destruction (the
+    lifecycle has no GPU to run on here), and the stream destroys of uni.cuda.Stream."""
 
     def __init__(self) -> None:
         self.created: list[int] = []
         self.destroyed: list[int] = []
         self.streams: dict[int, int] = {}
+        self.closed_streams: list[int] = []
         self.done = threading.Event()
 
-    def create(self) -> int:
+    def blas_create(self, stream: int) -> int:
         self.created.append(0x1000 + len(self.created))
+        self.streams[self.created[-1]] = stream
         return self.created[-1]
 
-    def set_stream(self, handle: int, stream: int) -> None:
-        self.streams[handle] = stream
-
-    def set_pointer_mode(self, handle: int, mode: int) -> None:
-        pass
-
-    def destroy(self, handle: int) -> None:
+    def blas_destroy(self, handle: int) -> None:
         self.destroyed.append(handle)
         self.done.set()
+
+    def stream_destroy(self, stream: int) -> None:
+        self.closed_streams.append(stream)
 
     def wait_destroyed(self, count: int) -> list[int]:
         deadline = time.monotonic() + 10
@@ -494,21 +491,12 @@ class FakeCublas:
         return self.destroyed
 
 
-class FakeCuStream:
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def _owned_stream(handle: int) -> Any:
     """A uni.cuda.Stream over a stand-in CUstream (no device here to make a real one)."""
     from uni.cuda._stream import Stream
 
     stream = object.__new__(Stream)
-    stream._cu, stream._device, stream._closed = FakeCuStream(handle), 0, False
+    stream._cu, stream._device, stream._closed = handle, 0, False
     stream._is_default = stream._borrowed = False
     return stream
 
@@ -518,7 +506,8 @@ def fake_cublas(monkeypatch: pytest.MonkeyPatch) -> FakeCublas:
     from uni.cuda import _stream
 
     fake = FakeCublas()
-    monkeypatch.setattr(cb, "_module", lambda: fake)
+    monkeypatch.setattr(cb, "seam", lambda: fake)
+    monkeypatch.setattr(_stream, "seam", lambda: fake)
     monkeypatch.setattr(cb, "use_device", lambda device=0: None)
     monkeypatch.setattr(_stream, "use_device", lambda device=0: None)
     monkeypatch.setattr(cb, "_handles", {})
@@ -536,7 +525,7 @@ def test_closing_a_stream_destroys_its_cublas_handle_off_the_closing_thread(
     assert fake_cublas.streams == {handle: 0x5000}
     stream.close()
     assert fake_cublas.wait_destroyed(1) == [handle]
-    assert (0, 0x5000) not in cb._handles and stream._cu.closed
+    assert (0, 0x5000) not in cb._handles and fake_cublas.closed_streams == [0x5000]
     # A new stream at the same address gets a new handle, not the destroyed one.
     again = _owned_stream(0x5000)
     assert cb.handle_for(0, again)[0] != handle

@@ -484,3 +484,28 @@ def test_integer_gemm_wraps_like_numpy(library: tw.TwinLibrary) -> None:
     want = np.int32(3) * (a @ b) + np.int32(2) * c
     library.launch(tw.gemm_launch(a, b, c, 3, 2))
     np.testing.assert_array_equal(c, want)
+
+
+def test_a_launch_names_the_byte_ranges_it_touches() -> None:
+    # Two halves of one buffer, written by two launches: their ranges must not overlap, so
+    # that the driver seam (the simulated device's race check) sees disjoint writes as such.
+    base = 0x10000
+    f4 = uni.DefaultAccessor(np.float32)
+    src = lp.Operand(base, uni.DefaultAccessor(np.float64), (4, 3), (-3, 1), 9)  # rows reversed
+    low = lp.Operand(base + 4096, f4, (4, 3), (3, 1), 0)
+    high = lp.Operand(base + 4096, f4, (4, 3), (3, 1), 12)
+    first = lp.plan_elementwise("copy", low, [src])
+    second = lp.plan_elementwise("copy", high, [src])
+    assert first is not None and second is not None
+    assert first.touches == ((base + 4096, 48, True), (base, 96, False))
+    assert second.touches == ((base + 4096 + 48, 48, True), (base, 96, False))
+    a = lp.Operand(base, f4, (2, 3), (3, 1), 0)
+    x = lp.Operand(base + 64, f4, (3,), (2,), 1)  # every other element from the second
+    y = lp.Operand(base + 128, f4, (2,), (1,), 0)
+    gemv = lp.plan_gemv(a, x, y)
+    assert gemv is not None
+    assert gemv.touches == ((base + 128, 8, True), (base, 24, False), (base + 68, 20, False))
+    c = lp.Operand(base + 256, f4, (2, 2), (1, 2), 0)
+    gemm = lp.plan_gemm(a, lp.Operand(base + 512, f4, (3, 2), (2, 1), 0), c)
+    assert gemm is not None and gemm.touches == (
+        (base + 256, 16, True), (base, 24, False), (base + 512, 24, False))

@@ -22,13 +22,15 @@ from uni.cuda._copyplan import (
 
 def test_a_2d_copy_struct_names_both_memory_types_and_the_geometry() -> None:
     driver = pytest.importorskip("cuda.bindings.driver")
+    from uni.cuda._real import memcpy2d_struct  # the real seam's CUDA_MEMCPY2D
+
     op = Memcpy2D(src_offset=8, src_pitch=16, dst_offset=24, dst_pitch=48, width=16, height=3)
-    p = memcpy2d_params(op, 0x1000, False, 0x7F0000000000, True)
+    p = memcpy2d_struct(memcpy2d_params(op, 0x1000, False, 0x7F0000000000, True))
     kinds = driver.CUmemorytype
     assert p.srcMemoryType == kinds.CU_MEMORYTYPE_HOST and int(p.srcHost) == 0x1008
     assert p.dstMemoryType == kinds.CU_MEMORYTYPE_DEVICE and int(p.dstDevice) == 0x7F0000000018
     assert (p.srcPitch, p.dstPitch, p.WidthInBytes, p.Height) == (16, 48, 16, 3)
-    back = memcpy2d_params(op, 0x7F0000000000, True, 0x1000, False)
+    back = memcpy2d_struct(memcpy2d_params(op, 0x7F0000000000, True, 0x1000, False))
     assert back.srcMemoryType == kinds.CU_MEMORYTYPE_DEVICE
     assert back.dstMemoryType == kinds.CU_MEMORYTYPE_HOST and int(back.dstHost) == 0x1018
 
@@ -94,10 +96,9 @@ def _device_strides(shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("device_kind", ["C", "F", "padded"])
 def test_host_device_host_round_trips(host_kind: str, layout: Any, device_kind: str) -> None:
-    from cuda.bindings import driver
     from cuda_gate import device_bytes
 
-    from uni.cuda._driver import check
+    from uni.cuda._driver import seam, use_device
 
     shape, src_strides = layout
     dev_strides = _device_strides(shape, device_kind)
@@ -115,12 +116,18 @@ def test_host_device_host_round_trips(host_kind: str, layout: Any, device_kind: 
     # The device side has one element of margin on each side, all bytes 0xEE at first.
     dev_origin, dev_len = _span(shape, dev_strides)
     dev = uni.cuda.CudaBuffer.allocate((dev_len + 2) * dt.itemsize, stream=stream)
-    check(driver.cuMemsetD8Async(dev.ptr, 0xEE, dev.nbytes, driver.CUstream(stream.handle)),
-          "cuMemsetD8Async")
+    use_device(stream.device)
+    seam().memset_async(dev.ptr, 0xEE, 1, dev.nbytes, stream.handle)
     src = Side(host_kind, shape, src_strides, src_origin + 2, dt.itemsize)  # type: ignore[arg-type]
     dst = Side("device", shape, dev_strides, dev_origin + 1, dt.itemsize)
     plan = plan_copy(src, dst, chunk_bytes=64)
-    assert not isinstance(plan, NeedsKernel), plan
+    if isinstance(plan, NeedsKernel):
+        # The planner sends a device side that is neither dense nor one pitched block to
+        # the copy kernel (uni.copy does: tests/test_cuda_transfer.py); no driver copy here.
+        assert "elementwise copy kernel" in plan.reason
+        dev.close(stream)
+        stream.close()
+        pytest.skip(f"the copy kernel's layout, not a driver copy's: {plan.reason[:60]}...")
     run_plan(plan, stream, src_ptr=int(src_buf.ctypes.data), src_on_device=False,
              dst_ptr=dev.ptr, host_view=src_view, device_ptr=dev.ptr).synchronize()
     raw = device_bytes(dev.ptr, dev.nbytes, stream)

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from cuda_gate import real_driver_only
 
 import uni
 import uni.cuda
@@ -525,11 +526,13 @@ def test_devices_are_listed() -> None:
         assert info.compute_capability >= (7, 5) and info.total_memory > 2**30
         assert info.driver_version >= 13000 and info.runtime_version >= 13000
     lines = uni.cuda.describe()
-    assert lines[0].startswith("cuda:     available: ")
+    assert lines[0].startswith("cuda:     simulated: " if uni.cuda.is_simulated()
+                               else "cuda:     available: ")
     assert any(listing[0].name in line for line in lines)
 
 
 @pytest.mark.cuda
+@real_driver_only("it asks cuda.bindings for the real driver's current context")
 def test_every_thread_gets_the_context_made_current() -> None:
     from cuda.bindings import driver
 
@@ -551,6 +554,7 @@ def test_every_thread_gets_the_context_made_current() -> None:
 
 
 @pytest.mark.cuda
+@real_driver_only("it switches the real driver's current context with cuda.bindings")
 def test_a_context_switched_away_is_made_current_again() -> None:
     from cuda.bindings import driver
 

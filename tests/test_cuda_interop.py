@@ -46,6 +46,9 @@ def _host(t: uni.Tensor) -> np.ndarray[Any, Any]:
 
 
 def _torch() -> Any:
+    if uni.cuda.is_simulated():
+        pytest.skip("not on the simulated device: it needs torch's CUDA (a GPU), and the "
+                    "simulated device is uni's alone")
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("this torch has no CUDA")
@@ -53,6 +56,9 @@ def _torch() -> Any:
 
 
 def _cupy() -> Any:
+    if uni.cuda.is_simulated():
+        pytest.skip("not on the simulated device: it needs CuPy's CUDA (a GPU), and the "
+                    "simulated device is uni's alone")
     return pytest.importorskip("cupy")
 
 

@@ -411,16 +411,13 @@ def _device_values(t: uni.Tensor) -> np.ndarray[Any, Any]:
 
 def _fill_kernel(lease: Any, value: float) -> None:
     """Queue a device fill of the leased view on its stream (a raw driver memset)."""
-    from cuda.bindings import driver
-
-    from uni.cuda._driver import check, use_device
+    from uni.cuda._driver import seam, use_device
 
     span = lease.mdspan()
     n = int(np.prod(span.shape))
     use_device(lease.stream.device)
     pattern = np.array([value], np.float32).view(np.uint32)[0]
-    check(driver.cuMemsetD32Async(span.data_handle.address(4), int(pattern), n,
-                                  driver.CUstream(lease.stream.handle)), "cuMemsetD32Async")
+    seam().memset_async(span.data_handle.address(4), int(pattern), 4, n, lease.stream.handle)
 
 
 @pytest.mark.cuda
@@ -437,13 +434,11 @@ def test_a_writer_on_one_stream_then_a_reader_on_another_with_no_host_sync() -> 
                     _fill_kernel(writer, 3.0)
                 async with uni.acquire_cuda_write_access_async(out, s2) as dst, \
                         uni.acquire_cuda_read_access_async(t, s2) as src:
-                    from cuda.bindings import driver
+                    from uni.cuda._driver import seam, use_device
 
-                    from uni.cuda._driver import check
-
-                    check(driver.cuMemcpyAsync(dst.mdspan().data_handle.address(4),
-                                               src.mdspan().data_handle.address(4), 4 << 20,
-                                               driver.CUstream(s2.handle)), "cuMemcpyAsync")
+                    use_device(s2.device)
+                    seam().memcpy_async(dst.mdspan().data_handle.address(4),
+                                        src.mdspan().data_handle.address(4), 4 << 20, s2.handle)
                 await trio.sleep(0.05)
             await s2.synchronize_async()
 
@@ -525,14 +520,12 @@ def test_move_frees_the_buffer_stream_ordered_after_the_lease() -> None:
     async def main() -> None:
         with uni.cuda.Stream() as s:
             async with uni.acquire_cuda_read_access_async(t, s, move=True) as lease:
-                from cuda.bindings import driver
-
-                from uni.cuda._driver import check
+                from uni.cuda._driver import seam, use_device
 
                 async with uni.acquire_cuda_write_access_async(out, s) as w:
-                    check(driver.cuMemcpyAsync(w.mdspan().data_handle.address(4),
-                                               lease.mdspan().data_handle.address(4), 4 << 20,
-                                               driver.CUstream(s.handle)), "cuMemcpyAsync")
+                    use_device(s.device)
+                    seam().memcpy_async(w.mdspan().data_handle.address(4),
+                                        lease.mdspan().data_handle.address(4), 4 << 20, s.handle)
             assert t.storage.buffer.closed
             await s.synchronize_async()
 

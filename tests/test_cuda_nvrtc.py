@@ -22,6 +22,7 @@ import cuda_host_twin as tw
 import numpy as np
 import pytest
 import trio
+from cuda_gate import real_driver_only
 
 import uni
 from uni.cuda import _codegen as cg
@@ -333,6 +334,8 @@ def gpu_kernels(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.cuda
 @pytest.mark.skipif(not uni.cuda.is_available(), reason=f"no CUDA device: "
                     f"{uni.cuda.unavailable_reason()}")
+@real_driver_only("it runs the cubins through cuda.core on a GPU to compare them with the "
+                  "host twins, which are what the simulated device runs")
 @pytest.mark.parametrize("part", range(GPU_PARTS))
 def test_generated_kernels_on_the_gpu_match_their_host_twins(gpu_kernels: Any,
                                                              nvrtc_pool: Any,

@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ from uni import _cuda_pipeline as cp
 from uni import _demo
 from uni import _pipeline as p
 from uni.cli import main
+from uni.cuda import _nvrtc
 from uni.cuda._launch import current_stream
 from uni.storage.host import HostStorage
 
@@ -642,6 +644,8 @@ def test_uni_demo_device_cuda_exits_0_and_reports_overlap(
     out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert "on cuda:0" in out and "overlap ratio" in out and "match numpy" in out
     assert "stream=compute" in out and "WRONG" not in out
+    simulated = "simulated device, not a GPU" in out and "say nothing about a GPU's speed" in out
+    assert simulated == uni.cuda.is_simulated(), out
     data = json.loads(path.read_text())
     assert data["device"] == "cuda" and data["ok"] and data["ratio"] > 0
     assert data["where"].startswith("cuda:0 (") and data["cuda"] == {"usable": True,
@@ -672,3 +676,67 @@ def test_a_corrupted_block_on_the_gpu_makes_the_demo_exit_1(
     assert main(["demo", "--device", "cuda", "--size", "2MiB", "--blocks", "4"]) == 1
     assert "WRONG: the overlapped run's output differs from numpy in block(s) 0" in (
         " ".join(capsys.readouterr().out.split()))
+
+
+# -- on the simulated device: the class of bug it exists for ---------------------------------
+_DROP_A_WAIT = r"""
+import sys, tempfile
+import uni, uni.cuda
+uni.cuda.simulate(jitter=float(sys.argv[2]), seed=int(sys.argv[1]))
+from uni import _cuda_pipeline as cp, _demo, _pipeline as p
+from uni.cuda import _stream
+
+# The hook: the compute stream no longer waits for events of the copy stream (gemm(i) after
+# upload(i), and w's upload), the one cross-stream wait of the demo's GPU pipeline.
+drop = sys.argv[3] == "drop"
+from_copy: set[int] = set()
+record, wait = _stream.Stream.record, _stream.Stream.wait
+dropped = 0
+
+def recording(self, *, timing=False):
+    event = record(self, timing=timing)
+    if self is cp.demo_streams(0)[cp.COPY_STREAM]:
+        from_copy.add(id(event))
+    return event
+
+def waiting(self, event):
+    global dropped
+    if drop and self is cp.demo_streams(0)[cp.COMPUTE_STREAM] and id(event) in from_copy:
+        dropped += 1
+        return None
+    return wait(self, event)
+
+_stream.Stream.record, _stream.Stream.wait = recording, waiting
+shape = p.StreamShape(rows=2048, k=256, m=128, blocks=8)
+try:
+    m = _demo.measure(shape, 1, tempfile.mkdtemp(), device="cuda")
+except Exception as err:
+    print("failed", dropped, f"{type(err).__name__}: {err}")
+else:
+    print("ok" if m.ok else "wrong", dropped)
+"""
+
+
+def _demo_on_the_simulator(seed: int, mode: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNI_CUDA_SIMULATOR")}
+    done = subprocess.run([sys.executable, "-c", _DROP_A_WAIT, str(seed), "0.002", mode],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(_nvrtc.unavailable_reason() is not None,
+                    reason=f"the demo's kernels cannot compile: {_nvrtc.unavailable_reason()}")
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
+                    reason="the simulated device runs kernels as host twins: needs g++ or $CXX")
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_missing_stream_wait_in_the_gpu_demo_fails_on_the_simulated_device(seed: int) -> None:
+    # With every wait the demo's GPU pipeline matches numpy on the simulated device (jittered
+    # streams); without the compute stream's wait for the copy stream, the simulator names
+    # the race (gemm reading device memory the copy stream is still writing).
+    assert _demo_on_the_simulator(seed, "keep") == "ok 0"
+    found = _demo_on_the_simulator(seed, "drop")
+    assert found.startswith("failed "), found
+    assert int(found.split()[1]) > 0, found
+    assert "HazardError" in found and "race" in found, found
+    assert "reads memory that another stream is still writing" in found, found

@@ -574,6 +574,35 @@ def _load(sim: Simulator, cache: _nvrtc.KernelCache, launch: _launch_plan.Launch
     return sim.module_get_kernel(module, compiled.name)
 
 
+def test_kernels_writing_disjoint_halves_on_unordered_streams_race_only_without_touches(
+        sim: Simulator, kernel_cache: _nvrtc.KernelCache) -> None:
+    # uni's launches pass the planner's byte ranges (Launch.touches): two kernels writing the
+    # two halves of one buffer on unordered streams are then no race; without the ranges the
+    # simulator can only assume each kernel touches all of the allocation, and reports it.
+    a, b = sim.stream_create(), sim.stream_create()
+    src = device_array(sim, np.arange(8, dtype=np.float64))
+    dst = sim.mem_alloc(8 * 8)
+    f8 = uni.DefaultAccessor(np.float64)
+    halves = [_launch_plan.plan_elementwise(
+        "copy", _launch_plan.Operand(dst, f8, (4,), (1,), 4 * k),
+        [_launch_plan.Operand(src, f8, (4,), (1,), 4 * k)]) for k in (0, 1)]
+    assert halves[0] is not None and halves[1] is not None
+    kernel = _load(sim, kernel_cache, halves[0])
+    flag = sim.host_alloc(4)
+    gate = np.ctypeslib.as_array(sim.host_view(flag, 4)).view(np.uint32)
+    gate[0] = 0
+    sim.stream_wait_value32(a, flag, 1)  # a's half stays pending while b's is issued
+    first, second = halves
+    sim.launch(kernel, first.grid, first.block, a, first.args, touches=first.touches)
+    sim.launch(kernel, second.grid, second.block, b, second.args, touches=second.touches)
+    with pytest.raises(HazardError, match="race"):
+        sim.launch(kernel, second.grid, second.block, b, second.args)  # no ranges given
+    gate[0] = 1
+    sim.stream_synchronize(a)
+    sim.stream_synchronize(b)
+    np.testing.assert_array_equal(read(sim, dst, 8, np.float64), np.arange(8.0))
+
+
 def test_a_generated_copy_kernel_gives_cpu_references_answer(
         sim: Simulator, kernel_cache: _nvrtc.KernelCache) -> None:
     rng = np.random.default_rng(3)

@@ -590,7 +590,7 @@ def test_pinned_memory_is_freed_by_the_reaper_after_its_fences() -> None:
 
     from uni.cuda._storage import reaper
 
-    storage = uni.cuda.PinnedStorage(1 << 20, np.uint8)
+    storage = uni.cuda.PinnedStorage(1 << 18, np.int32)
     with uni.cuda.Stream() as s, Gate(s) as gate:  # the gate opens on the way out, always
         storage.add_fence(s.record())
         view = storage.buffer[:10]
@@ -611,22 +611,21 @@ def test_dropping_a_tensor_while_the_device_uses_it_is_safe() -> None:
     # Buffer A is freed while a memset into it is still held back on another stream. Were the
     # free not queued behind that use, buffer B (same size, allocated next from the same pool)
     # could reuse A's memory and be overwritten by the late memset.
-    from cuda.bindings import driver
     from cuda_gate import Gate, device_bytes
 
-    from uni.cuda._driver import check
+    from uni.cuda._driver import seam, use_device
 
     n = 1 << 24
     default = uni.cuda.default_stream()
     with uni.cuda.Stream() as s, Gate(s) as gate:
-        a = uni.cuda.CudaStorage(n, np.uint8)
+        a = uni.cuda.CudaStorage(n // 4, np.int32)  # n bytes
         s.wait(default)  # a's allocation is on the default stream
-        check(driver.cuMemsetD8Async(a.buffer.ptr, 0x11, n, driver.CUstream(s.handle)),
-              "cuMemsetD8Async")
+        use_device(s.device)
+        seam().memset_async(a.buffer.ptr, 0x11, 1, n, s.handle)
         a.add_fence(s.record())
         a.close()
-        b = uni.cuda.CudaStorage(n, np.uint8)
-        b._fill(0x22)
+        b = uni.cuda.CudaStorage(n // 4, np.int32)
+        b._fill(0x22222222)  # every byte 0x22
         gate.open()
         s.synchronize()
         got = device_bytes(b.buffer.ptr, n, default)

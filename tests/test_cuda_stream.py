@@ -176,15 +176,18 @@ async def test_synchronize_async() -> None:
     from cuda_gate import Gate
 
     with uni.cuda.Stream() as s, Gate(s) as gate:
+        # Recorded behind the gate: done once synchronize_async returns. (A record made
+        # after it need not be done at once: the device reaches it asynchronously.)
+        held = s.record()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_open_later, gate, 0.05)
             await s.synchronize_async()
-        assert s.record().is_done
+        assert held.is_done
 
 
 # -- an event as the access queue's fence (no GPU: the driver query is a double) ---------------
 class _FakeCuEvent:
-    """What uni.cuda.Event wraps (cuda.core's Event), completed by the test."""
+    """The driver's event behind a uni.cuda.Event (the seam's handle), completed by the test."""
 
     def __init__(self) -> None:
         self.done = False
@@ -204,13 +207,32 @@ class _FakeCuEvent:
         pass
 
 
+class _FakeSeam:
+    """The driver seam's event calls, answered by one :class:`_FakeCuEvent` (handle 7)."""
+
+    def __init__(self, event: _FakeCuEvent) -> None:
+        self.event = event
+
+    def event_query(self, handle: int) -> bool:
+        assert handle == 7
+        return self.event.is_done
+
+    def event_synchronize(self, handle: int) -> None:
+        assert handle == 7
+        self.event.sync()
+
+    def event_destroy(self, handle: int) -> None:
+        self.event.close()
+
+
 @pytest.fixture
 def fake_event(monkeypatch: pytest.MonkeyPatch) -> tuple[uni.cuda.Event, _FakeCuEvent]:
     from uni.cuda import _stream
 
-    monkeypatch.setattr(_stream, "use_device", lambda device: None)
     cu = _FakeCuEvent()
-    return _stream.Event._wrap(cu, 0), cu
+    monkeypatch.setattr(_stream, "use_device", lambda device: None)
+    monkeypatch.setattr(_stream, "seam", lambda: _FakeSeam(cu))
+    return _stream.Event._wrap(7, 0), cu
 
 
 def test_an_event_is_a_queue_fence(fake_event: tuple[uni.cuda.Event, _FakeCuEvent]) -> None:

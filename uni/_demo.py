@@ -272,6 +272,10 @@ def report(console: Console, m: Measurement) -> None:
         console.print(f"note: the load average was {m.load_average:.1f} on {m.cores} cores: "
                       "other processes competed for them; rerun on a quiet machine for "
                       "representative figures")
+    if m.device == "cuda" and cuda.is_simulated():
+        # uni.cuda.simulate(): the run checks ordering and results, never a GPU's speed.
+        console.print("note: cuda:0 is uni's simulated device, not a GPU: these times are the "
+                      "simulator's (host threads) and say nothing about a GPU's speed")
 
     stages = Table(title="which backend ran each stage (uni.dispatch_diagnostics)",
                    title_justify="left")

@@ -332,6 +332,9 @@ def assert_idle(subject: Subject) -> None:
     queue = subject.queue
     assert queue.pending_count() == 0
     assert queue.active_count() == 0
+    # Work released with a fence (a CUDA kernel still running) is over once its fence is.
+    for fence in queue.outstanding_fences():
+        fence.wait()
     assert queue.busy_reason() is None, queue.busy_reason()
     if subject.host:
         uni.acquire_host_write_access_sync(subject.t, timeout=0).release()

@@ -53,7 +53,7 @@ from uni.backends._geometry import (
     plan_gemv_via_gemm,
 )
 from uni.cuda import _driver
-from uni.cuda._driver import cuda_call, use_device
+from uni.cuda._driver import seam, use_device
 from uni.cuda._handle import CudaHandle, CudaPointerAccessor
 from uni.cuda._launch import current_stream
 from uni.cuda._stream import Stream, on_stream_close
@@ -346,6 +346,9 @@ def unavailable_reason() -> str | None:
     reason = _driver.unavailable_reason()
     if reason is not None:
         return f"CUDA is not usable here: {reason}"
+    if _driver.is_simulated():
+        # The simulated device's cuBLAS is numpy: no library to load.
+        return seam().blas_unavailable_reason()
     try:
         _module()
     except ImportError as err:
@@ -378,19 +381,11 @@ def handle_for(device: int, stream: Any) -> tuple[int, threading.Lock]:
     key = (device, int(stream.handle))
     found = _handles.get(key)
     if found is None:
-        module = _module()
         with _handles_lock:
             found = _handles.get(key)
             if found is None:
                 use_device(device)  # the handle binds to this thread's current context
-                with cuda_call("cublasCreate"):
-                    handle = int(module.create())
-                    try:
-                        module.set_stream(handle, key[1])
-                        module.set_pointer_mode(handle, int(module.PointerMode.HOST))
-                    except BaseException:
-                        module.destroy(handle)
-                        raise
+                handle = seam().blas_create(key[1])
                 found = _handles[key] = _Handle(handle, device)
                 if isinstance(stream, Stream) and not (stream.is_default or stream._borrowed):
                     # A stream dropped without close(): its CUstream goes with it, and a
@@ -426,11 +421,9 @@ def _retire(key: tuple[int, int], entry: _Handle | None) -> None:
 
 def _destroy(entry: _Handle) -> None:
     try:
-        module = _module()
         with entry.lock:  # after a call that another thread is still issuing on it
             use_device(entry.device)
-            with cuda_call("cublasDestroy"):
-                module.destroy(entry.handle)
+            seam().blas_destroy(entry.handle)
     except Exception:
         _log.exception("uni.cublas: destroying a cuBLAS handle failed")
 
@@ -446,17 +439,16 @@ def _destroy_handles() -> None:
     if not handles:
         return
     try:
-        module = _module()
         for entry in handles:
             use_device(entry.device)
-            module.destroy(entry.handle)
+            seam().blas_destroy(entry.handle)
     except Exception:  # pragma: no cover - the driver may be gone at exit
         pass
 
 
 def run_calls(calls: list[CublasCall], dtype: Any, device: int, stream: Any) -> None:
     """Issue planned calls on ``stream`` (alpha and beta as host values of ``dtype``)."""
-    module = _module()
+    driver = seam()
     dt = np.dtype(dtype)
     handle, lock = handle_for(device, stream)
     use_device(device)
@@ -471,8 +463,7 @@ def run_calls(calls: list[CublasCall], dtype: Any, device: int, stream: Any) -> 
                     args.append(int(value.ctypes.data))
                 else:
                     args.append(arg)
-            with cuda_call(f"cublas{call.entry}"):
-                getattr(module, call.entry)(handle, *args)
+            driver.blas_call(handle, call.entry, args)
     del keep
 
 

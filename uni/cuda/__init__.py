@@ -26,12 +26,14 @@ from uni._factories import register_device
 from uni._handle import CUDA
 from uni._import import register_importer
 from uni._mdspec import MdSpan
-from uni.cuda import _interop
+from uni.cuda import _driver, _interop, _select
 from uni.cuda._driver import DeviceInfo as DeviceInfo
 from uni.cuda._driver import describe as describe
 from uni.cuda._driver import device_count as device_count
 from uni.cuda._driver import devices as devices
 from uni.cuda._driver import is_available as is_available
+from uni.cuda._driver import is_simulated as is_simulated
+from uni.cuda._driver import simulate as simulate
 from uni.cuda._driver import unavailable_reason as unavailable_reason
 from uni.cuda._executor import EXECUTOR
 from uni.cuda._handle import CudaHandle as CudaHandle
@@ -65,6 +67,10 @@ def _allocate_pinned(size: int, dtype: np.dtype[Any], device: str, fill: Any) ->
     storage, _accessor = pinned_factory(device, size, dtype, None if fill is None else (fill,))
     return storage
 
+
+# The driver seam is chosen on first use (real, or the simulated device); _driver cannot
+# import the implementations (they import it), so the maker is handed to it here.
+_driver.install_factory(_select.make_driver)
 
 # uni.empty/zeros/full(device="cuda[:N]" | "pinned") allocate through these (the factories
 # sit below this package in the import order, so it registers itself with them).
@@ -132,7 +138,9 @@ __all__ = [
     "device_count",
     "devices",
     "is_available",
+    "is_simulated",
     "kernel_cache_dir",
     "kernel_cache_info",
+    "simulate",
     "unavailable_reason",
 ]

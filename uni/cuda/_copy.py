@@ -30,55 +30,31 @@ from uni.cuda._copyplan import (
     host_chunk_view,
     staging_view,
 )
-from uni.cuda._driver import check, use_device
+from uni.cuda._driver import seam, use_device
+from uni.cuda._seam import Copy2D
 from uni.cuda._storage import _pinned_array
 from uni.cuda._stream import Event, Stream
 
 
-def _driver() -> Any:
-    from cuda.bindings import driver  # optional dependency, imported after detection
-
-    return driver
-
-
 def memcpy2d_params(op: Memcpy2D, src_ptr: int, src_on_device: bool, dst_ptr: int,
-                    dst_on_device: bool) -> Any:
-    """The ``CUDA_MEMCPY2D`` struct for ``op`` (building it needs no driver)."""
-    driver = _driver()
-    kinds = driver.CUmemorytype
-    p = driver.CUDA_MEMCPY2D()
-    if src_on_device:
-        p.srcMemoryType = kinds.CU_MEMORYTYPE_DEVICE
-        p.srcDevice = src_ptr + op.src_offset
-    else:
-        p.srcMemoryType = kinds.CU_MEMORYTYPE_HOST
-        p.srcHost = src_ptr + op.src_offset
-    p.srcPitch = op.src_pitch
-    if dst_on_device:
-        p.dstMemoryType = kinds.CU_MEMORYTYPE_DEVICE
-        p.dstDevice = dst_ptr + op.dst_offset
-    else:
-        p.dstMemoryType = kinds.CU_MEMORYTYPE_HOST
-        p.dstHost = dst_ptr + op.dst_offset
-    p.dstPitch = op.dst_pitch
-    p.WidthInBytes = op.width
-    p.Height = op.height
-    return p
+                    dst_on_device: bool) -> Copy2D:
+    """The seam's 2-D copy (``CUDA_MEMCPY2D``) for ``op``."""
+    return Copy2D(src_ptr + op.src_offset, op.src_pitch, src_on_device,
+                  dst_ptr + op.dst_offset, op.dst_pitch, dst_on_device, op.width, op.height)
 
 
 def issue(op: Memcpy | Memcpy2D, src_ptr: int, src_on_device: bool, dst_ptr: int,
           dst_on_device: bool, stream: Stream) -> None:
     """Queue one memcpy on ``stream`` (the stream's device context is made current)."""
-    driver = _driver()
     use_device(stream.device)
-    handle = driver.CUstream(stream.handle)
+    driver = seam()
     if isinstance(op, Memcpy):
         if op.nbytes:
-            check(driver.cuMemcpyAsync(dst_ptr + op.dst_offset, src_ptr + op.src_offset,
-                                       op.nbytes, handle), "cuMemcpyAsync")
+            driver.memcpy_async(dst_ptr + op.dst_offset, src_ptr + op.src_offset, op.nbytes,
+                                stream.handle)
         return
-    params = memcpy2d_params(op, src_ptr, src_on_device, dst_ptr, dst_on_device)
-    check(driver.cuMemcpy2DAsync(params, handle), "cuMemcpy2DAsync")
+    driver.memcpy_2d_async(memcpy2d_params(op, src_ptr, src_on_device, dst_ptr,
+                                           dst_on_device), stream.handle)
 
 
 class StagingRing:

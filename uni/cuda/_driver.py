@@ -37,12 +37,15 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from uni._errors import CudaError, DomainError
+
+if TYPE_CHECKING:
+    from uni.cuda._seam import Driver
 
 #: Environment variable that turns CUDA off for this process (and its children).
 DISABLE_ENV = "UNI_DISABLE_CUDA"
@@ -281,6 +284,15 @@ def format_version(version: int) -> str:
 def _detect() -> Detection:
     if _disabled():
         return Detection(False, f"CUDA is disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]!r}")
+    if is_simulated():
+        # The simulated device needs no driver, no probe and no driver call of cuda-python.
+        chosen = seam()
+        return Detection(True, None, chosen.device_count(),
+                         chosen.device_facts(0).driver_version)
+    # From here on the answer is the real driver's: UNI_CUDA_SIMULATOR set later must not
+    # make the work run on a simulator that detection never counted.
+    global _decision
+    _decision = False
     reason = _check_packages()
     if reason is None:
         reason = _load_driver_library()
@@ -315,9 +327,91 @@ def detection() -> Detection:
 
 def _forget_detection() -> None:
     """Drop the cached answer (tests only: the next question detects again)."""
-    global _cached
+    global _cached, _decision
     with _lock:
         _cached = None
+        if _seam is None:
+            _decision = None
+
+
+# -- the driver behind the seam: real, or the simulated device ------------------------------
+_seam: Driver | None = None
+_seam_lock = threading.Lock()
+#: ``(jitter, seed)`` from uni.cuda.simulate(), until the seam is chosen.
+_requested: tuple[float | None, int | None] | None = None
+#: False once detection took the real driver's path: the choice is made then, not later.
+_decision: bool | None = None
+
+
+def simulate(jitter: float | None = None, seed: int | None = None) -> None:
+    """Run uni's CUDA domain on the simulated device (``uni.cuda._sim``) in this process.
+
+    ``jitter``: the most, in seconds, each stream operation is delayed (seeded by ``seed``,
+    else by a random seed the device reports). Call it before the first CUDA use: the driver
+    is chosen once, and a process does not change devices under its streams and memory.
+    ``UNI_CUDA_SIMULATOR=1`` does the same from the environment. Nothing measured on the
+    simulated device is a GPU's.
+    """
+    global _requested
+    if jitter is not None and (isinstance(jitter, bool) or not isinstance(jitter, (int, float))
+                               or not jitter >= 0):
+        raise ValueError(f"uni.cuda.simulate: jitter must be a number of seconds >= 0 or None, "
+                         f"got {jitter!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"uni.cuda.simulate: seed must be an int or None, got {seed!r}")
+    with _seam_lock:
+        if _seam is not None or _cached is not None:
+            now = "the simulated device" if is_simulated() else "the real CUDA driver"
+            raise CudaError(
+                "uni.cuda.simulate() must be called before the first CUDA use in the process; "
+                f"CUDA was already used here (on {now}); call it first, or set "
+                "UNI_CUDA_SIMULATOR=1 in the environment", call="uni.cuda.simulate")
+        _requested = (None if jitter is None else float(jitter), seed)
+
+
+def _environment_asks() -> bool:
+    return os.environ.get("UNI_CUDA_SIMULATOR", "").strip() not in ("", "0")
+
+
+def is_simulated() -> bool:
+    """True when uni's CUDA domain runs (or, once used, will run) on the simulated device."""
+    chosen = _seam
+    if chosen is not None:
+        return bool(getattr(chosen, "simulated", False))
+    if _decision is not None:
+        return _decision
+    return _requested is not None or _environment_asks()
+
+
+def seam() -> Driver:
+    """The driver uni's CUDA modules call (chosen on the first call, once per process): the
+    simulated device after :func:`simulate` or with ``UNI_CUDA_SIMULATOR=1``, else the real
+    driver. Never the simulator on its own."""
+    global _seam
+    chosen = _seam
+    if chosen is None:
+        with _seam_lock:
+            if _seam is None:
+                _seam = _choose()
+            chosen = _seam
+    return chosen
+
+
+#: Makes the driver (``uni.cuda._select.make_driver``, installed by ``uni.cuda`` on import:
+#: the implementations import this module, so it cannot import them).
+_factory: Callable[[bool, tuple[float | None, int | None] | None], Driver] | None = None
+
+
+def install_factory(factory: Callable[[bool, tuple[float | None, int | None] | None], Driver]
+                    ) -> None:
+    global _factory
+    _factory = factory
+
+
+def _choose() -> Driver:
+    if _factory is None:  # pragma: no cover - uni.cuda installs it before anything runs
+        raise CudaError("uni.cuda._driver: no driver factory installed (import uni.cuda)")
+    return _factory(is_simulated(), _requested)
 
 
 def is_available() -> bool:
@@ -369,33 +463,16 @@ def require(device: Any = 0, *, what: str = "CUDA") -> int:
 _local = threading.local()
 
 
-def use_device(device: Any = 0) -> Any:
-    """Make ``device``'s primary context current on this thread; return its cuda.core Device.
+def use_device(device: Any = 0) -> None:
+    """Make ``device``'s primary context current on this thread (on the chosen driver).
 
     Every uni function that calls CUDA calls this first, on whatever thread it runs (the
     trio thread, a worker, a finalizer): CUDA's current context is per thread, and calls on a
-    thread without one fail with CUDA_ERROR_INVALID_CONTEXT. The check is one cheap driver
-    call (``cuCtxGetCurrent``), so a context switched by another library on this thread is
-    noticed and switched back.
+    thread without one fail with CUDA_ERROR_INVALID_CONTEXT. On the real driver the check is
+    one cheap driver call (``cuCtxGetCurrent``), so a context switched by another library on
+    this thread is noticed and switched back (``uni.cuda._real.RealDriver.use_device``).
     """
-    index = require(device)
-    from cuda.bindings import driver  # optional dependency (see _check_packages)
-    from cuda.core import Device  # optional dependency (see _check_packages)
-
-    cached: dict[int, tuple[Any, int]] | None = getattr(_local, "contexts", None)
-    if cached is None:
-        cached = _local.contexts = {}
-    entry = cached.get(index)
-    if entry is not None:
-        current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if int(current) == entry[1]:
-            return entry[0]
-    with cuda_call(f"Device({index}).set_current"):
-        dev = Device(index)
-        dev.set_current()
-    current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    cached[index] = (dev, int(current))
-    return dev
+    seam().use_device(require(device))
 
 
 # -- the error funnel --------------------------------------------------------------------
@@ -523,6 +600,8 @@ class DeviceInfo:
     driver_version: int
     runtime_version: int
     nvrtc_version: tuple[int, int] | None
+    #: True for the simulated device (``uni.cuda.simulate()``): not a GPU.
+    simulated: bool = False
 
     @property
     def arch(self) -> str:
@@ -532,20 +611,9 @@ class DeviceInfo:
     def describe(self) -> str:
         major, minor = self.compute_capability
         pools = "memory pools" if self.memory_pools_supported else "NO memory pools"
+        kind = "  (simulated: not a GPU)" if self.simulated else ""
         return (f"cuda:{self.index}  {self.name}  compute capability {major}.{minor} "
-                f"({self.arch})  {self.total_memory / 2**30:.1f} GiB  {pools}")
-
-
-def _versions() -> tuple[int, tuple[int, int] | None]:
-    from cuda.bindings import nvrtc, runtime  # optional dependency (see _check_packages)
-
-    runtime_version = int(check(runtime.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion"))
-    try:
-        major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
-        nvrtc_version: tuple[int, int] | None = (int(major), int(minor))
-    except (CudaError, RuntimeError):
-        nvrtc_version = None  # the NVRTC wheel is missing: kernels will say so
-    return runtime_version, nvrtc_version
+                f"({self.arch})  {self.total_memory / 2**30:.1f} GiB  {pools}{kind}")
 
 
 def devices() -> tuple[DeviceInfo, ...]:
@@ -553,21 +621,18 @@ def devices() -> tuple[DeviceInfo, ...]:
     found = detection()
     if not found.available:
         return ()
-    from cuda.bindings import driver  # optional dependency (see _check_packages)
-
-    runtime_version, nvrtc_version = _versions()
+    chosen = seam()
+    try:
+        nvrtc_version: tuple[int, int] | None = chosen.nvrtc_version()
+    except (CudaError, RuntimeError):
+        nvrtc_version = None  # the NVRTC wheel is missing: kernels will say so
     listing = []
     for index in range(found.device_count):
-        dev = use_device(index)
-        with cuda_call(f"Device({index}) properties"):
-            name = str(dev.name)
-            cc = dev.compute_capability
-            pools = bool(dev.properties.memory_pools_supported)
-        handle = check(driver.cuDeviceGet(index), "cuDeviceGet")
-        total = int(check(driver.cuDeviceTotalMem(handle), "cuDeviceTotalMem"))
-        listing.append(DeviceInfo(index, name, (int(cc.major), int(cc.minor)), total, pools,
-                                  int(found.driver_version or 0), runtime_version,
-                                  nvrtc_version))
+        facts = chosen.device_facts(index)
+        listing.append(DeviceInfo(index, facts.name, facts.compute_capability,
+                                  facts.total_memory, facts.memory_pools_supported,
+                                  facts.driver_version, facts.runtime_version, nvrtc_version,
+                                  facts.simulated))
     return tuple(listing)
 
 
@@ -589,6 +654,9 @@ def describe() -> list[str]:
         return [f"cuda:     not available ({found.reason})"]
     listing = devices()
     head = listing[0]
+    if head.simulated:
+        simulated: list[str] = seam().describe()  # type: ignore[attr-defined]
+        return [*simulated, *(f"          {info.describe()}" for info in listing)]
     nvrtc = ("missing" if head.nvrtc_version is None
              else f"{head.nvrtc_version[0]}.{head.nvrtc_version[1]}")
     lines = [f"cuda:     available: {len(listing)} device{'s' if len(listing) != 1 else ''}, "

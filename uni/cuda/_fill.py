@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from uni.cuda._driver import check
+from uni.cuda._driver import seam
 
 
 @attrs.frozen
@@ -113,21 +113,15 @@ def model_fill(memory: np.ndarray[Any, Any], plan: list[Step]) -> None:
 
 def run_fill(ptr: int, plan: list[Step], stream_handle: int) -> None:
     """Issue ``plan`` on the stream (the device's context must be current on this thread)."""
-    from cuda.bindings import driver  # optional dependency, imported after detection
-
-    stream = driver.CUstream(stream_handle)
+    driver = seam()
     for op in plan:
         if isinstance(op, Copy):
-            check(driver.cuMemcpyDtoDAsync(ptr + op.dst_offset, ptr + op.src_offset, op.nbytes,
-                                           stream), "cuMemcpyDtoDAsync")
+            driver.memcpy_async(ptr + op.dst_offset, ptr + op.src_offset, op.nbytes,
+                                stream_handle)
             continue
         dst = ptr + op.byte_offset
         if op.height > 1:
-            check(driver.cuMemsetD2D32Async(dst, op.pitch, op.value, op.count, op.height, stream),
-                  "cuMemsetD2D32Async")
-        elif op.width == 1:
-            check(driver.cuMemsetD8Async(dst, op.value, op.count, stream), "cuMemsetD8Async")
-        elif op.width == 2:
-            check(driver.cuMemsetD16Async(dst, op.value, op.count, stream), "cuMemsetD16Async")
+            driver.memset_2d_async(dst, op.pitch, op.value, op.width, op.count, op.height,
+                                   stream_handle)
         else:
-            check(driver.cuMemsetD32Async(dst, op.value, op.count, stream), "cuMemsetD32Async")
+            driver.memset_async(dst, op.value, op.width, op.count, stream_handle)

@@ -71,12 +71,16 @@ class Operand:
 
 @attrs.frozen
 class Launch:
-    """A kernel with its arguments (``cuda.core.launch`` form) and launch geometry."""
+    """A kernel with its arguments (``cuda.core.launch`` form) and launch geometry.
+
+    ``touches``: the ``(address, nbytes, writes)`` byte ranges the kernel may access, for
+    the driver seam's ordering checks (None: every allocation a pointer argument is in)."""
 
     kernel: KernelSource
     args: tuple[Any, ...]
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    touches: tuple[tuple[int, int, bool], ...] | None = None
 
 
 def _i64(value: int) -> np.int64:
@@ -184,7 +188,25 @@ def plan_elementwise(op: ElementOp | str, out: Operand, inputs: Sequence[Operand
     if isinstance(op, ElementOp):  # scale's factor, clip's bounds, in the computing dtype
         args += [compute.type(p) for p in op.parameters_in(compute)]
     args += _layout_args(plan)
-    return Launch(kernel, tuple(args), _grid_1d(plan.count, block, max_blocks), (block, 1, 1))
+    touches = _touches((out, out_dtype), [(x, low.input.stored) for x, low in
+                                          zip(arrays, (c for c in lowered if c is not None),
+                                              strict=True)])
+    return Launch(kernel, tuple(args), _grid_1d(plan.count, block, max_blocks), (block, 1, 1),
+                  touches)
+
+
+def _touches(written: tuple[Operand, Any], read: Sequence[tuple[Operand, Any]]
+             ) -> tuple[tuple[int, int, bool], ...]:
+    """The byte ranges a launch may access: ``(address, nbytes, writes)`` per operand, from
+    its lowest to its highest element (what the driver seam checks ordering against)."""
+    out = []
+    for (x, dtype), write in ((written, True), *((r, False) for r in read)):
+        reach = _reach(x.shape, x.strides, x.offset)
+        if reach is None or not x.ptr:
+            continue
+        size = as_dtype(dtype).itemsize
+        out.append((x.ptr + reach[0] * size, (reach[1] - reach[0] + 1) * size, write))
+    return tuple(out)
 
 
 def _layout_args(plan: IterationPlan) -> list[np.int64]:
@@ -287,7 +309,8 @@ def plan_gemm(a: Operand, b: Operand, c: Operand, alpha: Any = 1, beta: Any = 0,
                                 c.strides[-2], c.strides[-1])]
     grid = (min(-(-n // tile), max_grid[0]), min(-(-m // tile), max_grid[1]),
             min(bplan.count, max_grid[2]))
-    return Launch(kernel, tuple(args), grid, (tile, tile, 1))
+    return Launch(kernel, tuple(args), grid, (tile, tile, 1),
+                  _touches((c, out_dtype), [(a, la.input.stored), (b, lb.input.stored)]))
 
 
 def plan_gemv(a: Operand, x: Operand, y: Operand, alpha: Any = 1, beta: Any = 0,
@@ -333,7 +356,8 @@ def plan_gemv(a: Operand, x: Operand, y: Operand, alpha: Any = 1, beta: Any = 0,
     for per_axis in bplan.strides:
         args += [_i64(v) for v in per_axis]
     args += [_i64(v) for v in (a.strides[-2], a.strides[-1], x.strides[-1], y.strides[-1])]
-    return Launch(kernel, tuple(args), _grid_1d(count, block, max_blocks), (block, 1, 1))
+    return Launch(kernel, tuple(args), _grid_1d(count, block, max_blocks), (block, 1, 1),
+                  _touches((y, out_dtype), [(a, la.input.stored), (x, lx.input.stored)]))
 
 
 

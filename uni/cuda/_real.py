@@ -6,9 +6,9 @@ an event, a buffer, a kernel), this keeps it in a table under its int handle. Fa
 through ``uni.cuda._driver``'s error funnel (``check`` for ``cuda.bindings`` result codes,
 ``cuda_call`` for cuda.core and nvmath exceptions).
 
-Status: the NVRTC functions are what ``uni.cuda._nvrtc`` compiles with (they need no
-driver). The rest is not called yet: moving uni's CUDA modules onto :class:`RealDriver` is
-the next step, and it must be checked on a GPU (``scripts/gpu-check.sh``).
+Status: uni's CUDA modules call it through ``uni.cuda._driver.seam()`` (the NVRTC functions
+also directly: they need no driver). It has not run on a GPU yet: ``scripts/gpu-check.sh``
+is what checks it there.
 """
 
 from __future__ import annotations
@@ -103,7 +103,10 @@ def _core() -> Any:
 
 
 class RealDriver:
-    """The seam on a GPU. One per process (it holds the int-handle tables)."""
+    """The seam on a GPU. One per process (it holds the int-handle tables and, per thread,
+    the current device and its cuda.core Device)."""
+
+    simulated = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -132,7 +135,9 @@ class RealDriver:
             return core.Stream.from_handle(handle)  # a foreign stream: not ours to close
 
     def _device(self) -> Any:
-        return _driver.use_device(_current_device())
+        """The cuda.core Device current on this thread (:meth:`use_device` made it so)."""
+        device = _current_device()
+        return _local.contexts[device][0]
 
     # -- availability and device facts ---------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -143,7 +148,8 @@ class RealDriver:
 
     def device_facts(self, device: int) -> DeviceFacts:
         driver = _bindings()
-        dev = _driver.use_device(device)
+        _driver.use_device(device)
+        dev = self._device()
         with cuda_call(f"Device({device}) properties"):
             name, cc = str(dev.name), dev.compute_capability
             pools = bool(dev.properties.memory_pools_supported)
@@ -156,7 +162,24 @@ class RealDriver:
                            int(_driver.detection().driver_version or 0), version)
 
     def use_device(self, device: int) -> None:
-        _driver.use_device(device)
+        # The primary context, made current per thread; cached per thread with the context
+        # it had, so that one cheap cuCtxGetCurrent notices another library switching it.
+        _driver.require(device)
+        driver = _bindings()
+        cached: dict[int, tuple[Any, int]] | None = getattr(_local, "contexts", None)
+        if cached is None:
+            cached = _local.contexts = {}
+        entry = cached.get(device)
+        if entry is not None:
+            current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+            if int(current) == entry[1]:
+                _local.device = device
+                return
+        with cuda_call(f"Device({device}).set_current"):
+            dev = _core().Device(device)
+            dev.set_current()
+        current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        cached[device] = (dev, int(current))
         _local.device = device
 
     # -- memory ----------------------------------------------------------------------------

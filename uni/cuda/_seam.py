@@ -14,14 +14,14 @@ legacy one), a ``CUevent``, a module, a kernel, a cuBLAS handle. Failures raise
 ``uni.cuda._driver``); a misuse the simulator detects (a race, a free under pending work)
 raises a ``CudaError`` subclass naming what was touched.
 
-Status: this module is the interface and its inventory. The real implementation is
-``uni.cuda._real.RealDriver``; ``uni.cuda._nvrtc`` compiles through it already (NVRTC needs
-no driver, so that much is tested here). The rest of uni's CUDA modules still call
-cuda-python directly (the table below says where); moving each call site onto the seam is
-the next step, after which ``uni.cuda.simulate()`` runs uni's GPU tests on the simulator.
+Status: every call site below goes through the seam (``uni.cuda._driver.seam()``, chosen
+once per process: the real driver, or the simulated device after ``uni.cuda.simulate()`` /
+``UNI_CUDA_SIMULATOR=1``). The real implementation is ``uni.cuda._real.RealDriver``; it has
+not run on a GPU yet. Kernel launches pass ``touches=`` (the launch planner's operand byte
+ranges, ``Launch.touches``).
 
-Inventory: every call uni makes into cuda-python / nvmath today and the seam method that
-replaces it (``dev`` is a ``cuda.core.Device``; ``driver``/``nvrtc``/``runtime`` are
+Inventory: every call uni made into cuda-python / nvmath before the seam, and the seam
+method that replaced it (``dev`` is a ``cuda.core.Device``; ``driver``/``nvrtc``/``runtime`` are
 ``cuda.bindings`` modules; ``cublas`` is ``nvmath.bindings.cublas``).
 
 ============================================================  ==============================

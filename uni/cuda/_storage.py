@@ -27,7 +27,6 @@ is handed back to its owner only after the fences too.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import sys
 import threading
@@ -42,7 +41,7 @@ from uni._accessor import CUDA, DefaultAccessor
 from uni._core import AccessQueue, Fence
 from uni._dtypes import as_dtype
 from uni._errors import DomainError, LayoutError, LeaseError
-from uni.cuda._driver import check_device, cuda_call, require, use_device
+from uni.cuda._driver import check_device, require, seam, use_device
 from uni.cuda._fences import record_fence, split_fences
 from uni.cuda._fill import fill_plan, pattern_of, run_fill
 from uni.cuda._handle import CudaHandle, CudaPointerAccessor
@@ -198,17 +197,17 @@ def free_after_fences(close: Callable[[Any], None], fences: list[Any], stream: A
         close(stream)
 
 
-def _free_device(cu_buffer: Any, device: int, fences: FenceSource, stream: Stream | None = None
+def _free_device(ptr: int, device: int, fences: FenceSource, stream: Stream | None = None
                  ) -> None:
     if sys.is_finalizing():
         return  # the driver may already be gone; the process exit frees everything
     if stream is None:  # from the finalizer (or a close without a stream)
-        _from_finalizer(fences, lambda: _free_device_now(cu_buffer, device, fences, None))
+        _from_finalizer(fences, lambda: _free_device_now(ptr, device, fences, None))
     else:
-        _free_device_now(cu_buffer, device, fences, stream)
+        _free_device_now(ptr, device, fences, stream)
 
 
-def _free_device_now(cu_buffer: Any, device: int, fences: FenceSource, stream: Stream | None
+def _free_device_now(ptr: int, device: int, fences: FenceSource, stream: Stream | None
                      ) -> None:
     try:
         use_device(device)
@@ -218,8 +217,7 @@ def _free_device_now(cu_buffer: Any, device: int, fences: FenceSource, stream: S
         def close(on: Stream) -> None:
             try:
                 use_device(device)  # the reaper's thread, when host fences deferred it
-                with cuda_call("cuMemFreeAsync"):
-                    cu_buffer.close(on._live("cuMemFreeAsync"))
+                seam().mem_free_async(ptr, on._live("cuMemFreeAsync"))
             except Exception:
                 if threading.get_ident() == caller:
                     raise
@@ -286,14 +284,12 @@ class CudaBuffer:
         if nbytes == 0:
             self.ptr = 0
             return self
-        dev = use_device(index)
+        use_device(index)
         on = stream if stream is not None else default_stream(index)
-        with cuda_call("cuMemAllocFromPoolAsync"):
-            cu_buffer = dev.allocate(nbytes, stream=on._live("cuMemAllocFromPoolAsync"))
-        self.ptr = int(cu_buffer.handle)
-        # The holder passed to the finalizer is the cuda.core buffer and the fence source,
-        # never this object: the finalizer must not keep it alive.
-        self._finalizer = weakref.finalize(self, _free_device, cu_buffer, index, self.fences)
+        self.ptr = seam().mem_alloc_async(nbytes, on._live("cuMemAllocFromPoolAsync"))
+        # The finalizer holds the pointer and the fence source, never this object: it must
+        # not keep it alive.
+        self._finalizer = weakref.finalize(self, _free_device, self.ptr, index, self.fences)
         # At exit the process's memory goes with it; a free then could meet a driver that is
         # being torn down.
         self._finalizer.atexit = False
@@ -340,8 +336,8 @@ class CudaBuffer:
             return
         _obj, func, args, _kwargs = detached
         if func is _free_device:
-            cu_buffer, device, fences = args
-            _free_device(cu_buffer, device, fences, stream)
+            ptr, device, fences = args
+            _free_device(ptr, device, fences, stream)
         else:
             func(*args)
 
@@ -490,14 +486,13 @@ class CudaStorage(StorageBase):
 
 
 # -- pinned host memory ------------------------------------------------------------------
-def _free_pinned(cu_buffer: Any, device: int, fences: FenceSource) -> None:
+def _free_pinned(ptr: int, device: int, fences: FenceSource) -> None:
     if sys.is_finalizing():
         return
 
     def free() -> None:
         use_device(device)
-        with cuda_call("cuMemFreeHost"):
-            cu_buffer.close()
+        seam().host_free(ptr)
 
     _from_finalizer(fences, lambda: _REAPER.submit(free, fences.outstanding()))
 
@@ -508,13 +503,11 @@ def _pinned_array(nbytes: int, dtype: np.dtype[Any], device: int
     if nbytes == 0:
         return np.empty(0, dtype=dtype), fences
     use_device(device)
-    import cuda.core  # optional dependency, imported after detection
-
-    with cuda_call("cuMemAllocHost"):
-        cu_buffer = cuda.core.LegacyPinnedMemoryResource().allocate(nbytes)
-    raw = (ctypes.c_ubyte * nbytes).from_address(int(cu_buffer.handle))
+    driver = seam()
+    ptr = driver.host_alloc(nbytes)
+    raw = driver.host_view(ptr, nbytes)
     # The numpy views hold ``raw``; when the last one dies the memory goes to the reaper.
-    weakref.finalize(raw, _free_pinned, cu_buffer, device, fences).atexit = False
+    weakref.finalize(raw, _free_pinned, ptr, device, fences).atexit = False
     # (memoryview keeps ``raw`` alive: the views hold the memoryview, which holds ``raw``.)
     return np.frombuffer(memoryview(raw), dtype=np.uint8).view(dtype), fences
 

@@ -1,10 +1,8 @@
-"""uni.cuda.Stream, Event and default_stream: adapters over cuda.core's streams and events.
+"""uni.cuda.Stream, Event and default_stream: streams and events of the driver seam.
 
-This is the one module that names cuda.core's stream and event options (cuda-core 1.2.2:
-``StreamOptions(nonblocking=, priority=)``, ``EventOptions(timing_enabled=, blocking_sync=,
-ipc_enabled=)``, ``Device.create_stream(options=)``, ``Stream.record(options=)``,
-``Stream.wait``, ``Event.is_done``, ``Event.sync``); when cuda.core renames them, only this
-file changes.
+They hold the driver's int handles (a ``CUstream``, a ``CUevent``) and call the seam
+(``uni.cuda._driver.seam()``: the real driver, or the simulated device); the real seam
+(``uni.cuda._real``) is the one place that names cuda.core's stream and event options.
 
 Streams made here are non-blocking: they never synchronize implicitly with the legacy NULL
 stream (where PyTorch and CuPy work by default), so all ordering goes through events.
@@ -19,8 +17,11 @@ it recorded; the next conflicting access waits on it: a stream on the device
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import Any
@@ -28,27 +29,10 @@ from typing import Any
 import trio
 
 from uni._errors import CudaError, WouldBlockError
-from uni.cuda._driver import check_device, cuda_call, require, use_device
+from uni.cuda._driver import check_device, require, seam, use_device
 from uni.cuda._poller import thread_poller, wait_for
 
-
-def _options() -> Any:
-    # cuda.core is optional: imported once CUDA is known to be usable.
-    import cuda.core  # optional dependency, imported after detection
-
-    return cuda.core
-
-
-_EVENT_OPTIONS: dict[bool, Any] = {}
-
-
-def _event_options(timing: bool) -> Any:
-    # Made once: an event is recorded at every stream lease's release.
-    options = _EVENT_OPTIONS.get(timing)
-    if options is None:
-        options = _EVENT_OPTIONS[timing] = _options().EventOptions(
-            timing_enabled=timing, blocking_sync=False, ipc_enabled=False)
-    return options
+_log = logging.getLogger(__name__)
 
 
 def _would_block(what: str, instead: str) -> WouldBlockError:
@@ -66,11 +50,13 @@ class Event:
     As a fence of uni's access queue: :meth:`done`, :meth:`wait`, :meth:`add_done_callback`.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_cu", "_device", "_error", "_finished", "label")
+    __slots__ = ("__weakref__", "_closed", "_cu", "_device", "_error", "_finalizer", "_finished",
+                 "label")
 
-    _cu: Any
+    _cu: int  # the CUevent
     _device: int
     _closed: bool
+    _finalizer: weakref.finalize[Any, Any]
     _finished: bool
     _error: CudaError | None
     label: str
@@ -83,7 +69,7 @@ class Event:
                         "they cannot be constructed directly")
 
     @classmethod
-    def _wrap(cls, cu_event: Any, device: int) -> Event:
+    def _wrap(cls, cu_event: int, device: int) -> Event:
         self = object.__new__(cls)
         self._cu = cu_event
         self._device = device
@@ -91,6 +77,9 @@ class Event:
         self._finished = False
         self._error = None
         self.label = f"a CUDA event on cuda:{device}"
+        # Fences are dropped, not closed (the access queue lets go of them when they are
+        # done): the event is destroyed with its last reference, as cuda.core's is.
+        self._finalizer = _finalizer(self, _destroy_event, cu_event)
         return self
 
     @property
@@ -100,9 +89,9 @@ class Event:
     @property
     def handle(self) -> int:
         """The ``CUevent`` as an int."""
-        return int(self._live("Event.handle").handle)
+        return int(self._live("Event.handle"))
 
-    def _live(self, call: str) -> Any:
+    def _live(self, call: str) -> int:
         if self._closed:
             raise CudaError(f"{call}: the event is closed", call=call)
         return self._cu
@@ -112,8 +101,7 @@ class Event:
         """True once every piece of work recorded before this event has completed."""
         cu = self._live("cuEventQuery")
         use_device(self._device)
-        with cuda_call("cuEventQuery"):
-            return bool(cu.is_done)
+        return bool(seam().event_query(cu))
 
     # -- the access queue's Fence protocol -------------------------------------------------
     def done(self) -> bool:
@@ -188,8 +176,7 @@ class Event:
         if trio.lowlevel.in_trio_run() and not self.is_done:
             raise _would_block("Event.synchronize()", "`await event`")
         use_device(self._device)
-        with cuda_call("cuEventSynchronize"):
-            cu.sync()
+        seam().event_synchronize(cu)
 
     def __await__(self) -> Generator[Any, None, None]:
         self._live("await Event")
@@ -197,16 +184,16 @@ class Event:
 
     def elapsed_ms(self, start: Event) -> float:
         """Milliseconds from ``start`` to this event (both recorded with ``timing=True``)."""
-        with cuda_call("cuEventElapsedTime"):
-            return float(self._live("cuEventElapsedTime") - start._live("cuEventElapsedTime"))
+        return float(seam().event_elapsed_ms(start._live("cuEventElapsedTime"),
+                                             self._live("cuEventElapsedTime")))
 
     def close(self) -> None:
         """Destroy the event (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        with cuda_call("cuEventDestroy"):
-            self._cu.close()
+        self._finalizer.detach()
+        seam().event_destroy(self._cu)
 
     def __enter__(self) -> Event:
         return self
@@ -242,19 +229,21 @@ class Stream:
     manager. ``__cuda_stream__`` lets cuda.core, CuPy and others take it as a stream.
     """
 
-    __slots__ = ("__weakref__", "_borrowed", "_closed", "_cu", "_device", "_is_default")
+    __slots__ = ("__weakref__", "_borrowed", "_closed", "_cu", "_device", "_finalizer",
+                 "_is_default")
 
     def __init__(self, device: int = 0) -> None:
         index = require(check_device(device), what="uni.cuda.Stream")
-        dev = use_device(index)
-        core = _options()
-        with cuda_call("cuStreamCreate"):
-            self._cu = dev.create_stream(
-                options=core.StreamOptions(nonblocking=True, priority=None))
+        use_device(index)
+        self._cu: int = seam().stream_create(nonblocking=True)
         self._device = index
         self._closed = False
         self._is_default = False
         self._borrowed = False
+        # A stream dropped without close() is destroyed with its last reference (as
+        # cuda.core's owned streams are), its close hooks run first.
+        self._finalizer: weakref.finalize[Any, Any] | None = _finalizer(
+            self, _destroy_stream, index, self._cu)
 
     @classmethod
     def borrow(cls, handle: int, device: int = 0) -> Stream:
@@ -265,20 +254,13 @@ class Stream:
             raise TypeError(f"expected a CUstream handle as an int > 0, got {handle!r}")
         index = require(check_device(device), what="uni.cuda.Stream.borrow")
         use_device(index)
-        core = _options()
-        with cuda_call("Stream.from_handle"):
-            if handle == 1:
-                cu = core.LEGACY_DEFAULT_STREAM
-            elif handle == 2:
-                cu = core.PER_THREAD_DEFAULT_STREAM
-            else:
-                cu = core.Stream.from_handle(handle)
         self = object.__new__(cls)
-        self._cu = cu
+        self._cu = handle  # the seam's handles are the driver's: 1 and 2 the default streams
         self._device = index
         self._closed = False
         self._is_default = False
         self._borrowed = True
+        self._finalizer = None  # not ours to destroy
         return self
 
     @property
@@ -288,7 +270,7 @@ class Stream:
     @property
     def handle(self) -> int:
         """The ``CUstream`` as an int (for cuBLAS, DLPack, raw driver calls)."""
-        return int(self._live("Stream.handle").handle)
+        return int(self._live("Stream.handle"))
 
     @property
     def is_default(self) -> bool:
@@ -299,7 +281,7 @@ class Stream:
     def closed(self) -> bool:
         return self._closed
 
-    def _live(self, call: str) -> Any:
+    def _live(self, call: str) -> int:
         if self._closed:
             raise CudaError(f"{call}: the stream is closed", call=call)
         return self._cu
@@ -311,8 +293,13 @@ class Stream:
         """A new event marking the work queued on this stream so far."""
         cu = self._live("cuEventRecord")
         use_device(self._device)
-        with cuda_call("cuEventRecord"):
-            event = cu.record(options=_event_options(bool(timing)))
+        driver = seam()
+        event = driver.event_create(timing=bool(timing))
+        try:
+            driver.event_record(event, cu)
+        except BaseException:
+            driver.event_destroy(event)
+            raise
         return Event._wrap(event, self._device)
 
     def wait(self, event: Event | Stream) -> None:
@@ -326,8 +313,18 @@ class Stream:
         else:
             raise TypeError(f"expected a uni.cuda.Event or uni.cuda.Stream, got {event!r}")
         use_device(self._device)
-        with cuda_call("cuStreamWaitEvent"):
-            cu.wait(other)
+        driver = seam()
+        if isinstance(event, Event):
+            driver.stream_wait_event(cu, other)
+            return
+        # A stream: wait for an event recorded on it now (what cuda.core's Stream.wait does);
+        # destroying the event at once is allowed, the wait keeps what it waits for.
+        marker = driver.event_create(timing=False)
+        try:
+            driver.event_record(marker, other)
+            driver.stream_wait_event(cu, marker)
+        finally:
+            driver.event_destroy(marker)
 
     def synchronize(self) -> None:
         """Block this thread until all work queued so far has completed."""
@@ -339,8 +336,7 @@ class Stream:
                                        "`await stream.synchronize_async()`")
             return
         use_device(self._device)
-        with cuda_call("cuStreamSynchronize"):
-            cu.sync()
+        seam().stream_synchronize(cu)
 
     async def synchronize_async(self) -> None:
         """Wait (in trio, without blocking the loop) for the work queued so far.
@@ -363,14 +359,16 @@ class Stream:
         if self._closed or self._is_default:
             return
         self._closed = True
+        finalizer = getattr(self, "_finalizer", None)  # None: borrowed, or made by hand
+        if finalizer is not None:
+            finalizer.detach()
         if self._borrowed:
             return  # not ours to destroy
-        handle = int(self._cu.handle)
+        handle = int(self._cu)
         for hook in _close_hooks:
             hook(self._device, handle)
         use_device(self._device)
-        with cuda_call("cuStreamDestroy"):
-            self._cu.close()
+        seam().stream_destroy(self._cu)
 
     def __enter__(self) -> Stream:
         return self
@@ -388,6 +386,33 @@ class Stream:
 #: ``hook(device, handle)`` runs when uni is about to destroy one of its streams: what is
 #: bound to the stream goes with it (uni.backends.cublas's handles). A hook must not raise.
 _close_hooks: list[Callable[[int, int], None]] = []
+
+
+def _finalizer(owner: object, fn: Callable[..., None], *args: Any) -> weakref.finalize[Any, Any]:
+    found = weakref.finalize(owner, fn, *args)
+    found.atexit = False  # at shutdown the driver may be gone: the process frees it all
+    return found
+
+
+def _destroy_event(handle: int) -> None:
+    if sys.is_finalizing():
+        return
+    try:
+        seam().event_destroy(handle)
+    except Exception:  # a finalizer must not raise; the event is lost either way
+        _log.debug("destroying a dropped CUDA event failed", exc_info=True)
+
+
+def _destroy_stream(device: int, handle: int) -> None:
+    if sys.is_finalizing():
+        return
+    try:
+        for hook in _close_hooks:
+            hook(device, handle)
+        use_device(device)
+        seam().stream_destroy(handle)
+    except Exception:  # a finalizer must not raise
+        _log.debug("destroying a dropped CUDA stream failed", exc_info=True)
 
 
 def on_stream_close(hook: Callable[[int, int], None]) -> None:

@@ -26,9 +26,9 @@ What it cannot tell: speed (nothing it measures is a GPU's), the real driver's b
 beyond its documented semantics, memory limits beyond a byte count, and races between the
 host and the device on pinned memory (host reads are plain loads it cannot see).
 
-It is never chosen on its own. Turning it on (``UNI_CUDA_SIMULATOR=1``, or
-``uni.cuda.simulate(jitter=None, seed=None)``) arrives with the step that moves uni's CUDA
-modules onto the seam; until then it is used through this class directly.
+It is never chosen on its own: ``UNI_CUDA_SIMULATOR=1`` or ``uni.cuda.simulate(jitter=None,
+seed=None)`` (before the first CUDA use) make ``uni.cuda._driver.seam()`` this, and all of
+uni's CUDA modules then run on it.
 """
 
 from __future__ import annotations

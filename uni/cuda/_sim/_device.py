@@ -54,6 +54,9 @@ class Simulator:
     :attr:`seed` so a run can be replayed). ``races=False`` turns the race check off (the
     free checks stay), to watch what a race does to the data."""
 
+    #: What ``uni.cuda.is_simulated()`` asks of the chosen driver.
+    simulated = True
+
     def __init__(self, *, devices: int = 1, jitter: float | None = None,
                  seed: int | None = None, total_memory: int = DEFAULT_TOTAL_MEMORY,
                  races: bool = True) -> None:
