@@ -443,6 +443,12 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     if not uni.cuda.is_available():
         print(f"SKIP bench_cuda: {uni.cuda.unavailable_reason()}")
         return []
+    if uni.cuda.is_simulated():
+        # Note: the simulated device's times are a simulation's (worker threads, jitter),
+        # never a GPU's: no speed figure is reported from it.
+        print("SKIP bench_cuda: the CUDA device is simulated (UNI_CUDA_SIMULATOR / "
+              "uni.cuda.simulate()): no GPU figures from a simulation")
+        return []
     repeats = 5 if quick else 15
     rows = _copy_cases(256 << 20, (256 << 20) if quick else (1 << 30), repeats)
     rows += _wake_cases(20 if quick else 100)

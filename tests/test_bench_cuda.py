@@ -21,6 +21,17 @@ def test_without_a_gpu_it_skips_and_writes_no_rows(tmp_path: pathlib.Path) -> No
     assert json.loads(out.read_text()) == []
 
 
+def test_on_the_simulated_device_it_skips_and_reports_no_gpu_figure(tmp_path: pathlib.Path
+                                                                   ) -> None:
+    out = tmp_path / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k != "UNI_DISABLE_CUDA"}
+    env.update(PYTHONPATH=str(REPO), UNI_CUDA_SIMULATOR="1")
+    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert done.stdout.startswith("SKIP bench_cuda: the CUDA device is simulated")
+    assert json.loads(out.read_text()) == []
+
+
 def test_the_table_shows_times_ratios_and_rates(capsys: object) -> None:
     sys.path.insert(0, str(BENCH.parent))  # benchmarks/ is a folder of scripts, not a package
     try:

@@ -217,3 +217,31 @@ def test_the_checker_sees_a_cycle_an_upward_import_and_an_unlabelled_local_impor
     local = [line for name in modules for _, line, top, text_ in imports(name, modules)
              if not top and "#" not in text_]
     assert local == [2]
+
+
+#: The driver seam (issue 23): the only uni modules that import cuda-python or nvmath.
+#: ``_real`` is the seam's real implementation; ``_driver`` detects the driver (and holds
+#: the error funnel) before an implementation is chosen.
+SEAM = {"uni.cuda._real", "uni.cuda._driver"}
+
+
+def _foreign_cuda_imports(name: str) -> list[tuple[int, str]]:
+    tree = ast.parse(MODULES[name].read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            targets = [node.module]
+        else:
+            continue
+        found += [(node.lineno, t) for t in targets
+                  if t == "cuda" or t.startswith(("cuda.", "nvmath"))]
+    return found
+
+
+def test_only_the_driver_seam_imports_cuda_python_or_nvmath() -> None:
+    outside = {f"{name}:{line} imports {target}" for name in MODULES if name not in SEAM
+               for line, target in _foreign_cuda_imports(name)}
+    assert not outside, sorted(outside)
+    assert all(_foreign_cuda_imports(name) for name in SEAM)  # the check sees imports

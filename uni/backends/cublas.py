@@ -289,49 +289,23 @@ def plan_gemv_calls(a: Matrix, x: Matrix, y: Matrix, dtype: Any, alpha: Any, bet
 
 
 # -- running the calls -------------------------------------------------------------------
-def _module() -> Any:
-    # nvmath is optional: imported when the first call runs, so the backend imports anywhere.
-    from nvmath.bindings import cublas as module  # optional dependency (the cuBLAS wheel)
-
-    return module
-
-
 _UNCHECKED = "unchecked"
 _library: str | None = _UNCHECKED
 _library_lock = threading.Lock()
 
 
 def library_reason() -> str | None:
-    """Why the cuBLAS library cannot be loaded here (None when it loads); checked once.
-
-    ``nvmath.bindings.cublas`` imports without the library: it loads it on the first call
-    (``cublasCreate``), which would then fail in the middle of a gemm instead of letting the
-    dispatch walk fall back to cuda_reference. So the library is loaded here first, the way
-    nvmath finds it (``cuda.pathfinder``: the nvidia-cublas wheel, then the system), without
-    calling into it.
-    """
+    """Why the cuBLAS library cannot be loaded here (None when it loads); checked once,
+    through the driver seam (the real driver loads the library without calling into it;
+    the simulated device's cuBLAS is numpy)."""
     global _library
     found = _library
     if found is _UNCHECKED:
         with _library_lock:
             if _library is _UNCHECKED:
-                _library = _load_library()
+                _library = seam().blas_unavailable_reason()
             found = _library
     return found
-
-
-def _load_library() -> str | None:
-    try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib  # optional dependency (cuda-python)
-    except ImportError as err:
-        return f"cuda-pathfinder is not installed ({err}); install uni[cuda]"
-    try:
-        load_nvidia_dynamic_lib("cublas")
-    except RuntimeError as err:  # DynamicLibNotFoundError and its kin are RuntimeErrors
-        text = " ".join(str(err).split())
-        return (f"the cuBLAS library (libcublas.so.13 with libcublasLt) could not be loaded: "
-                f"{text[:400]}; install nvidia-cublas 13.x (uni[cuda])")
-    return None
 
 
 def _forget_library() -> None:
@@ -346,13 +320,6 @@ def unavailable_reason() -> str | None:
     reason = _driver.unavailable_reason()
     if reason is not None:
         return f"CUDA is not usable here: {reason}"
-    if _driver.is_simulated():
-        # The simulated device's cuBLAS is numpy: no library to load.
-        return seam().blas_unavailable_reason()
-    try:
-        _module()
-    except ImportError as err:
-        return f"nvmath-python is not installed ({err}); install uni[cuda]"
     return library_reason()
 
 

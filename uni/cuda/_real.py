@@ -373,15 +373,25 @@ class RealDriver:
 
     # -- cuBLAS ----------------------------------------------------------------------------
     def blas_unavailable_reason(self) -> str | None:
+        # nvmath.bindings.cublas imports without the library: it loads it on the first call
+        # (cublasCreate), which would then fail in the middle of a gemm instead of letting
+        # the dispatch walk fall back to cuda_reference. So the library is loaded here
+        # first, the way nvmath finds it (cuda.pathfinder: the nvidia-cublas wheel, then the
+        # system), without calling into it.
         try:
-            from cuda.pathfinder import load_nvidia_dynamic_lib  # optional (cuda-python)
             from nvmath.bindings import cublas  # noqa: F401  # optional (the cuBLAS wheel)
         except ImportError as err:
-            return f"nvmath-python / cuda-pathfinder is not installed ({err}); install uni[cuda]"
+            return f"nvmath-python is not installed ({err}); install uni[cuda]"
+        try:
+            from cuda.pathfinder import load_nvidia_dynamic_lib  # optional (cuda-python)
+        except ImportError as err:
+            return f"cuda-pathfinder is not installed ({err}); install uni[cuda]"
         try:
             load_nvidia_dynamic_lib("cublas")
         except RuntimeError as err:  # DynamicLibNotFoundError and its kin are RuntimeErrors
-            return f"the cuBLAS library could not be loaded: {' '.join(str(err).split())[:400]}"
+            text = " ".join(str(err).split())
+            return (f"the cuBLAS library (libcublas.so.13 with libcublasLt) could not be "
+                    f"loaded: {text[:400]}; install nvidia-cublas 13.x (uni[cuda])")
         return None
 
     def blas_create(self, stream: int) -> int:
