@@ -50,30 +50,36 @@ class TaskOwner(Owner):
 
     Never the calling context's token: an awaited lease is nobody's for self-deadlock
     detection (a task never deadlocks a thread), but a time-out behind it still names who
-    holds the data.
+    holds the data. Made on every awaited grant, so it only keeps references; the words are
+    built when a message needs them.
     """
 
-    __slots__ = ("task",)
+    __slots__ = ("library", "task", "thread")
 
     def __init__(self, library: str) -> None:
-        super().__init__()
-        self.task = f"{library} task {_task_name(library)!r}"
+        # Note: Owner.__init__ is not called: ident stays None (never a context's token),
+        # and the names are looked up when a message needs them (describe).
+        self.ident = None
+        self.library = library
+        self.thread = threading.current_thread()
+        try:
+            self.task: object = (trio.lowlevel.current_task() if library == "trio"
+                                 else asyncio.current_task())
+        except RuntimeError:  # not inside a task after all
+            self.task = None
 
     def __repr__(self) -> str:
         return f"<uni owner: {self.describe()}>"
 
     def describe(self) -> str:
-        return f"{self.task} in thread {self.name!r}"
-
-
-def _task_name(library: str) -> str:
-    try:
-        if library == "trio":
-            return trio.lowlevel.current_task().name
-        task = asyncio.current_task()
-        return task.get_name() if task is not None else "?"
-    except RuntimeError:  # not inside a task after all
-        return "?"
+        task = self.task
+        if task is None:
+            label = "?"
+        elif self.library == "trio":
+            label = getattr(task, "name", "?")
+        else:
+            label = task.get_name()  # type: ignore[attr-defined]
+        return f"{self.library} task {label!r} in thread {self.thread.name!r}"
 
 
 _owner: contextvars.ContextVar[Owner] = contextvars.ContextVar("uni_owner")
