@@ -8,8 +8,8 @@ from uni._core._fences import Fence
 from uni._core._owners import Owner
 
 if TYPE_CHECKING:
-    from uni._core._queue import AccessQueue
-    from uni._core._waiters import Waiter
+    from uni._core._queue import AccessQueue  # annotations only (TYPE_CHECKING)
+    from uni._core._waiters import Waiter  # annotations only (TYPE_CHECKING)
 
 Mode = Literal["read", "write"]
 

@@ -14,7 +14,7 @@ from uni._core._eventloop import AsyncioWake, reschedule_quietly, run_quietly
 if TYPE_CHECKING:
     import asyncio
 
-    from uni._core._request import AccessRequest
+    from uni._core._request import AccessRequest  # annotations only (TYPE_CHECKING)
 
 __all__ = ["Waiter"]
 

@@ -45,7 +45,7 @@ import attrs
 from uni._errors import CudaError, DomainError
 
 if TYPE_CHECKING:
-    from uni.cuda._seam import Driver
+    from uni.cuda._seam import Driver  # annotations only (TYPE_CHECKING)
 
 #: Environment variable that turns CUDA off for this process (and its children).
 DISABLE_ENV = "UNI_DISABLE_CUDA"

@@ -107,7 +107,7 @@ import attrs
 if TYPE_CHECKING:
     import ctypes
 
-    from uni.cuda._codegen import KernelSource
+    from uni.cuda._codegen import KernelSource  # annotations only (TYPE_CHECKING)
 
 #: ``CU_STREAM_LEGACY``: the legacy default (NULL) stream; 0 means it too.
 LEGACY_STREAM = 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from uni.cuda._seam import Driver
+    from uni.cuda._seam import Driver  # annotations only (TYPE_CHECKING)
 
 
 def make_driver(simulated: bool, requested: tuple[float | None, int | None] | None) -> Driver:
