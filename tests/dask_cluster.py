@@ -9,9 +9,11 @@ system (port 0); workers' HTTP servers take port 0 already.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 
 #: The HTTP server of the scheduler, on a free port of the loopback interface only.
 HTTP_ADDRESS = "127.0.0.1:0"
@@ -23,3 +25,17 @@ def local_cluster(**kwargs: Any) -> LocalCluster:
                         **kwargs.pop("scheduler_kwargs", {})}
     return LocalCluster(scheduler_port=0, dashboard_address=None,
                         scheduler_kwargs=scheduler_kwargs, **kwargs)
+
+
+@contextlib.contextmanager
+def process_client(timeout: float = 90) -> Iterator[Client]:
+    """A client of a fresh cluster of two single-threaded worker processes (2 GiB each), its
+    workers waited for (``timeout`` seconds); the cluster is closed after."""
+    cluster = local_cluster(n_workers=2, threads_per_worker=1, processes=True,
+                            memory_limit="2GiB")
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=timeout)
+            yield client
+    finally:
+        cluster.close(timeout=timeout)

@@ -28,7 +28,7 @@ zarr = pytest.importorskip("zarr")
 
 import dask.array as da  # noqa: E402
 import trio  # noqa: E402
-from dask_cluster import local_cluster  # noqa: E402
+from dask_cluster import process_client  # noqa: E402
 from distributed import Client  # noqa: E402
 from distributed.scheduler import KilledWorker  # noqa: E402
 
@@ -42,14 +42,8 @@ ALLOWED_FAILURES = 1  # Dask retries a task once after its worker died, then giv
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
     with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
-        cluster = local_cluster(n_workers=2, threads_per_worker=1, processes=True,
-                                memory_limit="2GiB")
-        try:
-            with Client(cluster) as c:
-                c.wait_for_workers(2, timeout=T)
-                yield c
-        finally:
-            cluster.close(timeout=T)
+        with process_client(T) as c:
+            yield c
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ pytest.importorskip("distributed")
 import dask.array as da
 import numcodecs
 import zarr
-from dask_cluster import local_cluster
+from dask_cluster import process_client
 from distributed import Client
 
 import uni
@@ -248,14 +248,8 @@ def test_a_store_replaced_with_other_codecs_is_noticed(tmp_path: Any) -> None:
 # -- end to end, on worker processes ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
-    cluster = local_cluster(n_workers=2, threads_per_worker=1, processes=True,
-                            memory_limit="2GiB")
-    try:
-        with Client(cluster) as c:
-            c.wait_for_workers(2, timeout=T)
-            yield c
-    finally:
-        cluster.close(timeout=T)
+    with process_client(T) as c:
+        yield c
 
 
 def test_a_gemm_from_compressed_inputs_into_a_compressed_output(
