@@ -1,10 +1,13 @@
-"""Shared pytest setup: hypothesis profiles (shared strategies live in tests/strategies.py) and
+"""Shared pytest setup: hypothesis profiles (shared strategies live in tests/support/strategies.py) and
 the ``cuda`` marker's skip where no CUDA device is usable."""
 
 import os
 
 import pytest
 from hypothesis import settings
+
+# The shared helpers' own asserts (support.storages.assert_idle, ...) report like a test's.
+pytest.register_assert_rewrite("support")
 
 # No per-example deadline: the first example of a test pays for imports and numpy warm-up.
 settings.register_profile("uni", deadline=None)

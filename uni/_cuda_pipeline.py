@@ -23,7 +23,7 @@ Two streams: the copy stream carries the copy-in (upload); the compute stream th
 transforms and the copy-out (download). A stream runs its work in order, so the copy-out
 must not share a stream with the copy-in: download(i) waits for block i's compute, and an
 upload of block i+1 queued behind it would wait too (no copy-in would ever overlap a compute;
-the stream doubles of tests/test_cuda_pipeline.py show exactly that). Behind the compute of
+the stream doubles of tests/app/test_cuda_pipeline.py show exactly that). Behind the compute of
 its own block on the compute stream, the copy-out needs no cross-stream wait at all, the
 copy-in of the next block runs beside it, and the two copy directions use the device's two
 copy engines at once.

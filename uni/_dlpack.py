@@ -15,7 +15,7 @@ record behind it (structs, shape/stride arrays, the array and the caller's owner
 module-level table until either the consumer calls our deleter or, if nobody consumed the
 capsule, the capsule's destructor does; ``on_release`` runs exactly once either way.
 
-What the common consumers accept (numpy 2.4, torch 2.13, measured, see tests/test_dlpack.py):
+What the common consumers accept (numpy 2.4, torch 2.13, measured, see tests/core/test_dlpack.py):
 
 * numpy takes any element strides, negative ones included, and any data alignment (the
   view is then flagged unaligned). It imports *legacy* capsules read-only, since they cannot

@@ -232,7 +232,7 @@ def lease_for(access: Access, is_tensor: bool) -> _Lease:
 
 # The uncontended lease: in C where uni._fastlease is built (see the header of
 # uni/_fastlease.c), else the Python twins it was written from. Both give the same leases,
-# errors and ordering: tests/test_acquire_fast.py runs with each.
+# errors and ordering: tests/core/test_acquire_fast.py runs with each.
 open_lease: Callable[[Any], Any]
 finish_access: Callable[[Access], BaseException | None]
 _unusable: str | None

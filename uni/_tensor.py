@@ -592,7 +592,7 @@ def _reshape_strides(
 
 # ``t[i:j]`` of a vector: in C where uni._fastview is built (uni/_fastview.c: there
 # Tensor.__getitem__ becomes a C method that calls self._getitem_py for every other key), else
-# the Python code it twins. tests/test_tensor.py checks that both give the same views.
+# the Python code it twins. tests/core/test_tensor.py checks that both give the same views.
 #: The Python ``Tensor.__getitem__`` (the C one replaces it where uni._fastview is built).
 getitem_py = Tensor.__getitem__
 

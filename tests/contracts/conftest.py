@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _support import Combo, Subject
+from support.contracts import Combo, Subject
 
 import uni
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _support import ASYNC_WAYS, BOUND, Combo, Loop, Subject, assert_idle, grid
+from support.contracts import ASYNC_WAYS, BOUND, Combo, Loop, Subject, assert_idle, grid
 
 import uni
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _support import ALL_WAYS, BOUND, Combo, Loop, Subject, assert_idle, grid
+from support.contracts import ALL_WAYS, BOUND, Combo, Loop, Subject, assert_idle, grid
 
 import uni
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _support import ALL_WAYS, INITIAL, Combo, Loop, Subject, assert_idle, grid
+from support.contracts import ALL_WAYS, INITIAL, Combo, Loop, Subject, assert_idle, grid
 
 import uni
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _support import ASYNC_WAYS, BOUND, LEASE_WAYS, Combo, Loop, Subject, assert_idle, grid
+from support.contracts import ASYNC_WAYS, BOUND, LEASE_WAYS, Combo, Loop, Subject, assert_idle, grid
 
 import uni
 

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import pytest
-from _support import BOUND, LEASE_WAYS, Combo, Loop, Subject, assert_idle, grid
+from support.contracts import BOUND, LEASE_WAYS, Combo, Loop, Subject, assert_idle, grid
 
 import uni
 

@@ -1,0 +1,784 @@
+"""Tests for the acquire_* functions: ordering, sync and async acquisition, poisoning,
+cancellation, domains, and a thread + task stress run."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from support.acquire import Boom, InThread, assert_nothing_grantable_is_pending, overlaps, queue_of
+from support.storages import assert_idle
+
+import uni
+from uni.storage import Region
+
+read_sync = uni.acquire_host_read_access_sync
+write_sync = uni.acquire_host_write_access_sync
+read_async = uni.acquire_host_read_access_async
+write_async = uni.acquire_host_write_access_async
+
+
+def values(t: uni.Tensor) -> np.ndarray[Any, Any]:
+    with read_sync(t, timeout=5, allow_poisoned=True) as lease:
+        return np.array(lease.mdspan(), copy=True)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.001)
+
+
+# -- ordering ------------------------------------------------------------------------------
+async def test_grants_follow_program_order_whatever_order_tasks_start() -> None:
+    t = uni.zeros((8,))
+    # R, R, W, R, R registered in program order, by the calls themselves.
+    pending = [read_async(t), read_async(t), write_async(t), read_async(t), read_async(t)]
+    assert queue_of(t).active_count() == 2 and queue_of(t).pending_count() == 3
+    started: list[int] = []
+    entered: list[int] = []
+    inside: set[int] = set()
+    seen: dict[int, np.ndarray[Any, Any]] = {}
+    first_epoch_done = trio.Event()
+    second_epoch_go = trio.Event()
+
+    async def run(i: int) -> None:
+        started.append(i)
+        async with pending[i] as lease:
+            entered.append(i)
+            view = np.asarray(lease.mdspan())
+            if i == 2:
+                assert inside == set(), "the writer must be alone"
+                for k in range(8):  # element by element, with the loop running in between
+                    view[k] = 1.0
+                    await trio.lowlevel.checkpoint()
+                return
+            inside.add(i)
+            seen[i] = view.copy()
+            await (first_epoch_done if i < 2 else second_epoch_go).wait()
+            inside.discard(i)
+
+    async with trio.open_nursery() as nursery:
+        for i in reversed(range(5)):
+            nursery.start_soon(run, i)
+            await trio.testing.wait_all_tasks_blocked()
+        assert started == [4, 3, 2, 1, 0]
+        # The first two readers share an epoch; the writer and later readers wait.
+        assert inside == {0, 1} and sorted(entered) == [0, 1]
+        assert queue_of(t).pending_count() == 3
+        first_epoch_done.set()
+        await trio.testing.wait_all_tasks_blocked()
+        # The writer ran alone; then the last two readers entered together.
+        assert entered[:3] in ([1, 0, 2], [0, 1, 2]) and inside == {3, 4}
+        second_epoch_go.set()
+    for i in (0, 1):
+        np.testing.assert_array_equal(seen[i], np.zeros(8))
+    for i in (3, 4):
+        np.testing.assert_array_equal(seen[i], np.ones(8))
+    assert_idle(t)
+
+
+def test_sync_writer_waits_for_earlier_readers_and_holds_back_later_ones() -> None:
+    t = uni.zeros((3,))
+    r1 = read_sync(t)
+    log: list[str] = []
+
+    def writer() -> None:
+        with write_sync(t, timeout=10) as lease:
+            log.append("writer in")
+            np.asarray(lease.mdspan())[...] = 7.0
+            time.sleep(0.02)
+            log.append("writer out")
+
+    w = InThread(writer)
+    wait_until(lambda: queue_of(t).pending_count() == 1)
+
+    def late_reader() -> Any:
+        with read_sync(t, timeout=10) as lease:
+            log.append("late reader in")
+            return np.array(lease.mdspan(), copy=True)
+
+    late = InThread(late_reader)
+    wait_until(lambda: queue_of(t).pending_count() == 2)
+    assert log == []  # the late reader queues behind the writer, not beside r1
+    log.append("r1 out")
+    r1.release()
+    w.join()
+    np.testing.assert_array_equal(late.join(), [7.0] * 3)
+    assert log == ["r1 out", "writer in", "writer out", "late reader in"]
+    assert_idle(t)
+
+
+def test_disjoint_views_do_not_wait_for_each_other() -> None:
+    t = uni.zeros((4, 4))
+    with write_sync(t[0]), write_sync(t[1], timeout=0), read_sync(t[2], timeout=0):
+        # Overlapping requests still wait (here: time out).
+        for view in (t, t[:, 0], t[0:2]):
+            with pytest.raises(uni.LeaseTimeoutError):
+                InThread(functools.partial(read_sync, view, timeout=0.01)).join()
+    assert_idle(t)
+
+
+async def test_disjoint_async_requests_are_granted_at_call_time() -> None:
+    t = uni.zeros((4, 4))
+    async with write_async(t[0]):
+        pending = [write_async(t[1]), read_async(t[2]), read_async(t[2, 1:]), write_async(t[3])]
+        assert queue_of(t).pending_count() == 0 and queue_of(t).active_count() == 5
+        overlapping = write_async(t[:, 1])
+        assert queue_of(t).pending_count() == 1
+        for p in pending:
+            (await p).release()
+    with trio.fail_after(5):
+        (await overlapping).release()
+    assert_idle(t)
+
+
+# -- sync ----------------------------------------------------------------------------------
+def test_sync_timeout_names_the_holder() -> None:
+    t = uni.zeros((3,))
+    holding = threading.Event()
+    done = threading.Event()
+
+    def hold() -> None:
+        with write_sync(t):
+            holding.set()
+            done.wait(10)
+
+    holder = InThread(hold, name="holder-thread")
+    holding.wait(10)
+    start = time.monotonic()
+    with pytest.raises(uni.LeaseTimeoutError) as info:
+        read_sync(t, timeout=0.05)
+    assert time.monotonic() - start >= 0.045
+    message = str(info.value)
+    assert "write lease on Tensor(shape=(3,), dtype=float64)" in message
+    assert "holder-thread" in message
+    assert isinstance(info.value, TimeoutError)
+    with pytest.raises(uni.LeaseTimeoutError, match="holder-thread"):
+        write_sync(t[1:], timeout=0)
+    assert queue_of(t).pending_count() == 0  # the timed-out requests were withdrawn
+    done.set()
+    holder.join()
+    assert_idle(t)
+
+
+@pytest.mark.parametrize(
+    ("held", "asked"),
+    [("read", "write"), ("write", "read"), ("write", "write")],
+)
+def test_same_thread_self_deadlock_raises_conflict_at_once(held: str, asked: str) -> None:
+    t = uni.zeros((3, 3))
+    lease = (read_sync if held == "read" else write_sync)(t[0])
+    start = time.monotonic()
+    with pytest.raises(uni.LeaseConflictError) as info:
+        (read_sync if asked == "read" else write_sync)(t, timeout=5)
+    assert time.monotonic() - start < 1
+    assert f"holds {held} lease on Tensor(shape=(3,), dtype=float64)" in str(info.value)
+    assert queue_of(t).pending_count() == 0 and queue_of(t).active_count() == 1
+    # Data the thread does not hold is fine.
+    (read_sync if asked == "read" else write_sync)(t[1], timeout=0).release()
+    lease.release()
+    assert_idle(t)
+
+
+async def test_sync_acquisition_that_would_wait_inside_trio_raises_would_block() -> None:
+    t = uni.zeros((3,))
+    holding = trio.Event()
+    done = trio.Event()
+
+    async def hold() -> None:
+        async with write_async(t):
+            holding.set()
+            await done.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hold)
+        await holding.wait()
+        with pytest.raises(uni.WouldBlockError, match="acquire_host_read_access_async"):
+            read_sync(t)
+        with pytest.raises(uni.WouldBlockError, match="acquire_host_write_access_async"):
+            write_sync(t[1:], timeout=10)
+        assert queue_of(t).pending_count() == 0
+        done.set()
+    assert_idle(t)
+
+
+async def test_uncontended_sync_acquisition_inside_trio_works() -> None:
+    t = uni.zeros((3,))
+    with write_sync(t) as lease:
+        np.asarray(lease.mdspan())[...] = 2.0
+    async with read_async(t):
+        with read_sync(t) as lease:  # joins the active read epoch: no wait
+            np.testing.assert_array_equal(np.asarray(lease.mdspan()), [2.0] * 3)
+    assert_idle(t)
+
+
+# -- async ---------------------------------------------------------------------------------
+async def test_async_result_is_awaitable_and_an_async_context_manager() -> None:
+    t = uni.zeros((3,))
+    pending = write_async(t)
+    assert isinstance(pending, uni.PendingAcquisition)
+    lease = await pending
+    assert isinstance(lease, uni.WriteTensorLease) and lease.active
+    with pytest.raises(RuntimeError, match="already awaited"):
+        await pending
+    np.asarray(lease.mdspan())[...] = 3.0
+    lease.release()
+    async with read_async(t) as lease2:
+        assert isinstance(lease2, uni.ReadTensorLease)
+        np.testing.assert_array_equal(np.asarray(lease2.mdspan()), [3.0] * 3)
+    assert not lease2.active
+    assert_idle(t)
+
+
+async def test_async_registration_happens_at_call_time() -> None:
+    t = uni.zeros((3,))
+    first = write_async(t)
+    # Granted by the call itself, before anything is awaited.
+    assert queue_of(t).active_count() == 1
+    second = read_async(t)
+    third = write_async(t)
+    assert [(mode, granted) for mode, *_, granted in queue_of(t).snapshot()] == [
+        ("write", True), ("read", False), ("write", False)]
+    order: list[str] = []
+
+    async def take(name: str, pending: uni.PendingAcquisition) -> None:
+        async with pending:
+            order.append(name)
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take, "third", third)
+        nursery.start_soon(take, "second", second)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(take, "first", first)
+    assert order == ["first", "second", "third"]
+    assert_idle(t)
+
+
+async def test_dropped_unawaited_request_is_withdrawn_with_warning() -> None:
+    t = uni.zeros((3,))
+    dropped = write_async(t)  # granted at call time, never awaited
+    later = read_async(t)     # queued behind it
+    assert queue_of(t).pending_count() == 1
+    got: list[bool] = []
+
+    async def reader() -> None:
+        with trio.fail_after(5):
+            async with later:
+                got.append(True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []
+        with pytest.warns(ResourceWarning, match="never awaited"):
+            del dropped
+            gc.collect()
+    assert got == [True]
+    # A pending (not yet granted) request dropped unawaited is withdrawn too.
+    with write_sync(t):
+        with pytest.warns(ResourceWarning, match="withdrawn"):
+            pending = read_async(t)
+            assert queue_of(t).pending_count() == 1
+            del pending
+            gc.collect()
+        assert queue_of(t).pending_count() == 0
+    assert_idle(t)
+
+
+class StepCounter(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.steps: dict[trio.lowlevel.Task, int] = {}
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task] = self.steps.get(task, 0) + 1
+
+
+async def test_waiting_does_not_block_the_event_loop_nor_poll() -> None:
+    t = uni.zeros((3,))
+    holder = write_sync(t)
+    np.asarray(holder.mdspan())[...] = 5.0
+    timer = threading.Timer(0.2, holder.release)  # released from another thread
+    ticks = 0
+    got: list[np.ndarray[Any, Any]] = []
+    waiter_task: list[trio.lowlevel.Task] = []
+    counter = StepCounter()
+    trio.lowlevel.add_instrument(counter)
+
+    async def waiter() -> None:
+        waiter_task.append(trio.lowlevel.current_task())
+        with trio.fail_after(10):
+            async with read_async(t) as lease:
+                got.append(np.array(lease.mdspan(), copy=True))
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not got:
+            ticks += 1
+            await trio.sleep(0.01)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            nursery.start_soon(ticker)
+            await trio.testing.wait_all_tasks_blocked()
+            timer.start()
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+        timer.join()
+    np.testing.assert_array_equal(got[0], [5.0] * 3)
+    assert ticks >= 5  # the loop kept running other tasks while the waiter waited
+    # Parked, not polling: one step to park, one after the wake-up.
+    assert counter.steps[waiter_task[0]] <= 3
+    assert_idle(t)
+
+
+async def test_async_waiter_woken_by_a_sync_thread_release() -> None:
+    t = uni.zeros((3,))
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with write_sync(t, timeout=10) as lease:
+            np.asarray(lease.mdspan())[...] = 4.0
+            holding.set()
+            release.wait(10)
+
+    thread = InThread(hold)
+    await trio.to_thread.run_sync(holding.wait)
+    with trio.fail_after(10):
+        pending = read_async(t)
+        release.set()
+        async with pending as lease:
+            np.testing.assert_array_equal(np.asarray(lease.mdspan()), [4.0] * 3)
+    thread.join()
+    assert_idle(t)
+
+
+# -- poisoning -----------------------------------------------------------------------------
+def test_failed_writer_poisons_its_data() -> None:
+    t = uni.zeros((3, 4))
+    boom = Boom("half-written")
+    with pytest.raises(Boom):
+        with write_sync(t) as lease:
+            np.asarray(lease.mdspan())[0] = 1.0
+            raise boom
+    for acquire in (read_sync, write_sync):
+        for x in (t, t.mdspec(), t[1:, 2]):
+            with pytest.raises(uni.PoisonedError, match="allow_poisoned") as info:
+                acquire(x, timeout=0)
+            assert info.value.__cause__ is boom
+    # allow_poisoned reads (and writes) it anyway, half-written state included.
+    with read_sync(t, allow_poisoned=True) as lease:
+        assert np.asarray(lease.mdspan())[0, 0] == 1.0
+    write_sync(t, allow_poisoned=True).release()  # does not clear: no overwrite promise
+    with pytest.raises(uni.PoisonedError):
+        read_sync(t)
+    assert_idle(t)
+
+
+async def test_poisoned_data_refuses_async_acquisition() -> None:
+    t = uni.zeros((3,))
+    boom = Boom()
+    with pytest.raises(Boom):
+        async with write_async(t):
+            raise boom
+    with pytest.raises(uni.PoisonedError) as info:
+        await read_async(t)
+    assert info.value.__cause__ is boom
+    with pytest.raises(uni.PoisonedError):
+        async with write_async(t):
+            pass  # pragma: no cover
+    async with read_async(t, allow_poisoned=True):
+        pass
+    async with write_async(t, overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = 1.0
+    async with read_async(t) as lease:
+        np.testing.assert_array_equal(np.asarray(lease.mdspan()), [1.0] * 3)
+    assert_idle(t)
+
+
+def test_successful_overwrite_clears_poison_and_a_failed_one_does_not() -> None:
+    t = uni.zeros((3, 4))
+    with pytest.raises(Boom):
+        with write_sync(t):
+            raise Boom("first")
+    second = Boom("second")
+    with pytest.raises(Boom):
+        with write_sync(t, overwrite=True):  # overwrite is allowed on poisoned data ...
+            raise second
+    with pytest.raises(uni.PoisonedError):  # ... but only success clears it
+        read_sync(t)
+    # Overwriting a part does not vouch for the rest.
+    write_sync(t[0], overwrite=True).release()
+    with pytest.raises(uni.PoisonedError):
+        read_sync(t)
+    with write_sync(t, overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = 8.0
+    np.testing.assert_array_equal(values(t), np.full((3, 4), 8.0))
+    read_sync(t).release()
+    assert_idle(t)
+
+
+def test_poisoning_a_row_does_not_poison_disjoint_rows() -> None:
+    t = uni.zeros((3, 4))
+    boom = Boom()
+    with pytest.raises(Boom):
+        with write_sync(t[1]) as lease:
+            np.asarray(lease.mdspan())[...] = 9.0
+            raise boom
+    for row in (t[0], t[2], t[2, ::-1]):
+        with write_sync(row) as lease:
+            np.asarray(lease.mdspan())[...] = 1.0
+        read_sync(row).release()
+    for overlapping in (t, t[1], t[1, 1:3], t[0:2], t[:, 0]):
+        with pytest.raises(uni.PoisonedError) as info:
+            read_sync(overlapping)
+        assert info.value.__cause__ is boom
+    write_sync(t[1], overwrite=True).release()
+    read_sync(t).release()
+    assert_idle(t)
+
+
+def test_failed_reader_does_not_poison() -> None:
+    t = uni.zeros((3,))
+    with pytest.raises(Boom):
+        with read_sync(t):
+            raise Boom()
+    read_sync(t).release()
+    assert_idle(t)
+
+
+async def test_writer_cancelled_inside_its_block_poisons() -> None:
+    t = uni.zeros((3,))
+    with trio.move_on_after(0.01):
+        async with write_async(t) as lease:
+            np.asarray(lease.mdspan())[0] = 1.0
+            await trio.sleep_forever()
+    with pytest.raises(uni.PoisonedError) as info:
+        read_sync(t)
+    assert isinstance(info.value.__cause__, trio.Cancelled)
+    assert_idle(t)
+
+
+# -- domains -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "acquire",
+    [
+        uni.acquire_cuda_read_access_sync,
+        uni.acquire_cuda_write_access_sync,
+        uni.acquire_cuda_read_access_async,
+        uni.acquire_cuda_write_access_async,
+    ],
+)
+def test_cuda_acquisition_of_host_data_is_a_domain_error(acquire: Callable[..., Any]) -> None:
+    t = uni.zeros((3,))
+    for x in (t, t.mdspec(), t[1:]):
+        with pytest.raises(uni.DomainError, match=r"uni\.copy"):
+            acquire(x)
+    assert_idle(t)
+
+
+# -- stress --------------------------------------------------------------------------------
+STRESS_THREADS = 4
+STRESS_THREAD_LEASES = 2_500
+STRESS_TASKS = 50
+STRESS_TASK_LEASES = 200
+WRITE_SHARE = 0.3
+STEP = 8  # elements written between two yields
+
+
+def stress_views(t: uni.Tensor) -> list[uni.Tensor]:
+    """Disjoint rows, overlapping row pairs, a column, a block, reversed and strided views."""
+    return [t, t[0], t[1], t[2], t[3], t[4], t[5], t[0:2], t[2:4], t[3:6], t[:, 3], t[1:5, 2:6],
+            t[5, ::-1], t[::2, 1::3]]
+
+
+class StressChecks:
+    """Invariants checked inside every lease, shared by threads and tasks."""
+
+    def __init__(self, n_views: int) -> None:
+        self.tokens = itertools.count(2, 2)  # writer k writes k, then k + 1: even = mid-write
+        self.counters = [0] * n_views       # bumped non-atomically inside each write lease
+        self.writes = [0] * n_views         # what each worker reports doing, summed at the end
+        self.reads = 0
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def check_settled(view: np.ndarray[Any, Any]) -> None:
+        assert (view % 2 == 1).all(), f"a reader saw a half-written pattern: {view}"
+
+    def record(self, writes: list[int], reads: int) -> None:
+        with self.lock:
+            for i, n in enumerate(writes):
+                self.writes[i] += n
+            self.reads += reads
+
+
+def stress_thread(t: uni.Tensor, views: list[uni.Tensor], checks: StressChecks, seed: int) -> None:
+    rng = random.Random(seed)
+    writes = [0] * len(views)
+    reads = 0
+    for _ in range(STRESS_THREAD_LEASES):
+        v = rng.randrange(len(views))
+        if rng.random() < WRITE_SHARE:
+            with write_sync(views[v], timeout=10) as lease:
+                a = np.asarray(lease.mdspan())
+                checks.check_settled(a)
+                k = next(checks.tokens)
+                for value in (k, k + 1):
+                    for n, index in enumerate(np.ndindex(a.shape)):
+                        a[index] = value
+                        if n % STEP == STEP - 1:
+                            time.sleep(0)
+                    assert (a == value).all(), "another writer wrote inside a write lease"
+                count = checks.counters[v]
+                time.sleep(0)
+                checks.counters[v] = count + 1
+            writes[v] += 1
+        else:
+            with read_sync(views[v], timeout=10) as lease:
+                a = np.asarray(lease.mdspan())
+                snapshot = a.copy()
+                checks.check_settled(snapshot)
+                time.sleep(0)
+                assert (a == snapshot).all(), "data changed under a read lease"
+            reads += 1
+    checks.record(writes, reads)
+
+
+async def stress_task(t: uni.Tensor, views: list[uni.Tensor], checks: StressChecks,
+                      seed: int) -> None:
+    rng = random.Random(seed)
+    writes = [0] * len(views)
+    reads = 0
+    for _ in range(STRESS_TASK_LEASES):
+        v = rng.randrange(len(views))
+        with trio.fail_after(10):
+            if rng.random() < WRITE_SHARE:
+                async with write_async(views[v]) as lease:
+                    a = np.asarray(lease.mdspan())
+                    checks.check_settled(a)
+                    k = next(checks.tokens)
+                    for value in (k, k + 1):
+                        for n, index in enumerate(np.ndindex(a.shape)):
+                            a[index] = value
+                            if n % STEP == STEP - 1:
+                                await trio.lowlevel.checkpoint()
+                        assert (a == value).all(), "another writer wrote inside a write lease"
+                    count = checks.counters[v]
+                    await trio.lowlevel.checkpoint()
+                    checks.counters[v] = count + 1
+                writes[v] += 1
+            else:
+                async with read_async(views[v]) as lease:
+                    a = np.asarray(lease.mdspan())
+                    snapshot = a.copy()
+                    checks.check_settled(snapshot)
+                    await trio.lowlevel.checkpoint()
+                    assert (a == snapshot).all(), "data changed under a read lease"
+                reads += 1
+    checks.record(writes, reads)
+
+
+@pytest.mark.slow
+async def test_stress_threads_and_tasks_on_overlapping_views() -> None:
+    seed = 20240611
+    t = uni.full((6, 8), 1, dtype=uni.int64)  # odd everywhere: settled
+    views = stress_views(t)
+    checks = StressChecks(len(views))
+    async with trio.open_nursery() as nursery:
+        for w in range(STRESS_THREADS):
+            nursery.start_soon(trio.to_thread.run_sync, stress_thread, t, views, checks, seed + w)
+        for w in range(STRESS_TASKS):
+            nursery.start_soon(stress_task, t, views, checks, seed + 1000 + w)
+    total = checks.reads + sum(checks.writes)
+    assert total == STRESS_THREADS * STRESS_THREAD_LEASES + STRESS_TASKS * STRESS_TASK_LEASES
+    assert total >= 20_000
+    assert checks.counters == checks.writes
+    assert min(checks.writes) > 0 and checks.reads > 0
+    checks.check_settled(values(t))
+    assert_idle(t)
+
+
+@pytest.mark.parametrize("seed", range(80))
+async def test_cancellation_at_random_points(seed: int) -> None:
+    rng = random.Random(seed)
+    t = uni.zeros((4, 4))
+    views = [t, t[0], t[1], t[1:3], t[:, 2], t[3, ::-1], t[2:, 1:3]]
+    regions = [Region.of(v.mapping, v.offset) for v in views]
+    holding: dict[int, tuple[str, Region]] = {}
+    outcomes: dict[int, str] = {}
+    timers: list[threading.Timer] = []
+
+    # Leases held at the start, released at random points (some from another thread).
+    held: list[Any] = []
+    for _ in range(rng.randint(1, 3)):
+        acquire = write_sync if rng.random() < 0.5 else read_sync
+        try:
+            held.append(acquire(rng.choice(views), timeout=0))
+        except uni.WouldBlockError:
+            pass  # conflicts with an earlier one: withdrawn at once
+
+    async def waiter(i: int, scope: trio.CancelScope, pending: Any, mode: str, v: int,
+                     hold: int) -> None:
+        with scope:
+            if pending is None:
+                pending = (write_async if mode == "write" else read_async)(views[v], allow_poisoned=True)
+            outcomes[i] = "waiting"
+            async with pending as lease:
+                for j, (other_mode, other) in holding.items():
+                    assert not (overlaps(other, regions[v]) and "write" in (mode, other_mode)), (
+                        f"waiter {i} ({mode}) granted beside {j} ({other_mode})")
+                holding[i] = (mode, regions[v])
+                outcomes[i] = "granted"
+                try:
+                    if mode == "write":
+                        np.asarray(lease.mdspan())[...] = i
+                    for _ in range(hold):
+                        await trio.lowlevel.checkpoint()
+                finally:
+                    del holding[i]
+            outcomes[i] = "done"
+        if scope.cancelled_caught:
+            outcomes[i] += "+cancelled"
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            scopes = []
+            for i in range(rng.randint(2, 8)):
+                mode = "write" if rng.random() < 0.5 else "read"
+                v = rng.randrange(len(views))
+                # Half register now, in program order; half when their task first runs.
+                pending = None
+                if rng.random() < 0.5:
+                    pending = (write_async if mode == "write" else read_async)(views[v], allow_poisoned=True)
+                scope = trio.CancelScope()
+                scopes.append(scope)
+                nursery.start_soon(waiter, i, scope, pending, mode, v, rng.randint(0, 3))
+                del pending
+            for _ in range(rng.randint(1, 25)):
+                assert_nothing_grantable_is_pending(queue_of(t))
+                action = rng.random()
+                if action < 0.25:
+                    await trio.lowlevel.checkpoint()
+                elif action < 0.35:
+                    await trio.testing.wait_all_tasks_blocked()
+                elif action < 0.55:
+                    rng.choice(scopes).cancel()
+                elif held:
+                    lease = held.pop(rng.randrange(len(held)))
+                    if action < 0.65:
+                        lease.release()
+                        rng.choice(scopes).cancel()  # lands after the grant it just made
+                    elif action < 0.75:
+                        lease.release()
+                    elif action < 0.9:
+                        # Released from another thread, so the wake-up is still in flight
+                        # (run_sync_soon) when the cancellation arrives: grant and cancel race.
+                        releaser = threading.Thread(target=lease.release)
+                        releaser.start()
+                        releaser.join()
+                        for scope in rng.sample(scopes, rng.randint(1, len(scopes))):
+                            scope.cancel()
+                    else:
+                        timer = threading.Timer(rng.random() * 0.002, lease.release)
+                        timers.append(timer)
+                        timer.start()
+            assert_nothing_grantable_is_pending(queue_of(t))
+            for lease in held:
+                lease.release()
+            held.clear()
+    for timer in timers:
+        timer.join()
+    assert len(outcomes) == len(scopes)
+    assert set(outcomes.values()) <= {"done", "waiting+cancelled", "granted+cancelled"}, outcomes
+    assert holding == {}
+    assert queue_of(t).pending_count() == queue_of(t).active_count() == 0
+    fresh = write_sync(t, timeout=0, overwrite=True)  # granted at once
+    fresh.release()
+    assert_idle(t)
+
+
+async def test_a_lease_taken_in_a_worker_thread_does_not_stick_to_the_thread() -> None:
+    t = uni.zeros(4)
+    kept = await trio.to_thread.run_sync(uni.acquire_host_write_access_sync, t)
+    released = threading.Event()
+
+    def later_job() -> str:
+        # Another job on the same (reused) worker thread: it must wait, not be told it holds
+        # the task's lease.
+        threading.Timer(0.05, lambda: (kept.release(), released.set())).start()
+        with uni.acquire_host_read_access_sync(t, timeout=5):
+            return "read"
+
+    assert await trio.to_thread.run_sync(later_job) == "read"
+    assert released.is_set()
+
+
+def test_poison_is_tracked_per_written_view() -> None:
+    t = uni.from_numpy(np.zeros((3, 4)))
+    with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(t[:, 0]):
+        raise RuntimeError("column writer failed")
+    # Another column lies inside the failed column's element range but shares no element.
+    with uni.acquire_host_read_access_sync(t[:, 1], timeout=5) as lease:
+        assert np.asarray(lease.mdspan()).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(uni.PoisonedError, match="column writer failed"):
+        uni.acquire_host_read_access_sync(t[1])  # row 1 holds an element of that column
+    # Overwriting that same strided view clears it (one [lo, hi] range never could).
+    with uni.acquire_host_write_access_sync(t[:, 0], overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = 1.0
+    with uni.acquire_host_read_access_sync(t, timeout=5) as lease:
+        assert np.asarray(lease.mdspan())[:, 0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_timeout_accepts_infinity_and_refuses_nonsense_up_front() -> None:
+    t = uni.zeros(3)
+    held = uni.acquire_host_write_access_sync(t).transfer()  # no longer this thread's
+    threading.Timer(0.05, held.release).start()
+    with uni.acquire_host_read_access_sync(t, timeout=float("inf")):  # waits, no OverflowError
+        pass
+    for bad in (float("nan"), "soon", [1]):
+        with pytest.raises(uni.LeaseError, match="timeout must be a number"):
+            uni.acquire_host_read_access_sync(t, timeout=bad)  # type: ignore[arg-type]
+    assert t.storage.access_queue.snapshot() == []
+
+
+def test_duck_typed_views_are_checked_against_their_storage() -> None:
+    seen: list[tuple[int, int]] = []
+
+    class Recording(uni.storage.HostStorage):
+        def acquire_read(self, region: Any) -> uni.HostHandle:
+            seen.append((region.lo, region.hi))
+            return super().acquire_read(region)
+
+    storage = Recording(4)
+
+    class TensorLike:  # a tensor view by duck typing, reaching outside its 4 elements
+        def __init__(self) -> None:
+            self.storage = storage
+            self.mapping = uni.layout_stride((7,), (8,))
+            self.accessor = uni.DefaultAccessor(np.float64)
+            self.offset = -3
+
+        def backend_selector(self) -> tuple[Any, ...]:
+            return ()
+
+        def mdspec(self) -> Any:
+            raise AssertionError("not needed")
+
+    with pytest.raises(uni.LayoutError, match=r"reaches elements -3\.\.45"):
+        uni.acquire_host_read_access_sync(TensorLike())
+    assert seen == []  # the hook never saw a region outside the buffer

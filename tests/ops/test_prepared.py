@@ -1,0 +1,735 @@
+"""Prepared repeats (``uni._prepared``) must be indistinguishable from the general path:
+values, errors, ordering against other leases, poisoning."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from support.strategies import random_view
+
+import uni
+from uni import _prepared
+
+
+def _operands(dtype: str = "f8", seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((6, 4)).astype(dtype)
+    b = rng.standard_normal((4, 5)).astype(dtype)
+    c = rng.standard_normal((6, 5)).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal(a.shape).astype(dtype)
+    return a, b, c
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8", "c8", "c16"])
+@pytest.mark.parametrize(("alpha", "beta"), [(1, 0), (2.0, 3.0), (0.5, 0), (1, 1)])
+def test_repeats_match_numpy(dtype: str, alpha: float, beta: float) -> None:
+    a, b, c = _operands(dtype)
+    ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
+    tol = 1e-4 if dtype in ("f4", "c8") else 1e-12
+    for round_ in range(3):
+        before = c.copy()
+        if beta == 0:
+            c[...] = np.nan  # beta == 0 never reads c, on either path
+        uni.gemm(ta, tb, tc, alpha=alpha, beta=beta)
+        expected = alpha * (a @ b) + (beta * before if beta != 0 else 0)
+        np.testing.assert_allclose(c, expected, rtol=tol, atol=tol)
+        if round_ == 0:
+            assert _prepared.lookup("gemm", ta, tb, tc) is None  # one-off products prepare nothing
+        else:
+            assert _prepared.lookup("gemm", ta, tb, tc) is not None
+
+
+def test_alpha_zero_and_poison_take_the_general_path() -> None:
+    a, b, c = _operands()
+    ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
+    uni.gemm(ta, tb, tc)
+    uni.gemm(ta, tb, tc)
+    assert _prepared.lookup("gemm", ta, tb, tc) is not None
+    a[0, 0] = np.nan
+    c[...] = 2.0
+    uni.gemm(ta, tb, tc, alpha=0, beta=3)  # alpha == 0 never reads a
+    np.testing.assert_array_equal(c, 6.0)
+    with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(tb):
+        raise RuntimeError("writer died")
+    with pytest.raises(uni.PoisonedError) as info:
+        uni.gemm(ta, tb, tc)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    np.testing.assert_array_equal(c, 6.0)  # untouched
+
+
+def test_a_held_write_lease_is_respected() -> None:
+    a, b, c = _operands()
+    ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
+    uni.gemm(ta, tb, tc)
+    lease = uni.acquire_host_write_access_sync(tc)
+    done = threading.Event()
+
+    def other() -> None:
+        uni.gemm(ta, tb, tc)
+        done.set()
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    assert not done.wait(0.1), "the repeat ran while a write lease was held"
+    np.asarray(lease.mdspan())[...] = 7.0
+    lease.release()
+    worker.join(5)
+    assert done.is_set()
+    np.testing.assert_allclose(c, a @ b)
+    assert tc.storage.access_queue.pending_count() == 0
+
+
+def test_overrides_and_diagnostics_bypass_the_shortcut() -> None:
+    a, b, c = _operands()
+    ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
+    uni.gemm(ta, tb, tc)
+    with uni.override_backends("gemm", uni.storage.HostStorage, ["cpu_reference"]):
+        assert _prepared.lookup("gemm", ta, tb, tc) is None
+        with uni.dispatch_diagnostics() as records:
+            uni.gemm(ta, tb, tc)
+        assert records[-1].selected == "cpu_reference"
+    with uni.dispatch_diagnostics() as records:
+        uni.gemm(ta, tb, tc)
+    assert records and records[-1].selected == "blas"
+
+
+def test_views_and_aliasing_are_not_prepared() -> None:
+    a, b, _ = _operands()
+    ta, tb = uni.from_numpy(a), uni.from_numpy(b)
+    c = uni.zeros((5, 6))
+    uni.gemm(tb.T, ta.T, c)  # transposed views: still plain, still fast later
+    np.testing.assert_allclose(c.to_numpy(), (a @ b).T)
+    square = uni.from_numpy(np.eye(4))
+    uni.gemm(square, square, square)  # output aliases the inputs: general path, staged
+    np.testing.assert_allclose(square.to_numpy(), np.eye(4))
+    assert _prepared.lookup("gemm", square, square, square) is None
+
+
+def test_a_storage_whose_instance_overrides_a_hook_is_never_prepared() -> None:
+    """A repeat skips the storage's hooks, so an instance that patched one must keep
+    taking the general path, which calls it every time."""
+    x = uni.from_numpy(np.arange(6.0))
+    y = uni.zeros((6,))
+    storage = x.storage
+    calls = []
+    original = storage.acquire_read
+
+    def counted(region: Any) -> Any:
+        calls.append(region.lo)
+        return original(region)
+
+    storage.acquire_read = counted  # an instance attribute: the class is still plain
+    for _ in range(4):
+        uni.copy(x, y)
+    assert _prepared.lookup("copy", x, y) is None
+    assert len(calls) == 4
+    np.testing.assert_array_equal(y.to_numpy(), np.arange(6.0))
+
+
+def test_fresh_views_of_the_same_operands_are_found_by_value() -> None:
+    a, b, _ = _operands()
+    ta, tb = uni.from_numpy(a.T.copy()), uni.from_numpy(b)
+    c = uni.zeros((6, 5))
+    for _ in range(3):
+        uni.gemm(ta.T, tb, c)  # ta.T is a new Tensor object every time
+    found = _prepared.lookup("gemm", ta.T, tb, c)
+    assert found is not None
+    other = uni.zeros((6, 5))
+    assert _prepared.lookup("gemm", ta.T, tb, other) is None  # another storage is another product
+    np.testing.assert_allclose(c.to_numpy(), a @ b)
+
+
+def test_prepared_repeats_hold_nothing_alive() -> None:
+    import gc
+    import weakref
+
+    a, b, c = (uni.from_numpy(np.ones((8, 8))) for _ in range(3))
+    for _ in range(3):
+        uni.gemm(a, b, c)
+    assert _prepared.lookup("gemm", a, b, c) is not None
+    storages = [weakref.ref(t.storage) for t in (a, b, c)]
+    del a, b, c
+    gc.collect()
+    assert all(ref() is None for ref in storages)  # the cache kept no operand alive
+
+
+# -- the fast paths against the general path, on seeded random layouts ---------------------
+# Each case is built twice from one seed, in separate memory: the "fast" twin runs three
+# times in a plain context (the second call prepares the repeat, the third runs it), the
+# "general" twin three times inside a diagnostics block, which the prepared path always
+# steps aside for (the same default backend list, walked every time). Values, errors and
+# what the outputs are left as (readable, poisoned) must agree after every call.
+_DTYPES = ["f8", "f8", "f4", "c16", "c8", "i8", "i4", "?"]
+_HEX = re.compile(r"0x[0-9a-f]+")
+
+
+def _dtype(rng: np.random.Generator) -> str:
+    return str(rng.choice(_DTYPES))
+
+
+def _shape(rng: np.random.Generator, rank: int) -> tuple[int, ...]:
+    return tuple(int(rng.integers(0, 6)) for _ in range(rank))
+
+
+def _case(seed: int) -> tuple[str, tuple[Any, ...], dict[str, Any], list[np.ndarray]]:
+    """``(op, args, kwargs, outputs)`` for seed ``seed``: numpy views (made into tensors by
+    the caller), scalars, and which arrays are written."""
+    rng = np.random.default_rng(seed)
+    op = str(rng.choice(["copy", "transform", "transform", "gemv", "gemm"]))
+    kwargs: dict[str, Any] = {}
+    bad = rng.random() < 0.08  # now and then a shape the front end refuses
+    if op == "copy":
+        shape = _shape(rng, int(rng.integers(0, 4)))
+        src_shape = shape if not bad or not shape else (*shape[:-1], shape[-1] + 1)
+        src = random_view(rng, src_shape, _dtype(rng), broadcast=True)
+        dst = random_view(rng, shape, _dtype(rng), broadcast=rng.random() < 0.05)
+        return op, (src, dst), kwargs, [dst]
+    if op == "transform":
+        shape = _shape(rng, int(rng.integers(0, 4)))
+        fn = [uni.ops.add, uni.ops.multiply, uni.ops.subtract, np.add, np.multiply][
+            int(rng.integers(5))]
+        out = random_view(rng, shape, _dtype(rng))
+        kind = rng.random()
+        x = random_view(rng, shape, _dtype(rng), broadcast=True)
+        if kind < 0.25:
+            y: Any = [2, 0.5, True][int(rng.integers(3))]
+        elif kind < 0.4:
+            x, y = out, random_view(rng, shape, _dtype(rng), broadcast=True)  # out aliases x
+        else:
+            y_shape = shape if not bad or not shape else (*shape[:-1], shape[-1] + 2)
+            y = random_view(rng, y_shape, _dtype(rng), broadcast=True)
+        return op, (out, fn, x, y), kwargs, [out]
+    m, k, n = (int(v) for v in rng.integers(0, 6, size=3))
+    kwargs = {"alpha": [1, 2.0, 0.5, 0, -1][int(rng.integers(5))],
+              "beta": [0, 1, 0.25, 3][int(rng.integers(4))]}
+    dt = _dtype(rng) if rng.random() < 0.5 else None  # half the cases share one dtype
+    pick = (lambda: dt) if dt is not None else (lambda: _dtype(rng))
+    a = random_view(rng, (m, k), pick(), broadcast=True)
+    if op == "gemv":
+        x = random_view(rng, (k + int(bad),), pick(), broadcast=True)
+        y = random_view(rng, (m,), pick())
+        return op, (a, x, y), kwargs, [y]
+    b = random_view(rng, (k, n + int(bad)), pick(), broadcast=True)
+    c = random_view(rng, (m, n), pick())
+    return op, (a, b, c), kwargs, [c]
+
+
+def _tensors(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    seen: dict[int, Any] = {}
+    out = []
+    for x in args:
+        if isinstance(x, np.ndarray):
+            if id(x) not in seen:  # one array passed twice is one tensor passed twice
+                seen[id(x)] = uni.from_numpy(x)
+            out.append(seen[id(x)])
+        else:
+            out.append(x)
+    return tuple(out)
+
+
+def _index(args: tuple[Any, ...], x: Any) -> int:
+    return next(i for i, a in enumerate(args) if a is x)
+
+
+def _outcome(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    try:
+        getattr(uni, op)(*args, **kwargs)
+    except uni.UniError as err:
+        return type(err).__name__, _HEX.sub("0x", str(err))
+    return None
+
+
+def _state(t: Any) -> tuple[str, Any]:
+    """What a reader finds in ``t`` now: its values, or the error a read lease raises."""
+    try:
+        with uni.acquire_host_read_access_sync(t) as lease:
+            return "values", np.array(lease.numpy(), copy=True)
+    except uni.UniError as err:
+        return type(err).__name__, None
+
+
+def _same_state(fast: tuple[str, Any], general: tuple[str, Any], where: str) -> None:
+    assert fast[0] == general[0], where
+    if fast[0] == "values":
+        np.testing.assert_array_equal(fast[1], general[1], err_msg=where)
+
+
+_SEEDS = range(600)
+
+
+def test_fast_paths_match_the_general_path_on_random_layouts() -> None:
+    prepared = {"copy": 0, "transform": 0, "gemv": 0, "gemm": 0}
+    identified = dict(prepared)
+    errors = 0
+    for seed in _SEEDS:
+        op, fast_np, kwargs, fast_out = _case(seed)
+        _, general_np, _, general_out = _case(seed)
+        fast, general = _tensors(fast_np), _tensors(general_np)
+        fast_outs = [fast[_index(fast_np, o)] for o in fast_out]
+        general_outs = [general[_index(general_np, o)] for o in general_out]
+        for call in range(4):  # the 4th runs through the identity record the 3rd made
+            where = f"seed {seed}: {op} call {call}"
+            got = _outcome(op, fast, kwargs)
+            with uni.dispatch_diagnostics():
+                expected = _outcome(op, general, kwargs)
+            assert got == expected, where
+            errors += got is not None
+            for f, g in zip(fast_outs, general_outs, strict=True):
+                _same_state(_state(f), _state(g), where)
+        if op == "transform":
+            entry = _prepared.lookup("transform", fast[0], fast[1], *fast[2:])
+            by_id = _prepared.lookup_identity("transform", fast[0], fast[1], *fast[2:])
+        else:
+            entry = _prepared.lookup(op, *fast)
+            by_id = _prepared.lookup_identity(op, *fast)
+        prepared[op] += entry is not None
+        assert by_id is None or by_id is entry, seed
+        identified[op] += by_id is not None
+    # The run covered what it claims: every op reached its prepared repeat often, by value
+    # and by identity, and the error cases were met too.
+    assert all(count >= 15 for count in prepared.values()), prepared
+    assert all(count >= 15 for count in identified.values()), identified
+    assert errors >= 20
+
+
+def test_a_held_write_lease_refuses_the_repeat_as_it_refuses_the_general_path() -> None:
+    # This thread holds a write lease on an operand: both paths raise the same
+    # LeaseConflictError (never wait forever, never run), for every op and operand.
+    for op, make, operands in _held_cases():
+        for index in operands:
+            fast, general = make(), make()
+            for _ in range(3):
+                getattr(uni, op)(*fast)
+            assert _prepared.lookup(op, *fast) is not None, op
+            messages = []
+            for twin, plain_context in ((fast, True), (general, False)):
+                lease = uni.acquire_host_write_access_sync(twin[index])
+                lease.numpy()[...] = 7
+                try:
+                    with contextlib.ExitStack() as stack:
+                        if not plain_context:
+                            stack.enter_context(uni.dispatch_diagnostics())
+                        with pytest.raises(uni.LeaseConflictError) as info:
+                            getattr(uni, op)(*twin)
+                    messages.append(_HEX.sub("0x", str(info.value)))
+                    np.testing.assert_array_equal(lease.numpy(), 7)  # untouched
+                finally:
+                    lease.release()
+            assert messages[0] == messages[1], (op, index)
+
+
+def _held_cases() -> list[tuple[str, Callable[[], tuple[Any, ...]], tuple[int, ...]]]:
+    def copy_operands() -> tuple[Any, ...]:
+        return uni.from_numpy(np.arange(6.0)), uni.zeros((6,))
+
+    def gemv_operands() -> tuple[Any, ...]:
+        return (uni.from_numpy(np.ones((3, 4))), uni.from_numpy(np.arange(4.0)),
+                uni.zeros((3,)))
+
+    def transform_operands() -> tuple[Any, ...]:
+        return uni.zeros((5,)), uni.ops.add, uni.from_numpy(np.arange(5.0)), uni.full((5,), 2.0)
+
+    return [("copy", copy_operands, (0, 1)), ("gemv", gemv_operands, (0, 1, 2)),
+            ("transform", transform_operands, (0, 2, 3))]
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "transform"])
+def test_the_repeat_waits_for_another_threads_lease(op: str) -> None:
+    make = {name: maker for name, maker, _ in _held_cases()}[op]
+    operands = make()
+    for _ in range(3):
+        getattr(uni, op)(*operands)
+    assert _prepared.lookup(op, *operands) is not None
+    out = operands[-1] if op != "transform" else operands[0]
+    expected = _state(out)[1]
+    lease = uni.acquire_host_write_access_sync(out)
+    lease.numpy()[...] = -3.0
+    done = threading.Event()
+
+    def other() -> None:
+        getattr(uni, op)(*operands)
+        done.set()
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    try:
+        assert not done.wait(0.1), "the repeat ran while another thread held a write lease"
+    finally:
+        lease.release()
+    worker.join(5)
+    assert done.is_set()
+    np.testing.assert_array_equal(_state(out)[1], expected)  # it ran after, in full
+    assert out.storage.access_queue.pending_count() == 0
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_a_poisoned_input_refuses_the_repeat_as_the_general_path(op: str) -> None:
+    messages = []
+    for plain_context in (True, False):
+        operands = _poison_operands(op)
+        for _ in range(3):
+            getattr(uni, op)(*operands)
+        entry = _prepared.lookup(op, *operands)
+        assert entry is not None
+        source = operands[2] if op == "transform" else operands[0]
+        out = operands[0] if op == "transform" else operands[-1]
+        before = _state(out)[1]
+        with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(source):
+            raise RuntimeError("writer died")
+        with contextlib.ExitStack() as stack:
+            if not plain_context:
+                stack.enter_context(uni.dispatch_diagnostics())
+            with pytest.raises(uni.PoisonedError) as info:
+                getattr(uni, op)(*operands)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        messages.append(_HEX.sub("0x", str(info.value)))
+        np.testing.assert_array_equal(_state(out)[1], before)  # untouched
+    assert messages[0] == messages[1]
+
+
+def _poison_operands(op: str) -> tuple[Any, ...]:
+    rng = np.random.default_rng(3)
+    if op == "copy":
+        return uni.from_numpy(rng.standard_normal(7)), uni.zeros((7,))
+    if op == "transform":
+        return (uni.zeros((4, 3)), uni.ops.add, uni.from_numpy(rng.standard_normal((4, 3))),
+                uni.from_numpy(rng.standard_normal((4, 3))))
+    if op == "gemv":
+        return (uni.from_numpy(rng.standard_normal((3, 4))),
+                uni.from_numpy(rng.standard_normal(4)), uni.zeros((3,)))
+    return (uni.from_numpy(rng.standard_normal((3, 4))),
+            uni.from_numpy(rng.standard_normal((4, 2))), uni.zeros((3, 2)))
+
+
+class _Failing:
+    """A backend whose kernel fails on purpose (the general path's failing kernel)."""
+
+    name = "failing"
+
+    def probe(self, op: str, signature: Any) -> Any:
+        return uni.Probe.MAYBE
+
+    def try_kernel(self, op: str, call: Any) -> Any:
+        raise RuntimeError("kernel failed")
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_a_failing_prepared_kernel_poisons_what_the_general_path_poisons(
+        op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    outcomes = []
+    for prepared_run in (True, False):
+        operands = _poison_operands(op)
+        out = operands[0] if op == "transform" else operands[-1]
+        inputs = [t for t in operands if isinstance(t, uni.Tensor) and t is not out]
+        if prepared_run:
+            for _ in range(3):
+                getattr(uni, op)(*operands)
+            entry = _prepared.lookup(op, *operands)
+            assert entry is not None
+
+            def boom(*args: Any) -> bool:
+                raise RuntimeError("kernel failed")
+
+            monkeypatch.setattr(entry, "run", boom)
+            with pytest.raises(RuntimeError, match="kernel failed"):
+                getattr(uni, op)(*operands)
+        else:
+            with pytest.raises(RuntimeError, match="kernel failed"):
+                getattr(uni, op)(*operands, backends=[_Failing()])
+        with pytest.raises(uni.PoisonedError) as info:
+            uni.acquire_host_read_access_sync(out)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        outcomes.append([_state(t)[0] for t in inputs])  # the inputs stay readable
+    assert outcomes[0] == outcomes[1] == ["values"] * len(outcomes[0])
+
+
+# -- review findings --------------------------------------------------------------------------
+def _two_regions_and_a_gemm(repeats: int) -> tuple[Any, ...]:
+    """One foreign buffer in two registered regions (``left``, ``c``) and a gemm into ``c``
+    run ``repeats`` times (so it is prepared); bridging the regions later merges them."""
+    mem = np.frombuffer(bytearray(8 * 32), dtype=np.float64)
+    left = uni.from_numpy(mem[0:16].reshape(4, 4))
+    c = uni.from_numpy(mem[16:32].reshape(4, 4))
+    a, b = uni.from_numpy(np.eye(4)), uni.from_numpy(np.full((4, 4), 2.0))
+    for _ in range(repeats):
+        uni.gemm(a, b, c)
+    return mem, left, a, b, c
+
+
+def test_the_repeat_follows_a_storage_onto_the_queue_a_merge_moved_it_to() -> None:
+    # A prepared entry knew c's queue; a storage bridging two regions merges them and moves
+    # c to the other region's queue. The repeat must order on the queue c is on now: this
+    # thread's write lease on c refuses it, as it refuses the general path.
+    mem, left, a, b, c = _two_regions_and_a_gemm(3)
+    before = c.storage.access_queue
+    whole = uni.from_numpy(mem)  # bridges both regions
+    assert c.storage.access_queue is not before  # the setting this test is about
+    lease = uni.acquire_host_write_access_sync(c)
+    lease.numpy()[...] = -1.0
+    try:
+        with pytest.raises(uni.LeaseConflictError):
+            uni.gemm(a, b, c)
+        np.testing.assert_array_equal(lease.numpy(), -1.0)
+    finally:
+        lease.release()
+    uni.gemm(a, b, c)
+    np.testing.assert_array_equal(c.to_numpy(), 2.0)
+    del left, whole
+
+
+class _Refuse:
+    """A backend list that can run nothing: what an override put in place must be asked."""
+
+    name = "refuse"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def probe(self, op: str, signature: Any) -> Any:
+        return uni.Probe.MAYBE
+
+    def try_kernel(self, op: str, call: Any) -> Any:
+        self.calls += 1
+        return uni.Decline.UNSUPPORTED_INSTANCE
+
+
+def _override_operands(op: str) -> tuple[Any, ...]:
+    return _poison_operands(op)
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_an_override_in_another_thread_is_honoured_there(op: str) -> None:
+    operands = _override_operands(op)
+    refuse = _Refuse()
+    ready, go = threading.Event(), threading.Event()
+    seen: list[BaseException | None] = []
+
+    def other() -> None:
+        with uni.override_backends(op, uni.storage.HostStorage, [refuse]):
+            ready.set()
+            go.wait(5)
+            try:
+                getattr(uni, op)(*operands)
+                seen.append(None)
+            except uni.KernelDispatchError as err:
+                seen.append(err)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    ready.wait(5)
+    for _ in range(3):
+        getattr(uni, op)(*operands)  # this thread, no override: prepares the repeat
+    go.set()
+    worker.join(5)
+    assert seen and isinstance(seen[0], uni.KernelDispatchError), seen
+    assert refuse.calls >= 1
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_an_override_in_this_context_is_honoured_by_sync_and_async_forms(op: str) -> None:
+    operands = _override_operands(op)
+    for _ in range(3):
+        getattr(uni, op)(*operands)
+    refuse = _Refuse()
+    with uni.override_backends(op, uni.storage.HostStorage, [refuse]):
+        with pytest.raises(uni.KernelDispatchError):
+            getattr(uni, op)(*operands)
+        with pytest.raises(uni.KernelDispatchError):
+            getattr(uni, f"{op}_async")(*operands).result(5)
+    assert refuse.calls >= 2
+    getattr(uni, op)(*operands)  # and without it, the repeat again
+
+
+def test_an_in_place_transform_is_prepared_and_ordered_like_the_general_path() -> None:
+    # x = x + 1: the input is the output at its own layout, folded into the output's write.
+    fast, general = uni.zeros((7,)), uni.zeros((7,))
+    for _ in range(3):
+        uni.transform(fast, uni.ops.add, fast, 1.0)
+        with uni.dispatch_diagnostics():
+            uni.transform(general, uni.ops.add, general, 1.0)
+    assert _prepared.lookup("transform", fast, uni.ops.add, fast, 1.0) is not None
+    np.testing.assert_array_equal(fast.to_numpy(), general.to_numpy())
+    np.testing.assert_array_equal(fast.to_numpy(), 3.0)
+    # A read lease this thread holds on x refuses both, with the same message.
+    messages = []
+    for twin, plain_context in ((fast, True), (general, False)):
+        with uni.acquire_host_read_access_sync(twin), contextlib.ExitStack() as stack:
+            if not plain_context:
+                stack.enter_context(uni.dispatch_diagnostics())
+            with pytest.raises(uni.LeaseConflictError) as info:
+                uni.transform(twin, uni.ops.add, twin, 1.0)
+            messages.append(_HEX.sub("0x", str(info.value)))
+    assert messages[0] == messages[1]
+    np.testing.assert_array_equal(fast.to_numpy(), 3.0)
+    # A shifted overlap (y[1:] = y[:-1] * 2) is never prepared: the general path stages it.
+    y, expected = uni.from_numpy(np.arange(6.0)), np.arange(6.0)
+    for _ in range(3):
+        uni.transform(y[1:], uni.ops.multiply, y[:-1], 2.0)
+        expected[1:] = expected[:-1].copy() * 2.0
+    assert _prepared.lookup("transform", y[1:], uni.ops.multiply, y[:-1], 2.0) is None
+    np.testing.assert_array_equal(y.to_numpy(), expected)
+
+
+@pytest.mark.parametrize("plain_context", [True, False])
+def test_an_async_repeat_queues_behind_another_threads_lease(plain_context: bool) -> None:
+    # Prepared or not, copy_async behind another thread's write lease is registered, waits
+    # for the release, then runs in full.
+    src, dst = uni.from_numpy(np.arange(5.0)), uni.zeros((5,))
+    for _ in range(3):
+        uni.copy_async(src, dst).result(5)
+    assert _prepared.lookup("copy", src, dst) is not None
+    held = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:
+        with uni.acquire_host_write_access_sync(dst) as lease:
+            lease.numpy()[...] = -1.0
+            held.set()
+            release.wait(5)
+
+    worker = threading.Thread(target=holder)
+    worker.start()
+    held.wait(5)
+    with contextlib.ExitStack() as stack:
+        if not plain_context:
+            stack.enter_context(uni.dispatch_diagnostics())
+        future = uni.copy_async(src, dst)
+    assert not future.done()
+    release.set()
+    worker.join(5)
+    future.result(5)
+    np.testing.assert_array_equal(dst.to_numpy(), np.arange(5.0))
+
+
+# -- identity records and held runs --------------------------------------------------------------
+def test_an_identity_record_dies_with_its_tensor_and_the_entry_stays() -> None:
+    import gc
+
+    arrays = [np.ones((4, 4)), np.full((4, 4), 2.0), np.zeros((4, 4))]
+    a, b, c = (uni.from_numpy(x) for x in arrays)
+    gc.collect()
+    before = _prepared.identity_count()
+    for _ in range(3):
+        uni.gemm(a, b, c)
+    entry = _prepared.lookup("gemm", a, b, c)
+    assert entry is not None and _prepared.lookup_identity("gemm", a, b, c) is entry
+    assert _prepared.identity_count() == before + 1
+    np.testing.assert_array_equal(c.to_numpy(), 8.0)
+    ids = ("gemm", id(a), id(b), id(c))
+    a2 = a[:, :]  # another view of a's storage keeps the by-value entry alive
+    del a  # no cycle holds it: the record goes at once, without a collection
+    assert ids not in _prepared._by_identity and ids not in _prepared._identity_refs
+    assert _prepared.identity_count() == before
+    assert _prepared.lookup("gemm", a2, b, c) is entry  # found by value again
+    arrays[2][...] = 0.0
+    uni.gemm(a2, b, c)
+    np.testing.assert_array_equal(c.to_numpy(), 8.0)
+    assert _prepared.lookup_identity("gemm", a2, b, c) is entry
+
+
+def test_fresh_views_stop_making_identity_records() -> None:
+    rng = np.random.default_rng(3)
+    g, h = uni.from_numpy(rng.standard_normal((5, 5))), uni.from_numpy(rng.standard_normal((5, 5)))
+    c = uni.zeros((5, 5))
+    for _ in range(20):
+        uni.gemm(g.T, h, c)
+    entry = _prepared.lookup("gemm", g.T, h, c)
+    assert entry is not None and entry.churn == _prepared._CHURN_LIMIT
+    count = _prepared.identity_count()
+    for _ in range(5):
+        uni.gemm(g.T, h, c)
+    assert _prepared.identity_count() == count  # no record made and dropped per call
+    np.testing.assert_allclose(c.to_numpy(), g.to_numpy().T @ h.to_numpy())
+
+
+def test_a_merge_drops_an_entry_found_by_identity() -> None:
+    # As the merge test above, with the identity record in place: the moved storage's old
+    # queue is retired, the held run refuses it, the entry goes, and a new one is made on
+    # the queue c is on now (which this thread's write lease then holds).
+    mem, left, a, b, c = _two_regions_and_a_gemm(4)
+    old = _prepared.lookup_identity("gemm", a, b, c)
+    assert old is not None
+    whole = uni.from_numpy(mem)  # bridges both regions: c moves to another queue
+    assert old.queues[2] is not c.storage.access_queue and old.queues[2].retired
+    mem[16:32] = 0.0
+    uni.gemm(a, b, c)  # refused by the retired queue, run by the general path
+    np.testing.assert_array_equal(c.to_numpy(), 2.0)
+    assert _prepared.lookup("gemm", a, b, c) is not old
+    assert _prepared.lookup_identity("gemm", a, b, c) is None
+    for _ in range(3):
+        uni.gemm(a, b, c)
+    new = _prepared.lookup_identity("gemm", a, b, c)
+    assert new is not None and new.queues[2] is c.storage.access_queue
+    lease = uni.acquire_host_write_access_sync(c)
+    try:
+        with pytest.raises(uni.LeaseConflictError):
+            uni.gemm(a, b, c)
+    finally:
+        lease.release()
+    del left, whole
+
+
+@pytest.mark.parametrize("queues", [1, 2, 3])
+def test_the_held_run_of_each_form_refuses_what_is_in_the_way(queues: int) -> None:
+    # One memory for every operand (one queue), a and b in one (two), or three memories.
+    mem = np.zeros(3 * 16 + 8)
+    mem[0:16] = 1.0
+    mem[16:32] = 2.0
+    whole = uni.from_numpy(mem)
+    pieces = [whole[0:16].reshape(4, 4), whole[16:32].reshape(4, 4), whole[32:48].reshape(4, 4)]
+    spare = whole[48:56]  # in the same queue as the operands, touched by none of them
+    if queues >= 2:
+        pieces[2] = uni.zeros((4, 4))
+    if queues == 3:
+        pieces[1] = uni.from_numpy(np.full((4, 4), 2.0))
+    a, b, c = pieces
+    for _ in range(4):
+        uni.gemm(a, b, c)
+    entry = _prepared.lookup_identity("gemm", a, b, c)
+    assert entry is not None and entry.held is not None
+    assert len({id(q) for q in entry.queues}) == queues
+    assert type(entry.held).__name__ == ["_HeldOne", "_HeldTwo", "_HeldThree"][queues - 1]
+    np.testing.assert_array_equal(c.to_numpy(), 8.0)
+    # A read lease elsewhere in a queue is not in the way; one on an output is.
+    with uni.acquire_host_read_access_sync(spare), uni.acquire_host_read_access_sync(a):
+        uni.gemm(a, b, c, beta=1)
+    np.testing.assert_array_equal(c.to_numpy(), 16.0)
+    lease = uni.acquire_host_read_access_sync(c)
+    try:
+        with pytest.raises(uni.LeaseConflictError):
+            uni.gemm(a, b, c)
+    finally:
+        lease.release()
+    # A failing kernel poisons c on this path too.
+    def boom(alpha: Any, beta: Any) -> bool:
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError):
+        entry.held.run(boom, (1, 0))
+    with pytest.raises(uni.PoisonedError):
+        uni.acquire_host_read_access_sync(c)
+    with pytest.raises(uni.PoisonedError):
+        uni.gemm(a, b, c, beta=1)  # reads c: refused (beta == 0 would overwrite it)
+    del spare
+
+
+def test_a_transform_of_two_tensors_is_found_by_its_flat_key() -> None:
+    # run_transform builds the two-tensor key inline; the identity record (made only on a
+    # hit by value) shows that key is the one offer stored under transform_key.
+    x, y = uni.from_numpy(np.arange(6.0)), uni.from_numpy(np.ones(6))
+    out = uni.zeros((6,))
+    for _ in range(3):
+        uni.transform(out[0:6], uni.ops.add, x[0:6], y)  # fresh views: by value each time
+    entry = _prepared.lookup("transform", out, uni.ops.add, x, y)
+    assert entry is not None
+    for _ in range(2):
+        uni.transform(out, uni.ops.add, x, y)
+    assert _prepared.lookup_identity("transform", out, uni.ops.add, x, y) is entry
+    np.testing.assert_array_equal(out.to_numpy(), np.arange(6.0) + 1)

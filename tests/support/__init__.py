@@ -1,0 +1,1 @@
+"""Shared test helpers and test doubles (tests/README.md): imported as ``support.<module>``."""
