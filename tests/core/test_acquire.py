@@ -1,8 +1,10 @@
 """Tests for the acquire_* functions: ordering, sync and async acquisition, poisoning,
-cancellation, domains, and a thread + task stress run."""
+cancellation, domains, and a thread + task stress run. Every async body runs under trio and
+under asyncio (``support.loops.each_loop``); awaiting outside both is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import itertools
@@ -15,11 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-import trio.testing
 from support.acquire import Boom, InThread, assert_nothing_grantable_is_pending, overlaps, queue_of
+from support.aio import drive_by_hand
+from support.aio import run as aio_run
+from support.loops import Loop, each_loop
 from support.storages import assert_idle
 
 import uni
+from uni._core._waiters import _AsyncioWaiter, _TrioWaiter
 from uni.storage import Region
 
 read_sync = uni.acquire_host_read_access_sync
@@ -41,7 +46,8 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10) -> None:
 
 
 # -- ordering ------------------------------------------------------------------------------
-async def test_grants_follow_program_order_whatever_order_tasks_start() -> None:
+@each_loop
+async def test_grants_follow_program_order_whatever_order_tasks_start(loop: Loop) -> None:
     t = uni.zeros((8,))
     # R, R, W, R, R registered in program order, by the calls themselves.
     pending = [read_async(t), read_async(t), write_async(t), read_async(t), read_async(t)]
@@ -50,8 +56,8 @@ async def test_grants_follow_program_order_whatever_order_tasks_start() -> None:
     entered: list[int] = []
     inside: set[int] = set()
     seen: dict[int, np.ndarray[Any, Any]] = {}
-    first_epoch_done = trio.Event()
-    second_epoch_go = trio.Event()
+    first_epoch_done = loop.event()
+    second_epoch_go = loop.event()
 
     async def run(i: int) -> None:
         started.append(i)
@@ -62,26 +68,27 @@ async def test_grants_follow_program_order_whatever_order_tasks_start() -> None:
                 assert inside == set(), "the writer must be alone"
                 for k in range(8):  # element by element, with the loop running in between
                     view[k] = 1.0
-                    await trio.lowlevel.checkpoint()
+                    await loop.checkpoint()
                 return
             inside.add(i)
             seen[i] = view.copy()
             await (first_epoch_done if i < 2 else second_epoch_go).wait()
             inside.discard(i)
 
-    async with trio.open_nursery() as nursery:
-        for i in reversed(range(5)):
-            nursery.start_soon(run, i)
-            await trio.testing.wait_all_tasks_blocked()
-        assert started == [4, 3, 2, 1, 0]
-        # The first two readers share an epoch; the writer and later readers wait.
-        assert inside == {0, 1} and sorted(entered) == [0, 1]
-        assert queue_of(t).pending_count() == 3
-        first_epoch_done.set()
-        await trio.testing.wait_all_tasks_blocked()
-        # The writer ran alone; then the last two readers entered together.
-        assert entered[:3] in ([1, 0, 2], [0, 1, 2]) and inside == {3, 4}
-        second_epoch_go.set()
+    tasks = []
+    for i in reversed(range(5)):
+        tasks.append(loop.start(f"lease {i}", functools.partial(run, i)))
+        await loop.settle()
+    assert started == [4, 3, 2, 1, 0]
+    # The first two readers share an epoch; the writer and later readers wait.
+    assert inside == {0, 1} and sorted(entered) == [0, 1]
+    assert queue_of(t).pending_count() == 3
+    first_epoch_done.set()
+    await loop.settle()
+    # The writer ran alone; then the last two readers entered together.
+    assert entered[:3] in ([1, 0, 2], [0, 1, 2]) and inside == {3, 4}
+    second_epoch_go.set()
+    await loop.join(*tasks)
     for i in (0, 1):
         np.testing.assert_array_equal(seen[i], np.zeros(8))
     for i in (3, 4):
@@ -130,7 +137,8 @@ def test_disjoint_views_do_not_wait_for_each_other() -> None:
     assert_idle(t)
 
 
-async def test_disjoint_async_requests_are_granted_at_call_time() -> None:
+@each_loop
+async def test_disjoint_async_requests_are_granted_at_call_time(loop: Loop) -> None:
     t = uni.zeros((4, 4))
     async with write_async(t[0]):
         pending = [write_async(t[1]), read_async(t[2]), read_async(t[2, 1:]), write_async(t[3])]
@@ -139,8 +147,7 @@ async def test_disjoint_async_requests_are_granted_at_call_time() -> None:
         assert queue_of(t).pending_count() == 1
         for p in pending:
             (await p).release()
-    with trio.fail_after(5):
-        (await overlapping).release()
+    (await overlapping).release()
     assert_idle(t)
 
 
@@ -192,29 +199,32 @@ def test_same_thread_self_deadlock_raises_conflict_at_once(held: str, asked: str
     assert_idle(t)
 
 
-async def test_sync_acquisition_that_would_wait_inside_trio_raises_would_block() -> None:
+@each_loop
+async def test_sync_acquisition_that_would_wait_inside_a_loop_raises_would_block(loop: Loop) -> None:
     t = uni.zeros((3,))
-    holding = trio.Event()
-    done = trio.Event()
+    holding = loop.event()
+    done = loop.event()
 
     async def hold() -> None:
         async with write_async(t):
             holding.set()
             await done.wait()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(hold)
-        await holding.wait()
-        with pytest.raises(uni.WouldBlockError, match="acquire_host_read_access_async"):
-            read_sync(t)
-        with pytest.raises(uni.WouldBlockError, match="acquire_host_write_access_async"):
-            write_sync(t[1:], timeout=10)
-        assert queue_of(t).pending_count() == 0
-        done.set()
+    holder = loop.start("holder", hold)
+    await holding.wait()
+    with pytest.raises(uni.WouldBlockError, match="acquire_host_read_access_async"):
+        read_sync(t)
+    with pytest.raises(uni.WouldBlockError, match="acquire_host_write_access_async") as info:
+        write_sync(t[1:], timeout=10)
+    assert loop.words in str(info.value)
+    assert queue_of(t).pending_count() == 0
+    done.set()
+    await holder.join()
     assert_idle(t)
 
 
-async def test_uncontended_sync_acquisition_inside_trio_works() -> None:
+@each_loop
+async def test_uncontended_sync_acquisition_inside_a_loop_works(loop: Loop) -> None:
     t = uni.zeros((3,))
     with write_sync(t) as lease:
         np.asarray(lease.mdspan())[...] = 2.0
@@ -225,7 +235,8 @@ async def test_uncontended_sync_acquisition_inside_trio_works() -> None:
 
 
 # -- async ---------------------------------------------------------------------------------
-async def test_async_result_is_awaitable_and_an_async_context_manager() -> None:
+@each_loop
+async def test_async_result_is_awaitable_and_an_async_context_manager(loop: Loop) -> None:
     t = uni.zeros((3,))
     pending = write_async(t)
     assert isinstance(pending, uni.PendingAcquisition)
@@ -239,10 +250,13 @@ async def test_async_result_is_awaitable_and_an_async_context_manager() -> None:
         assert isinstance(lease2, uni.ReadTensorLease)
         np.testing.assert_array_equal(np.asarray(lease2.mdspan()), [3.0] * 3)
     assert not lease2.active
+    async with read_async(t.mdspec()) as lease3:  # an mdspec gives an mdspan lease
+        assert isinstance(lease3, uni.ReadMdspanLease)
     assert_idle(t)
 
 
-async def test_async_registration_happens_at_call_time() -> None:
+@each_loop
+async def test_async_registration_happens_at_call_time(loop: Loop) -> None:
     t = uni.zeros((3,))
     first = write_async(t)
     # Granted by the call itself, before anything is awaited.
@@ -256,18 +270,19 @@ async def test_async_registration_happens_at_call_time() -> None:
     async def take(name: str, pending: uni.PendingAcquisition) -> None:
         async with pending:
             order.append(name)
-            await trio.lowlevel.checkpoint()
+            await loop.checkpoint()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(take, "third", third)
-        nursery.start_soon(take, "second", second)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(take, "first", first)
+    tasks = [loop.start("third", functools.partial(take, "third", third)),
+             loop.start("second", functools.partial(take, "second", second))]
+    await loop.settle()
+    tasks.append(loop.start("first", functools.partial(take, "first", first)))
+    await loop.join(*tasks)
     assert order == ["first", "second", "third"]
     assert_idle(t)
 
 
-async def test_dropped_unawaited_request_is_withdrawn_with_warning() -> None:
+@each_loop
+async def test_dropped_unawaited_request_is_withdrawn_with_warning(loop: Loop) -> None:
     t = uni.zeros((3,))
     dropped = write_async(t)  # granted at call time, never awaited
     later = read_async(t)     # queued behind it
@@ -275,17 +290,16 @@ async def test_dropped_unawaited_request_is_withdrawn_with_warning() -> None:
     got: list[bool] = []
 
     async def reader() -> None:
-        with trio.fail_after(5):
-            async with later:
-                got.append(True)
+        async with later:
+            got.append(True)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(reader)
-        await trio.testing.wait_all_tasks_blocked()
-        assert got == []
-        with pytest.warns(ResourceWarning, match="never awaited"):
-            del dropped
-            gc.collect()
+    task = loop.start("reader", reader)
+    await loop.settle()
+    assert got == []
+    with pytest.warns(ResourceWarning, match="never awaited"):
+        del dropped
+        gc.collect()
+    await task.join()
     assert got == [True]
     # A pending (not yet granted) request dropped unawaited is withdrawn too.
     with write_sync(t):
@@ -306,7 +320,11 @@ class StepCounter(trio.abc.Instrument):
         self.steps[task] = self.steps.get(task, 0) + 1
 
 
-async def test_waiting_does_not_block_the_event_loop_nor_poll() -> None:
+WAITERS = {"trio": _TrioWaiter, "asyncio": _AsyncioWaiter}
+
+
+@each_loop
+async def test_waiting_does_not_block_the_event_loop_nor_poll(loop: Loop) -> None:
     t = uni.zeros((3,))
     holder = write_sync(t)
     np.asarray(holder.mdspan())[...] = 5.0
@@ -315,37 +333,43 @@ async def test_waiting_does_not_block_the_event_loop_nor_poll() -> None:
     got: list[np.ndarray[Any, Any]] = []
     waiter_task: list[trio.lowlevel.Task] = []
     counter = StepCounter()
-    trio.lowlevel.add_instrument(counter)
+    if loop.name == "trio":
+        trio.lowlevel.add_instrument(counter)
 
     async def waiter() -> None:
-        waiter_task.append(trio.lowlevel.current_task())
-        with trio.fail_after(10):
-            async with read_async(t) as lease:
-                got.append(np.array(lease.mdspan(), copy=True))
+        if loop.name == "trio":
+            waiter_task.append(trio.lowlevel.current_task())
+        async with read_async(t) as lease:
+            got.append(np.array(lease.mdspan(), copy=True))
 
     async def ticker() -> None:
         nonlocal ticks
         while not got:
             ticks += 1
-            await trio.sleep(0.01)
+            await loop.sleep(0.01)
 
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            nursery.start_soon(ticker)
-            await trio.testing.wait_all_tasks_blocked()
-            timer.start()
+        tasks = [loop.start("waiter", waiter), loop.start("ticker", ticker)]
+        await loop.settle()
+        # Parked on the loop's own waiter, which the releasing thread wakes: nothing polls.
+        (pending,) = [r for r in queue_of(t)._entries if not r.granted]
+        assert isinstance(pending._waiter, WAITERS[loop.name])
+        timer.start()
+        await loop.join(*tasks)
     finally:
-        trio.lowlevel.remove_instrument(counter)
+        if loop.name == "trio":
+            trio.lowlevel.remove_instrument(counter)
         timer.join()
     np.testing.assert_array_equal(got[0], [5.0] * 3)
     assert ticks >= 5  # the loop kept running other tasks while the waiter waited
-    # Parked, not polling: one step to park, one after the wake-up.
-    assert counter.steps[waiter_task[0]] <= 3
+    if loop.name == "trio":
+        # Parked, not polling: one step to park, one after the wake-up.
+        assert counter.steps[waiter_task[0]] <= 3
     assert_idle(t)
 
 
-async def test_async_waiter_woken_by_a_sync_thread_release() -> None:
+@each_loop
+async def test_async_waiter_woken_by_a_sync_thread_release(loop: Loop) -> None:
     t = uni.zeros((3,))
     holding = threading.Event()
     release = threading.Event()
@@ -357,14 +381,48 @@ async def test_async_waiter_woken_by_a_sync_thread_release() -> None:
             release.wait(10)
 
     thread = InThread(hold)
-    await trio.to_thread.run_sync(holding.wait)
-    with trio.fail_after(10):
-        pending = read_async(t)
-        release.set()
-        async with pending as lease:
-            np.testing.assert_array_equal(np.asarray(lease.mdspan()), [4.0] * 3)
+    await loop.until(holding.is_set, "the thread's lease")
+    pending = read_async(t)
+    release.set()
+    async with pending as lease:
+        np.testing.assert_array_equal(np.asarray(lease.mdspan()), [4.0] * 3)
     thread.join()
     assert_idle(t)
+
+
+@each_loop
+async def test_timeouts_by_the_loops_own_cancellation(loop: Loop) -> None:
+    t = uni.zeros((3,))
+    held = write_sync(t)
+    later = read_async(t)  # registered after the timed-out ones: moves up when they go
+    async with loop.move_on_after(0.02) as awaited:
+        await write_async(t)
+    async with loop.move_on_after(0.02) as entered:
+        async with read_async(t):
+            raise AssertionError("never granted: the writer holds the data")
+    assert awaited.cancelled_caught and entered.cancelled_caught
+    assert queue_of(t).pending_count() == 1  # only `later`: both timed-out requests left
+    held.release()
+    async with later:
+        pass
+    assert_idle(t)
+
+
+def test_timeouts_with_asyncio_wait_for() -> None:
+    async def main() -> None:
+        t = uni.zeros((3,))
+        held = write_sync(t)
+        later = read_async(t)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(write_async(t), 0.02)  # the wait runs in a task of its own
+        assert queue_of(t).pending_count() == 1  # only `later`: the timed-out request left
+        held.release()
+        async with asyncio.timeout(5):
+            async with later:
+                pass
+        assert_idle(t)
+
+    aio_run(main)
 
 
 # -- poisoning -----------------------------------------------------------------------------
@@ -389,7 +447,8 @@ def test_failed_writer_poisons_its_data() -> None:
     assert_idle(t)
 
 
-async def test_poisoned_data_refuses_async_acquisition() -> None:
+@each_loop
+async def test_poisoned_data_refuses_async_acquisition(loop: Loop) -> None:
     t = uni.zeros((3,))
     boom = Boom()
     with pytest.raises(Boom):
@@ -461,15 +520,39 @@ def test_failed_reader_does_not_poison() -> None:
     assert_idle(t)
 
 
-async def test_writer_cancelled_inside_its_block_poisons() -> None:
+@each_loop
+async def test_writer_cancelled_inside_its_block_poisons(loop: Loop) -> None:
     t = uni.zeros((3,))
-    with trio.move_on_after(0.01):
+    async with loop.move_on_after(0.01) as scope:
         async with write_async(t) as lease:
             np.asarray(lease.mdspan())[0] = 1.0
-            await trio.sleep_forever()
+            await loop.sleep_forever()
+    assert scope.cancelled_caught
     with pytest.raises(uni.PoisonedError) as info:
         read_sync(t)
-    assert isinstance(info.value.__cause__, trio.Cancelled)
+    assert isinstance(info.value.__cause__, loop.cancelled)
+    assert_idle(t)
+
+
+@pytest.mark.parametrize("contended", [False, True])
+def test_awaiting_outside_trio_and_asyncio_is_refused_and_withdraws(contended: bool) -> None:
+    t = uni.zeros((3,))
+    held = write_sync(t) if contended else None
+    pending = read_async(t)
+    with pytest.raises(uni.EventLoopError) as info:
+        drive_by_hand(pending)
+    message = str(info.value)
+    assert "acquire_host_read_access_async(...)" in message
+    assert "trio" in message and "asyncio" in message
+    assert queue_of(t).pending_count() == 0 and queue_of(t).active_count() == int(contended)
+    with pytest.raises(RuntimeError, match="already awaited"):
+        drive_by_hand(pending)
+    del pending
+    gc.collect()  # withdrawn already: no ResourceWarning (warnings are errors here)
+    if held is not None:
+        held.release()
+    with pytest.raises(uni.EventLoopError, match="acquire_host_write_access_async"):
+        drive_by_hand(uni.acquire_host_write_access_async(t))
     assert_idle(t)
 
 
@@ -559,51 +642,53 @@ def stress_thread(t: uni.Tensor, views: list[uni.Tensor], checks: StressChecks, 
     checks.record(writes, reads)
 
 
-async def stress_task(t: uni.Tensor, views: list[uni.Tensor], checks: StressChecks,
+async def stress_task(loop: Loop, t: uni.Tensor, views: list[uni.Tensor], checks: StressChecks,
                       seed: int) -> None:
     rng = random.Random(seed)
     writes = [0] * len(views)
     reads = 0
     for _ in range(STRESS_TASK_LEASES):
         v = rng.randrange(len(views))
-        with trio.fail_after(10):
-            if rng.random() < WRITE_SHARE:
-                async with write_async(views[v]) as lease:
-                    a = np.asarray(lease.mdspan())
-                    checks.check_settled(a)
-                    k = next(checks.tokens)
-                    for value in (k, k + 1):
-                        for n, index in enumerate(np.ndindex(a.shape)):
-                            a[index] = value
-                            if n % STEP == STEP - 1:
-                                await trio.lowlevel.checkpoint()
-                        assert (a == value).all(), "another writer wrote inside a write lease"
-                    count = checks.counters[v]
-                    await trio.lowlevel.checkpoint()
-                    checks.counters[v] = count + 1
-                writes[v] += 1
-            else:
-                async with read_async(views[v]) as lease:
-                    a = np.asarray(lease.mdspan())
-                    snapshot = a.copy()
-                    checks.check_settled(snapshot)
-                    await trio.lowlevel.checkpoint()
-                    assert (a == snapshot).all(), "data changed under a read lease"
-                reads += 1
+        if rng.random() < WRITE_SHARE:
+            async with write_async(views[v]) as lease:
+                a = np.asarray(lease.mdspan())
+                checks.check_settled(a)
+                k = next(checks.tokens)
+                for value in (k, k + 1):
+                    for n, index in enumerate(np.ndindex(a.shape)):
+                        a[index] = value
+                        if n % STEP == STEP - 1:
+                            await loop.checkpoint()
+                    assert (a == value).all(), "another writer wrote inside a write lease"
+                count = checks.counters[v]
+                await loop.checkpoint()
+                checks.counters[v] = count + 1
+            writes[v] += 1
+        else:
+            async with read_async(views[v]) as lease:
+                a = np.asarray(lease.mdspan())
+                snapshot = a.copy()
+                checks.check_settled(snapshot)
+                await loop.checkpoint()
+                assert (a == snapshot).all(), "data changed under a read lease"
+            reads += 1
     checks.record(writes, reads)
 
 
 @pytest.mark.slow
-async def test_stress_threads_and_tasks_on_overlapping_views() -> None:
+@each_loop(bound=120)
+async def test_stress_threads_and_tasks_on_overlapping_views(loop: Loop) -> None:
     seed = 20240611
     t = uni.full((6, 8), 1, dtype=uni.int64)  # odd everywhere: settled
     views = stress_views(t)
     checks = StressChecks(len(views))
-    async with trio.open_nursery() as nursery:
-        for w in range(STRESS_THREADS):
-            nursery.start_soon(trio.to_thread.run_sync, stress_thread, t, views, checks, seed + w)
-        for w in range(STRESS_TASKS):
-            nursery.start_soon(stress_task, t, views, checks, seed + 1000 + w)
+    workers = [loop.start(f"thread {w}", functools.partial(loop.to_thread, stress_thread, t, views,
+                                                           checks, seed + w))
+               for w in range(STRESS_THREADS)]
+    workers += [loop.start(f"task {w}", functools.partial(stress_task, loop, t, views, checks,
+                                                          seed + 1000 + w))
+                for w in range(STRESS_TASKS)]
+    await loop.join(*workers)
     total = checks.reads + sum(checks.writes)
     assert total == STRESS_THREADS * STRESS_THREAD_LEASES + STRESS_TASKS * STRESS_TASK_LEASES
     assert total >= 20_000
@@ -614,7 +699,8 @@ async def test_stress_threads_and_tasks_on_overlapping_views() -> None:
 
 
 @pytest.mark.parametrize("seed", range(80))
-async def test_cancellation_at_random_points(seed: int) -> None:
+@each_loop
+async def test_cancellation_at_random_points(loop: Loop, seed: int) -> None:
     rng = random.Random(seed)
     t = uni.zeros((4, 4))
     views = [t, t[0], t[1], t[1:3], t[:, 2], t[3, ::-1], t[2:, 1:3]]
@@ -632,78 +718,78 @@ async def test_cancellation_at_random_points(seed: int) -> None:
         except uni.WouldBlockError:
             pass  # conflicts with an earlier one: withdrawn at once
 
-    async def waiter(i: int, scope: trio.CancelScope, pending: Any, mode: str, v: int,
-                     hold: int) -> None:
-        with scope:
-            if pending is None:
-                pending = (write_async if mode == "write" else read_async)(views[v], allow_poisoned=True)
-            outcomes[i] = "waiting"
-            async with pending as lease:
-                for j, (other_mode, other) in holding.items():
-                    assert not (overlaps(other, regions[v]) and "write" in (mode, other_mode)), (
-                        f"waiter {i} ({mode}) granted beside {j} ({other_mode})")
-                holding[i] = (mode, regions[v])
-                outcomes[i] = "granted"
-                try:
-                    if mode == "write":
-                        np.asarray(lease.mdspan())[...] = i
-                    for _ in range(hold):
-                        await trio.lowlevel.checkpoint()
-                finally:
-                    del holding[i]
-            outcomes[i] = "done"
-        if scope.cancelled_caught:
-            outcomes[i] += "+cancelled"
+    async def waiter(i: int, pending: Any, mode: str, v: int, hold: int) -> None:
+        if pending is None:
+            pending = (write_async if mode == "write" else read_async)(views[v], allow_poisoned=True)
+        outcomes[i] = "waiting"
+        async with pending as lease:
+            for j, (other_mode, other) in holding.items():
+                assert not (overlaps(other, regions[v]) and "write" in (mode, other_mode)), (
+                    f"waiter {i} ({mode}) granted beside {j} ({other_mode})")
+            holding[i] = (mode, regions[v])
+            outcomes[i] = "granted"
+            try:
+                if mode == "write":
+                    np.asarray(lease.mdspan())[...] = i
+                for _ in range(hold):
+                    await loop.checkpoint()
+            finally:
+                del holding[i]
+        outcomes[i] = "done"
 
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            scopes = []
-            for i in range(rng.randint(2, 8)):
-                mode = "write" if rng.random() < 0.5 else "read"
-                v = rng.randrange(len(views))
-                # Half register now, in program order; half when their task first runs.
-                pending = None
-                if rng.random() < 0.5:
-                    pending = (write_async if mode == "write" else read_async)(views[v], allow_poisoned=True)
-                scope = trio.CancelScope()
-                scopes.append(scope)
-                nursery.start_soon(waiter, i, scope, pending, mode, v, rng.randint(0, 3))
-                del pending
-            for _ in range(rng.randint(1, 25)):
-                assert_nothing_grantable_is_pending(queue_of(t))
-                action = rng.random()
-                if action < 0.25:
-                    await trio.lowlevel.checkpoint()
-                elif action < 0.35:
-                    await trio.testing.wait_all_tasks_blocked()
-                elif action < 0.55:
-                    rng.choice(scopes).cancel()
-                elif held:
-                    lease = held.pop(rng.randrange(len(held)))
-                    if action < 0.65:
-                        lease.release()
-                        rng.choice(scopes).cancel()  # lands after the grant it just made
-                    elif action < 0.75:
-                        lease.release()
-                    elif action < 0.9:
-                        # Released from another thread, so the wake-up is still in flight
-                        # (run_sync_soon) when the cancellation arrives: grant and cancel race.
-                        releaser = threading.Thread(target=lease.release)
-                        releaser.start()
-                        releaser.join()
-                        for scope in rng.sample(scopes, rng.randint(1, len(scopes))):
-                            scope.cancel()
-                    else:
-                        timer = threading.Timer(rng.random() * 0.002, lease.release)
-                        timers.append(timer)
-                        timer.start()
-            assert_nothing_grantable_is_pending(queue_of(t))
-            for lease in held:
+    tasks = []
+    for i in range(rng.randint(2, 8)):
+        mode = "write" if rng.random() < 0.5 else "read"
+        v = rng.randrange(len(views))
+        # Half register now, in program order; half when their task first runs.
+        pending = None
+        if rng.random() < 0.5:
+            pending = (write_async if mode == "write" else read_async)(views[v], allow_poisoned=True)
+        tasks.append(loop.start(f"waiter {i}", functools.partial(
+            waiter, i, pending, mode, v, rng.randint(0, 3))))
+        del pending
+    # One step for every task (a trio task always runs up to its first checkpoint; an
+    # asyncio task cancelled before its first step would never run its body at all).
+    await loop.checkpoint()
+    for _ in range(rng.randint(1, 25)):
+        assert_nothing_grantable_is_pending(queue_of(t))
+        action = rng.random()
+        if action < 0.25:
+            await loop.checkpoint()
+        elif action < 0.35:
+            await loop.settle()
+        elif action < 0.55:
+            rng.choice(tasks).cancel()
+        elif held:
+            lease = held.pop(rng.randrange(len(held)))
+            if action < 0.65:
                 lease.release()
-            held.clear()
+                rng.choice(tasks).cancel()  # lands after the grant it just made
+            elif action < 0.75:
+                lease.release()
+            elif action < 0.9:
+                # Released from another thread, so the wake-up is still in flight
+                # (run_sync_soon, call_soon_threadsafe) when the cancellation arrives: they race.
+                releaser = threading.Thread(target=lease.release)
+                releaser.start()
+                releaser.join()
+                for task in rng.sample(tasks, rng.randint(1, len(tasks))):
+                    task.cancel()
+            else:
+                timer = threading.Timer(rng.random() * 0.002, lease.release)
+                timers.append(timer)
+                timer.start()
+    assert_nothing_grantable_is_pending(queue_of(t))
+    for lease in held:
+        lease.release()
+    held.clear()
+    await loop.join(*tasks)
+    for i, task in enumerate(tasks):
+        if task.cancelled:
+            outcomes[i] += "+cancelled"
     for timer in timers:
         timer.join()
-    assert len(outcomes) == len(scopes)
+    assert len(outcomes) == len(tasks)
     assert set(outcomes.values()) <= {"done", "waiting+cancelled", "granted+cancelled"}, outcomes
     assert holding == {}
     assert queue_of(t).pending_count() == queue_of(t).active_count() == 0
@@ -712,9 +798,10 @@ async def test_cancellation_at_random_points(seed: int) -> None:
     assert_idle(t)
 
 
-async def test_a_lease_taken_in_a_worker_thread_does_not_stick_to_the_thread() -> None:
+@each_loop
+async def test_a_lease_taken_in_a_worker_thread_does_not_stick_to_the_thread(loop: Loop) -> None:
     t = uni.zeros(4)
-    kept = await trio.to_thread.run_sync(uni.acquire_host_write_access_sync, t)
+    kept = await loop.to_thread(uni.acquire_host_write_access_sync, t)
     released = threading.Event()
 
     def later_job() -> str:
@@ -724,7 +811,7 @@ async def test_a_lease_taken_in_a_worker_thread_does_not_stick_to_the_thread() -
         with uni.acquire_host_read_access_sync(t, timeout=5):
             return "read"
 
-    assert await trio.to_thread.run_sync(later_job) == "read"
+    assert await loop.to_thread(later_job) == "read"
     assert released.is_set()
 
 

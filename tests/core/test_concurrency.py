@@ -1,9 +1,12 @@
 """Concurrency review: cancellation at every await point, dropped acquisitions, mixed users of
-one storage, the async-operation worker pool, trio runs that end with work still pending,
-finalizers, and OpFuture's waiters. Every wait is bounded: a deadlock fails, it never hangs."""
+one storage, the async-operation worker pool, runs that end (or asyncio loops that close) with
+work still pending, finalizers, and OpFuture's waiters. Every async body runs under trio and
+under asyncio (``support.loops.each_loop``). Every wait is bounded: a deadlock fails, it never
+hangs."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import sys
@@ -15,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-import trio.testing
+from support.aio import drive_by_hand, run, until
 from support.concurrency import (
     BOUND,
     eventually,
@@ -27,7 +30,8 @@ from support.concurrency import (
     values,
     vec,
 )
-from support.storages import AsyncFaultyStorage, assert_idle
+from support.loops import Loop, each_loop, over_loops
+from support.storages import FaultyStorage, assert_idle
 
 import uni
 import uni._lease
@@ -44,144 +48,155 @@ write_async = uni.acquire_host_write_access_async
 # ----------------------------------------------------------------------------------------------
 
 
-async def test_cancel_before_grant_withdraws() -> None:
+@each_loop
+async def test_cancel_before_grant_withdraws(loop: Loop) -> None:
     t = vec()
     held = write_sync(t)
-    with trio.move_on_after(BOUND) as outer:
-        async with trio.open_nursery() as nursery:
-            cancel_scope = trio.CancelScope()
 
-            async def waiter() -> None:
-                with cancel_scope:
-                    await write_async(t)
-                    raise AssertionError("granted while held")
+    async def waiter() -> None:
+        await write_async(t)
+        raise AssertionError("granted while held")
 
-            nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
-            assert queue_of(t).pending_count() == 1
-            cancel_scope.cancel()
-    assert not outer.cancelled_caught
+    task = loop.start("waiter", waiter)
+    await loop.settle()
+    assert queue_of(t).pending_count() == 1
+    task.cancel()
+    await task.join()
+    assert task.cancelled
     assert queue_of(t).pending_count() == 0
     held.release()
     assert_idle(t)
 
 
 @pytest.mark.parametrize("mode", ["read", "write"])
-async def test_cancel_racing_a_grant_from_another_thread(mode: str) -> None:
-    # The grant comes from a foreign thread (its wake-up is queued with run_sync_soon) and the
-    # cancellation is delivered before that wake-up runs: abort must fail, the woken task
-    # must give the just-granted lease back and raise Cancelled.
+@each_loop
+async def test_cancel_racing_a_grant_from_another_thread(loop: Loop, mode: str) -> None:
+    # The grant comes from a foreign thread (its wake-up is queued with run_sync_soon /
+    # call_soon_threadsafe) and the cancellation is delivered before that wake-up runs: the
+    # woken task must give the just-granted lease back and end cancelled.
     t = vec()
     held = write_sync(t)
-    cancel_scope = trio.CancelScope()
     outcome: list[str] = []
 
     async def waiter() -> None:
-        with cancel_scope:
-            lease = await (read_async(t) if mode == "read" else write_async(t))
-            outcome.append("granted")
-            lease.release()
-            return
-        outcome.append("cancelled")
+        lease = await (read_async(t) if mode == "read" else write_async(t))
+        outcome.append("granted")
+        lease.release()
 
-    with trio.fail_after(BOUND):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
-            join(run_thread(held.release))  # grants; the wake-up waits for the trio loop
-            assert queue_of(t).active_count() == 1
-            cancel_scope.cancel()  # no checkpoint between the grant and the cancellation
+    task = loop.start("waiter", waiter)
+    await loop.settle()
+    join(run_thread(held.release))  # grants; the wake-up waits for the loop
+    assert queue_of(t).active_count() == 1
+    task.cancel()  # no checkpoint between the grant and the cancellation
+    await task.join()
+    if task.cancelled:
+        outcome.append("cancelled")
     assert outcome == ["cancelled"]
     assert_idle(t)
 
 
-async def test_cancel_racing_a_grant_in_the_same_task() -> None:
-    # Released by a task of the same run (a direct reschedule), cancelled in the same step.
+#: What the body of a lease granted and cancelled in the same step may have run: trio may run
+#: it up to its next checkpoint; asyncio gives the grant back before the body runs.
+BODY_RAN = {"trio": ([], [True]), "asyncio": ([],)}
+
+
+@each_loop
+async def test_cancel_racing_a_grant_in_the_same_task(loop: Loop) -> None:
+    # Released in the loop's own thread (a direct reschedule), cancelled in the same step.
     t = vec()
     held = write_sync(t)
-    cancel_scope = trio.CancelScope()
     body_ran: list[bool] = []
 
     async def waiter() -> None:
-        with cancel_scope:
-            async with write_async(t) as lease:
-                np.asarray(lease.mdspan())[...] = 1.0
-                body_ran.append(True)
-                await trio.lowlevel.checkpoint()  # cancelled here: the lease is still released
-                raise AssertionError("not cancelled")
+        async with write_async(t) as lease:
+            np.asarray(lease.mdspan())[...] = 1.0
+            body_ran.append(True)
+            await loop.checkpoint()  # cancelled here: the lease is still released
+            raise AssertionError("not cancelled")
 
-    with trio.fail_after(BOUND):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
-            held.release()
-            cancel_scope.cancel()
-    assert body_ran in ([], [True])
+    task = loop.start("waiter", waiter)
+    await loop.settle()
+    held.release()
+    task.cancel()
+    await task.join()
+    assert task.cancelled
+    assert body_ran in BODY_RAN[loop.name]
     assert_idle(t)
 
 
-class GatedStorage(AsyncFaultyStorage):
-    """Async openers that block on a trio Event: the request is granted, the open is not done."""
+class GatedStorage(FaultyStorage):
+    """Async openers of ``loop``: the write opener blocks on an Event of that loop (the request
+    is granted, the open is not done); the read opener yields once."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, loop: Loop) -> None:
         super().__init__(size)
-        self.gate = trio.Event()
+        self.loop = loop
+        self.gate = loop.event()
         self.entered = 0
 
     async def acquire_write_async(self, region: Region, *, overwrite: bool) -> uni.HostHandle:
         self.entered += 1
         await self.gate.wait()
-        return await super().acquire_write_async(region, overwrite=overwrite)
+        self.calls.append(f"acquire_write_async(overwrite={overwrite})")
+        return self._stage(region, fill=True)
+
+    async def acquire_read_async(self, region: Region) -> uni.HostHandle:
+        await self.loop.checkpoint()
+        self.calls.append("acquire_read_async")
+        return self._stage(region, fill=True)
 
 
-async def test_cancel_while_the_async_opener_runs() -> None:
-    storage = GatedStorage(12)
+@each_loop
+async def test_cancel_while_the_async_opener_runs(loop: Loop) -> None:
+    storage = GatedStorage(12, loop)
     t = uni.Tensor.from_storage(storage, uni.layout_right((3, 4)))
-    with trio.fail_after(BOUND):
-        with trio.move_on_after(1) as scope:
-            async with trio.open_nursery() as nursery:
 
-                async def opener() -> None:
-                    await write_async(t)
-                    raise AssertionError("gate never opened")
+    async def opener() -> None:
+        await write_async(t)
+        raise AssertionError("gate never opened")
 
-                nursery.start_soon(opener)
-                await trio.testing.wait_all_tasks_blocked()
-                assert storage.entered == 1
-                assert queue_of(t).active_count() == 1  # granted, while the open runs
-                nursery.cancel_scope.cancel()
-        assert not scope.cancelled_caught
+    task = loop.start("opener", opener)
+    await loop.settle()
+    assert storage.entered == 1
+    assert queue_of(t).active_count() == 1  # granted, while the open runs
+    task.cancel()
+    await task.join()
+    assert task.cancelled
     assert storage.calls == []  # the open never finished: nothing to hand back
     assert_idle(t)
 
 
-async def test_cancel_inside_async_with_body_releases_and_poisons_nothing_read() -> None:
+@each_loop
+async def test_cancel_inside_async_with_body_releases_and_poisons_nothing_read(loop: Loop) -> None:
     t = vec(value=3.0)
-    with trio.fail_after(BOUND):
-        with trio.move_on_after(0.01):
-            async with read_async(t) as lease:
-                assert lease.numpy()[0] == 3.0
-                await trio.sleep_forever()
-        with trio.move_on_after(0.01):
-            async with write_async(t) as lease:
-                await trio.sleep_forever()
+    async with loop.move_on_after(0.01) as reading:
+        async with read_async(t) as lease:
+            assert lease.numpy()[0] == 3.0
+            await loop.sleep_forever()
+    assert reading.cancelled_caught
     assert_idle(t)
-    # The write lease ended by Cancelled: its data is poisoned, as for any failed writer.
+    read_sync(t, timeout=0).release()  # a cancelled reader poisons nothing
+    async with loop.move_on_after(0.01) as writing:
+        async with write_async(t):
+            await loop.sleep_forever()
+    assert writing.cancelled_caught
+    assert_idle(t)
+    # The write lease ended by its cancellation: its data is poisoned, as for any failed writer.
     with pytest.raises(uni.PoisonedError):
         read_sync(t, timeout=0)
 
 
+@each_loop
 async def test_cancel_await_of_an_op_future_keeps_the_work_ordered(
-        no_future_callback_errors: None) -> None:
+        loop: Loop, no_future_callback_errors: None) -> None:
     src, dst = vec(value=2.0), vec()
     held = write_sync(src)
     future = uni.copy_async(src, dst)
-    with trio.move_on_after(0.01) as scope:
+    async with loop.move_on_after(0.01) as scope:
         await future
     assert scope.cancelled_caught and not future.done()
     held.release()
-    with trio.fail_after(BOUND):
-        await future  # a later await still works
+    assert await future is not None  # a later await still works
     assert future.result(timeout=0) is not None
     assert (values(dst) == 2.0).all()
     assert_idle(src)
@@ -206,7 +221,8 @@ def test_dropped_acquisition_outside_trio_is_withdrawn() -> None:
     assert_idle(t)
 
 
-async def test_dropped_acquisition_inside_trio_lets_a_waiting_task_through() -> None:
+@each_loop
+async def test_dropped_acquisition_inside_a_loop_lets_a_waiting_task_through(loop: Loop) -> None:
     t = vec()
     dropped = write_async(t)  # granted at once, never awaited
     got: list[float] = []
@@ -215,14 +231,13 @@ async def test_dropped_acquisition_inside_trio_lets_a_waiting_task_through() -> 
         async with read_async(t) as lease:
             got.append(float(lease.numpy()[0]))
 
-    with trio.fail_after(BOUND):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(later)
-            await trio.testing.wait_all_tasks_blocked()
-            assert queue_of(t).pending_count() == 1
-            with pytest.warns(ResourceWarning, match="never awaited"):
-                del dropped
-                gc.collect()
+    task = loop.start("later", later)
+    await loop.settle()
+    assert queue_of(t).pending_count() == 1
+    with pytest.warns(ResourceWarning, match="never awaited"):
+        del dropped
+        gc.collect()
+    await task.join()
     assert got == [0.0]
     assert_idle(t)
 
@@ -232,7 +247,9 @@ async def test_dropped_acquisition_inside_trio_lets_a_waiting_task_through() -> 
 # ----------------------------------------------------------------------------------------------
 
 
-async def test_sync_threads_async_tasks_and_ops_are_granted_in_registration_order() -> None:
+@each_loop
+async def test_sync_threads_async_tasks_and_ops_are_granted_in_registration_order(
+        loop: Loop) -> None:
     t = vec()
     order: list[str] = []
     held = write_sync(t)  # everything below queues behind this, in registration order
@@ -260,19 +277,17 @@ async def test_sync_threads_async_tasks_and_ops_are_granted_in_registration_orde
 
         return op
 
-    threads = []
-    with trio.fail_after(BOUND):
-        async with trio.open_nursery() as nursery:
-            threads.append(thread_writer("thread-1"))
-            nursery.start_soon(task_writer, "task-1", write_async(t))
-            f1 = uni.transform_async(t, mark("op-1"), t, backends=["cpu_reference"])
-            threads.append(thread_writer("thread-2"))
-            nursery.start_soon(task_writer, "task-2", write_async(t))
-            f2 = uni.transform_async(t, mark("op-2"), t, backends=["cpu_reference"])
-            await trio.testing.wait_all_tasks_blocked()
-            held.release()
-            await f1
-            await f2
+    threads = [thread_writer("thread-1")]
+    tasks = [loop.start("task-1", functools.partial(task_writer, "task-1", write_async(t)))]
+    f1 = uni.transform_async(t, mark("op-1"), t, backends=["cpu_reference"])
+    threads.append(thread_writer("thread-2"))
+    tasks.append(loop.start("task-2", functools.partial(task_writer, "task-2", write_async(t))))
+    f2 = uni.transform_async(t, mark("op-2"), t, backends=["cpu_reference"])
+    await loop.settle()
+    held.release()
+    await f1
+    await f2
+    await loop.join(*tasks)
     for th in threads:
         join(th)
     assert [o for i, o in enumerate(order) if i == 0 or order[i - 1] != o] == [
@@ -329,35 +344,39 @@ def test_independent_op_is_not_starved_by_ops_waiting_for_a_lease() -> None:
     assert_idle(src)
 
 
-async def test_independent_op_is_not_starved_inside_trio() -> None:
+@each_loop
+async def test_independent_op_is_not_starved_inside_a_loop(loop: Loop) -> None:
     src, a, b = vec(), vec(value=5.0), vec()
     outs = [vec() for _ in range(24)]
-    with trio.fail_after(BOUND):
-        lease = await write_async(src)
-        futures = [uni.copy_async(src, o) for o in outs]
-        await uni.copy_async(a, b)  # used to hang: every worker waited for `lease`
-        lease.release()
-        for f in futures:
-            await f
+    lease = await write_async(src)
+    futures = [uni.copy_async(src, o) for o in outs]
+    await uni.copy_async(a, b)  # used to hang: every worker waited for `lease`
+    assert (values(b) == 5.0).all()
+    lease.release()
+    for f in futures:
+        await f
     assert_idle(src)
 
 
 # ----------------------------------------------------------------------------------------------
-# trio runs that end with work pending
+# Runs that end with work pending
 # ----------------------------------------------------------------------------------------------
 
 
-def test_trio_run_ends_while_an_awaited_op_is_pending(no_future_callback_errors: None) -> None:
+@over_loops
+def test_a_run_ends_while_an_awaited_op_is_pending(loop: Loop,
+                                                    no_future_callback_errors: None) -> None:
     src, dst = vec(value=4.0), vec()
     held = write_sync(src)
     future: list[uni.OpFuture] = []
 
-    async def main() -> None:
+    async def main(loop: Loop) -> None:
         future.append(uni.copy_async(src, dst))
-        with trio.move_on_after(0.01):
+        async with loop.move_on_after(0.01) as scope:
             await future[0]
+        assert scope.cancelled_caught
 
-    trio.run(main)
+    loop.run(main)
     held.release()  # completes the op after its awaiting run has finished
     future[0].result(timeout=BOUND)
     assert (values(dst) == 4.0).all()
@@ -458,7 +477,8 @@ def test_dlpack_capsule_released_while_this_thread_holds_the_queue_lock() -> Non
 # ----------------------------------------------------------------------------------------------
 
 
-async def test_op_future_awaited_twice_by_two_tasks_and_a_thread() -> None:
+@each_loop
+async def test_op_future_awaited_twice_by_two_tasks_and_a_thread(loop: Loop) -> None:
     src, dst = vec(value=3.0), vec()
     held = write_sync(src)
     future = uni.copy_async(src, dst)
@@ -470,31 +490,29 @@ async def test_op_future_awaited_twice_by_two_tasks_and_a_thread() -> None:
     def thread_result() -> None:
         results.append(future.result(timeout=BOUND))
 
-    with trio.fail_after(BOUND):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(awaiter)
-            nursery.start_soon(awaiter)
-            th = run_thread(thread_result)
-            await trio.testing.wait_all_tasks_blocked()
-            assert results == []
-            held.release()
-        join(th)
-        results.append(await future)  # once more, after completion
+    tasks = [loop.start("awaiter 1", awaiter), loop.start("awaiter 2", awaiter)]
+    th = run_thread(thread_result)
+    await loop.settle()
+    assert results == []
+    held.release()
+    await loop.join(*tasks)
+    join(th)
+    results.append(await future)  # once more, after completion
     assert len(results) == 4 and len(set(results)) == 1
     assert (values(dst) == 3.0).all()
 
 
-async def test_failed_op_future_raises_for_every_waiter() -> None:
+@each_loop
+async def test_failed_op_future_raises_for_every_waiter(loop: Loop) -> None:
     src, dst = vec(value=1.0), vec()
 
     def boom(x: Any) -> Any:
         raise ZeroDivisionError("boom")
 
     future = uni.transform_async(dst, boom, src, backends=["cpu_reference"])
-    with trio.fail_after(BOUND):
-        for _ in range(2):
-            with pytest.raises(ZeroDivisionError):
-                await future
+    for _ in range(2):
+        with pytest.raises(ZeroDivisionError):
+            await future
     with pytest.raises(ZeroDivisionError):
         future.result(timeout=BOUND)
     with pytest.raises(uni.PoisonedError):
@@ -507,18 +525,20 @@ async def test_failed_op_future_raises_for_every_waiter() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-async def test_poisoned_async_read_does_not_open_the_storage() -> None:
-    storage = AsyncFaultyStorage(12)
+@each_loop
+async def test_poisoned_async_read_does_not_open_the_storage(loop: Loop) -> None:
+    storage = GatedStorage(12, loop)
     t = uni.Tensor.from_storage(storage, uni.layout_right((3, 4)))
     with pytest.raises(ZeroDivisionError):
         with write_sync(t):
             raise ZeroDivisionError("half-written")
     storage.calls.clear()
-    with trio.fail_after(BOUND):
-        with pytest.raises(uni.PoisonedError):
-            await read_async(t)
+    with pytest.raises(uni.PoisonedError):
+        await read_async(t)
     # A handle opened by the async opener would never be handed back to the storage.
     assert storage.calls == []
+    async with read_async(t, allow_poisoned=True):
+        assert storage.calls == ["acquire_read_async"]  # the loop's opener ran
     assert_idle(t)
 
 
@@ -600,3 +620,125 @@ def test_dispatch_reentered_in_the_submitting_thread_hands_off() -> None:
         _ops._submitting.active = False
     future.result(timeout=BOUND)
     assert (values(dst) == 6.0).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Both loops at once; asyncio loops that close with work pending; no loop at all
+# ----------------------------------------------------------------------------------------------
+
+
+def test_trio_and_asyncio_tasks_and_threads_share_one_queue() -> None:
+    # An asyncio loop in this thread, a trio run in another: both kinds of task wait in one
+    # queue, in registration order, woken from each other's threads.
+    t = vec()
+    order: list[str] = []
+    held = write_sync(t)
+    trio_registered = threading.Event()
+    asyncio_registered = threading.Event()
+
+    def trio_side() -> None:
+        async def main() -> None:
+            asyncio_registered.wait(BOUND)
+            pending = write_async(t)  # second in line
+            trio_registered.set()
+            with trio.fail_after(BOUND):
+                async with pending as lease:
+                    order.append("trio")
+                    np.asarray(lease.mdspan())[...] += 10
+
+        trio.run(main)
+
+    async def asyncio_side() -> None:
+        first = write_async(t)  # first in line
+        asyncio_registered.set()
+        thread = run_thread(trio_side)
+        await until(trio_registered.is_set, "the trio task's registration")
+        third = read_async(t)
+        held.release()
+        async with first as lease:
+            order.append("asyncio")
+            np.asarray(lease.mdspan())[...] += 1
+        async with third as lease:
+            order.append("reader")
+            assert (np.asarray(lease.mdspan()) == 11).all()
+        join(thread)
+
+    run(asyncio_side)
+    assert order == ["asyncio", "trio", "reader"]
+    assert_idle(t)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def test_an_op_awaited_in_a_loop_that_closes_completes_quietly(
+        no_future_callback_errors: None) -> None:
+    src, dst = vec(value=4.0), vec()
+    held = write_sync(src)
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, _context: None)
+    future = uni.copy_async(src, dst)
+    task = loop.create_task(_awaited(future))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    loop.close()  # the awaiting task is still parked
+    held.release()  # the worker's completion finds the loop closed: nothing raises
+    future.result(timeout=BOUND)
+    assert (values(dst) == 4.0).all()
+    del task
+    gc.collect()
+    assert_idle(dst)
+
+
+def test_a_lease_granted_into_a_closed_loop_is_released() -> None:
+    t = vec()
+    held = write_sync(t)
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, _context: None)
+    task = loop.create_task(_awaited(write_async(t)))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert queue_of(t).pending_count() == 1
+    loop.close()
+    join(run_thread(held.release))  # the grant cannot land: the waker gives it back
+    assert queue_of(t).pending_count() == queue_of(t).active_count() == 0
+    del task
+    gc.collect()  # the abandoned coroutine is closed: nothing more to give back
+    assert_idle(t)
+
+
+def test_op_future_outside_trio_and_asyncio_is_refused_and_the_work_goes_on() -> None:
+    src, dst = vec(value=9.0), vec()
+    held = write_sync(src)
+    future = uni.copy_async(src, dst)
+    with pytest.raises(uni.EventLoopError, match=r"uni\.copy_async\(\.\.\.\)"):
+        drive_by_hand(future)
+    held.release()
+    future.result(timeout=BOUND)
+    assert (values(dst) == 9.0).all()
+    with pytest.raises(uni.EventLoopError, match="trio or an asyncio task"):
+        drive_by_hand(future)  # finished, and still refused: the rule does not depend on timing
+    assert_idle(src)
+
+
+def test_an_abandoned_waiter_collected_inside_the_queue_lock_does_not_deadlock() -> None:
+    # The coroutine of a task left on a closed loop is closed by the garbage collector,
+    # wherever it fires: here inside this thread's critical section of the very queue it
+    # waited on. Its clean-up must not take that (non-reentrant) lock again.
+    t = vec()
+    queue = queue_of(t)
+    held = write_sync(t)
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, _context: None)
+    box = [loop.create_task(_awaited(write_async(t)))]
+    loop.run_until_complete(asyncio.sleep(0.01))
+    loop.close()
+    join(run_thread(held.release))  # claimed and released by the waker
+    assert queue.pending_count() == queue.active_count() == 0
+
+    def collect_inside_the_lock() -> None:
+        with queue._lock:
+            box.clear()
+            gc.collect()
+
+    join(run_thread(collect_inside_the_lock))
+    assert_idle(t)

@@ -1,16 +1,26 @@
-"""Tests for uni._access_queue: FIFO epochs, waiting in threads and trio, cancellation."""
+"""Tests for uni._access_queue: FIFO epochs, waiting in threads and in trio and asyncio tasks
+(each async body runs under both loops), cancellation at every point, fences, the asyncio
+bridge's closed loops, and the error under no loop."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import gc
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
+from typing import Any
 
 import pytest
-import trio
-import trio.testing
+from support.aio import drive_by_hand
+from support.loops import Loop, each_loop
 from support.queue_doubles import HELD, Registry, Worker, assert_idle, random_requests, released_with
 
+import uni
 from uni._core import (
     AccessQueue,
     AccessRequest,
@@ -344,39 +354,61 @@ def test_many_threads_share_an_epoch() -> None:
     assert_idle(q)
 
 
-# ---------------------------------------------------------------- trio
+# ---------------------------------------------------------------- waiting in trio and asyncio
+# Each body runs under trio and under asyncio (support.loops.each_loop).
 
 
-async def test_would_block_inside_trio() -> None:
+@each_loop
+async def test_would_block_inside_a_loop(loop: Loop) -> None:
     q = AccessQueue("Tensor(shape=(3,4)) storage")
     w = q.register("write", 0, 11, holder=HELD, owner_thread=None)
     r = q.register("read", 0, 0, holder="read lease")
     with pytest.raises(WouldBlockError) as info:
         q.wait_sync(r, timeout=1, async_hint="acquire_host_read_access_async")
     msg = str(info.value)
-    assert "trio" in msg and "await acquire_host_read_access_async(...)" in msg
+    assert loop.words in msg and "await acquire_host_read_access_async(...)" in msg
     assert HELD in msg
     assert r.state == "withdrawn" and q.pending_count() == 0
     q.release(w)
-    # A request that needs no waiting is fine inside trio.
+    # A request that needs no waiting is fine inside the loop.
     ok = q.register("read", 0, 0, holder="read lease")
     q.wait_sync(ok)
     q.release(ok)
     assert_idle(q)
 
 
-async def test_granted_wait_async_does_not_checkpoint() -> None:
+@each_loop
+async def test_a_worker_thread_of_the_loop_may_block(loop: Loop) -> None:
     q = AccessQueue("s")
-    r = q.register("write", 0, 0, holder="w")
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        await q.wait_async(r)  # no checkpoint, so the cancellation is not seen here
-        assert r.granted
+    w = q.register("write", 0, 0, holder="w", owner_thread=None)
+    r = q.register("read", 0, 0, holder="r")
+    threading.Timer(0.02, q.release, args=(w,)).start()
+    await loop.to_thread(lambda: q.wait_sync(r, timeout=10))
+    assert r.granted
     q.release(r)
     assert_idle(q)
 
 
-async def test_async_grant_follows_registration_order() -> None:
+@each_loop
+async def test_granted_wait_async_does_not_yield(loop: Loop) -> None:
+    q = AccessQueue("s")
+    r = q.register("write", 0, 0, holder="w")
+    async with loop.move_on_after(0) as scope:  # already expired: seen at the first yield
+        await q.wait_async(r)  # no yield, so the cancellation is not seen here
+        assert r.granted
+    assert not scope.cancelled_caught
+    q.release(r)
+    r2 = q.register("write", 0, 0, holder="w2")
+    step = q.wait_async(r2).__await__()
+    with pytest.raises(StopIteration):
+        step.send(None)  # returned without a single yield
+    assert r2.granted
+    q.release(r2)
+    assert_idle(q)
+
+
+@each_loop
+async def test_async_grant_follows_registration_order(loop: Loop) -> None:
     q = AccessQueue("s")
     gate = q.register("write", 0, 0, holder="gate")
     reqs = [q.register("write", 0, 0, holder=f"w{i}") for i in range(4)]
@@ -385,20 +417,20 @@ async def test_async_grant_follows_registration_order() -> None:
     async def take(i: int) -> None:
         await q.wait_async(reqs[i])
         order.append(i)
-        await trio.lowlevel.checkpoint()
+        await loop.checkpoint()
         q.release(reqs[i])
 
-    async with trio.open_nursery() as nursery:
-        for i in reversed(range(4)):
-            nursery.start_soon(take, i)
-        await trio.testing.wait_all_tasks_blocked()
-        assert order == []
-        q.release(gate)
+    tasks = [loop.start(f"take {i}", functools.partial(take, i)) for i in reversed(range(4))]
+    await loop.settle()
+    assert order == []
+    q.release(gate)
+    await loop.join(*tasks)
     assert order == [0, 1, 2, 3]
     assert_idle(q)
 
 
-async def test_async_readers_share_an_epoch() -> None:
+@each_loop
+async def test_async_readers_share_an_epoch(loop: Loop) -> None:
     q = AccessQueue("s")
     gate = q.register("write", 0, 9, holder="gate")
     readers = [q.register("read", i, 9, holder=f"r{i}") for i in range(3)]
@@ -411,7 +443,7 @@ async def test_async_readers_share_an_epoch() -> None:
         await q.wait_async(r)
         holding += 1
         peak = max(peak, holding)
-        await trio.testing.wait_all_tasks_blocked()
+        await loop.settle()
         holding -= 1
         q.release(r)
 
@@ -420,22 +452,22 @@ async def test_async_readers_share_an_epoch() -> None:
         assert holding == 0
         q.release(w)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(write)
-        for r in readers:
-            nursery.start_soon(read, r)
-        await trio.testing.wait_all_tasks_blocked()
-        q.release(gate)
+    tasks = [loop.start("writer", write)]
+    tasks += [loop.start(f"reader {i}", functools.partial(read, r)) for i, r in enumerate(readers)]
+    await loop.settle()
+    q.release(gate)
+    await loop.join(*tasks)
     assert peak == 3
     assert_idle(q)
 
 
-async def test_cancel_before_grant_withdraws(autojump_clock: trio.abc.Clock) -> None:
+@each_loop
+async def test_cancel_before_grant_withdraws(loop: Loop) -> None:
     q = AccessQueue("s")
     r1 = q.register("read", 0, 9, holder="r1")
     w = q.register("write", 0, 9, holder="w")
     r2 = q.register("read", 0, 9, holder="r2")
-    with trio.move_on_after(1) as scope:
+    async with loop.move_on_after(0.01) as scope:
         await q.wait_async(w)
     assert scope.cancelled_caught
     assert w.state == "withdrawn"
@@ -445,83 +477,89 @@ async def test_cancel_before_grant_withdraws(autojump_clock: trio.abc.Clock) -> 
     assert_idle(q)
 
 
-async def test_cancel_racing_grant_same_thread() -> None:
-    """The grant and the cancellation land in the same scheduling step, in both orders."""
-    for grant_first in (True, False):
-        q = AccessQueue("s")
-        gate = q.register("write", 0, 0, holder="gate")
-        w = q.register("write", 0, 0, holder="w")
-        got = False
+@pytest.mark.parametrize("grant_first", [True, False])
+@each_loop
+async def test_cancel_racing_grant_same_thread(loop: Loop, grant_first: bool) -> None:
+    """The grant and the cancellation land before the waiting task runs again, in both orders."""
+    q = AccessQueue("s")
+    gate = q.register("write", 0, 0, holder="gate")
+    w = q.register("write", 0, 0, holder="w")
+    got = False
 
-        async def waiter(scope: trio.CancelScope, q: AccessQueue = q, w: AccessRequest = w) -> None:
-            nonlocal got
-            with scope:
-                await q.wait_async(w)
-                try:
-                    got = True
-                    await trio.sleep_forever()
-                finally:
-                    q.release(w)
+    async def waiter() -> None:
+        nonlocal got
+        await q.wait_async(w)
+        try:
+            got = True
+            await loop.sleep_forever()
+        finally:
+            q.release(w)
 
-        scope = trio.CancelScope()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter, scope)
-            await trio.testing.wait_all_tasks_blocked()
-            if grant_first:
-                q.release(gate)
-                scope.cancel()
-            else:
-                scope.cancel()
-                q.release(gate)
-        # Whichever won, nothing leaked: the lease was withdrawn or released.
-        assert w.released
+    task = loop.start("waiter", waiter)
+    await loop.settle()
+    if grant_first:
+        q.release(gate)  # wakes the waiter directly (same thread)
+        task.cancel()
+    else:
+        task.cancel()
+        q.release(gate)
+    await task.join()
+    assert task.cancelled
+    # Whichever won, nothing leaked: the lease was withdrawn or released.
+    assert w.released
+    if loop.name == "trio":
+        # trio delivers a grant that landed first; the cancellation meets the holder later.
         assert got == (grant_first and w.granted)
-        assert_idle(q)
+    else:
+        # asyncio throws the cancellation into the coroutine anyway: the grant is given back.
+        assert w.state == "released" and not got
+    assert_idle(q)
 
 
-async def test_cancel_racing_cross_thread_grant_releases_the_grant() -> None:
-    """The grant arrives (via run_sync_soon) after the cancellation was delivered."""
+@each_loop
+async def test_cancel_racing_cross_thread_grant_releases_the_grant(loop: Loop) -> None:
+    """The grant arrives (run_sync_soon, call_soon_threadsafe) after the cancellation was
+    delivered."""
     q = AccessQueue("s")
     gate = q.register("write", 0, 0, holder="gate", owner_thread=None)
     w = q.register("write", 0, 0, holder="w")
     after = q.register("write", 0, 0, holder="after")
     reached = False
 
-    async def waiter(scope: trio.CancelScope) -> None:
+    async def waiter() -> None:
         nonlocal reached
-        with scope:
-            await q.wait_async(w)
-            reached = True
-            q.release(w)
+        await q.wait_async(w)
+        reached = True
+        q.release(w)
 
-    scope = trio.CancelScope()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter, scope)
-        await trio.testing.wait_all_tasks_blocked()
-        # Block the trio thread synchronously so that the wake-up queued by the foreign
-        # thread cannot run before the cancellation below is delivered.
-        releaser = threading.Thread(target=q.release, args=(gate,))
-        releaser.start()
-        releaser.join()
-        assert w.granted
-        scope.cancel()
-    assert scope.cancelled_caught and not reached
+    task = loop.start("waiter", waiter)
+    await loop.settle()
+    # Block the loop's thread synchronously so that the wake-up queued by the foreign
+    # thread cannot run before the cancellation below is delivered.
+    releaser = threading.Thread(target=q.release, args=(gate,))
+    releaser.start()
+    releaser.join()
+    assert w.granted
+    task.cancel()
+    await task.join()
+    assert task.cancelled and not reached
     assert w.state == "released"  # granted, then released by the cancelled waiter
     assert after.granted
     q.release(after)
     assert_idle(q)
 
 
-async def test_cancel_after_grant_keeps_lease_with_caller(autojump_clock: trio.abc.Clock) -> None:
+@each_loop
+async def test_cancel_after_grant_keeps_lease_with_caller(loop: Loop) -> None:
     q = AccessQueue("s")
     gate = q.register("write", 0, 0, holder="gate")
     w = q.register("write", 0, 0, holder="w")
     later = q.register("read", 0, 0, holder="later")
-    with trio.move_on_after(1) as scope:
+    async with loop.move_on_after(0.01) as scope:
         q.release(gate)
         await q.wait_async(w)
         try:
-            await trio.sleep_forever()
+            await loop.sleep_forever()
         finally:
             # Cancellation after the grant is the holder's business: the queue keeps the
             # lease active until it is released.
@@ -533,27 +571,24 @@ async def test_cancel_after_grant_keeps_lease_with_caller(autojump_clock: trio.a
     assert_idle(q)
 
 
-async def test_wake_from_other_thread() -> None:
+@each_loop
+async def test_wake_from_other_thread(loop: Loop) -> None:
     q = AccessQueue("s")
     w = q.register("write", 0, 9, holder="w", owner_thread=None)
     r = q.register("read", 0, 9, holder="r")
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-
-            async def wait() -> None:
-                await q.wait_async(r)
-
-            nursery.start_soon(wait)
-            await trio.testing.wait_all_tasks_blocked()
-            assert not r.granted
-            await trio.to_thread.run_sync(q.release, w)
+    task = loop.start("waiter", lambda: q.wait_async(r))
+    await loop.settle()
+    assert not r.granted and not task.done
+    await loop.to_thread(q.release, w)
+    await task.join()
     assert r.granted
     q.release(r)
     assert_idle(q)
 
 
-async def test_trio_waiter_woken_by_sync_thread_waiter_chain() -> None:
-    """A thread waits, then releases; the trio task behind it is woken from that thread."""
+@each_loop
+async def test_a_task_woken_by_a_sync_thread_waiter_chain(loop: Loop) -> None:
+    """A thread waits, then releases; the task behind it is woken from that thread."""
     q = AccessQueue("s")
     gate = q.register("write", 0, 0, holder="gate", owner_thread=None)
     t_req = q.register("write", 0, 0, holder="thread", owner_thread=None)
@@ -563,48 +598,41 @@ async def test_trio_waiter_woken_by_sync_thread_waiter_chain() -> None:
         q.wait_sync(t_req, timeout=10)
         q.release(t_req)
 
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.to_thread.run_sync, in_thread)
-            nursery.start_soon(q.wait_async, a_req)
-            await trio.testing.wait_all_tasks_blocked()
-            q.release(gate)
+    thread = loop.start("thread", lambda: loop.to_thread(in_thread))
+    task = loop.start("task", lambda: q.wait_async(a_req))
+    await loop.settle()
+    q.release(gate)
+    await loop.join(thread, task)
     assert a_req.granted
     q.release(a_req)
     assert_idle(q)
 
 
-async def test_withdraw_wakes_trio_waiter() -> None:
+@each_loop
+async def test_withdraw_wakes_a_waiting_task(loop: Loop) -> None:
     q = AccessQueue("s")
     w = q.register("write", 0, 0, holder="w")
     r = q.register("read", 0, 0, holder="r")
-    errors: list[BaseException] = []
-
-    async def wait() -> None:
-        try:
-            await q.wait_async(r)
-        except LeaseReleasedError as exc:
-            errors.append(exc)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait)
-        await trio.testing.wait_all_tasks_blocked()
-        q.withdraw(r)
-    assert len(errors) == 1 and "withdrawn" in str(errors[0])
+    task = loop.start("waiter", lambda: q.wait_async(r))
+    await loop.settle()
+    q.withdraw(r)
+    with pytest.raises(LeaseReleasedError, match="withdrawn"):
+        await task.join()
     q.release(w)
     assert_idle(q)
 
 
-async def test_double_wait_is_refused() -> None:
+@each_loop
+async def test_double_wait_is_refused(loop: Loop) -> None:
     q = AccessQueue("s")
     w = q.register("write", 0, 0, holder="w")
     r = q.register("read", 0, 0, holder="r")
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(q.wait_async, r)
-        await trio.testing.wait_all_tasks_blocked()
-        with pytest.raises(LeaseError, match="already being waited"):
-            await q.wait_async(r)
-        q.release(w)
+    task = loop.start("waiter", lambda: q.wait_async(r))
+    await loop.settle()
+    with pytest.raises(LeaseError, match="already being waited"):
+        await q.wait_async(r)
+    q.release(w)
+    await task.join()
     q.release(r)
     assert_idle(q)
 
@@ -648,17 +676,17 @@ def test_poison_api() -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-async def test_stress_threads_and_tasks(seed: int) -> None:
+@each_loop(bound=60)
+async def test_stress_threads_and_tasks(loop: Loop, seed: int) -> None:
     q = AccessQueue("stress")
     reg = Registry()
     reg_lock = threading.Lock()
-    per_thread, per_task, n_threads, n_tasks = 500, 150, 4, 20
-    completed = 0
-    timeouts = 0
-    cancels = 0
+    # (asyncio in debug mode runs a task step about three times slower: a smaller run)
+    per_thread, per_task = {"trio": (500, 150), "asyncio": (400, 120)}[loop.name]
+    n_threads, n_tasks = 4, 20
+    counts = {"completed": 0, "timeouts": 0, "cancels": 0}
 
     def thread_worker(seed: int) -> None:
-        nonlocal completed, timeouts
         rng = random.Random(seed)
         for _ in range(per_thread):
             reqs = random_requests(q, rng, reg_lock, reg, f"thread {seed}")
@@ -668,7 +696,7 @@ async def test_stress_threads_and_tasks(seed: int) -> None:
                     q.wait_sync(r, timeout=0.0005 if short else 20)
             except LeaseTimeoutError:
                 with reg_lock:
-                    timeouts += 1
+                    counts["timeouts"] += 1
                 for r in reqs:
                     q.release(r)
                 continue
@@ -680,44 +708,42 @@ async def test_stress_threads_and_tasks(seed: int) -> None:
                 reg.leave(r)
                 q.release(r)
             with reg_lock:
-                completed += 1
+                counts["completed"] += 1
 
     async def task_worker(seed: int) -> None:
-        nonlocal completed, cancels
         rng = random.Random(seed)
         for _ in range(per_task):
             reqs = random_requests(q, rng, reg_lock, reg, f"task {seed}")
             entered: list[AccessRequest] = []
             try:
                 # Some waits are cut short to exercise withdrawal at random points.
-                with trio.move_on_after(0.0002 if rng.random() < 0.1 else 30) as scope:
+                async with loop.move_on_after(0.0002 if rng.random() < 0.1 else 30) as scope:
                     for r in reqs:
                         await q.wait_async(r)
                     for r in reqs:
                         reg.enter(r)
                         entered.append(r)
                     if rng.random() < 0.5:
-                        await trio.lowlevel.checkpoint()
-                if scope.cancelled_caught:
-                    cancels += 1
-                else:
-                    completed += 1
+                        await loop.checkpoint()
+                with reg_lock:
+                    counts["cancels" if scope.cancelled_caught else "completed"] += 1
             finally:
                 for r in entered:
                     reg.leave(r)
                 for r in reqs:
                     q.release(r)
 
-    with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            for i in range(n_threads):
-                nursery.start_soon(trio.to_thread.run_sync, thread_worker, seed * 1000 + i)
-            for i in range(n_tasks):
-                nursery.start_soon(task_worker, seed * 1000 + 100 + i)
+    workers = [loop.start(f"thread {i}", functools.partial(loop.to_thread, thread_worker,
+                                                           seed * 1000 + i))
+               for i in range(n_threads)]
+    workers += [loop.start(f"task {i}", functools.partial(task_worker, seed * 1000 + 100 + i))
+                for i in range(n_tasks)]
+    await loop.join(*workers)
 
+    total = n_threads * per_thread + n_tasks * per_task
     assert reg.violations == []
-    assert completed + timeouts + cancels == n_threads * per_thread + n_tasks * per_task
-    assert completed > 0.8 * (n_threads * per_thread + n_tasks * per_task)
+    assert sum(counts.values()) == total
+    assert counts["completed"] > 0.8 * total
     assert reg.waited > 100  # the run did contend
     assert reg.max_concurrent > 2  # and readers / disjoint holders did overlap
     assert_idle(q)
@@ -798,7 +824,8 @@ def test_a_fence_wait_times_out_naming_the_fence_and_withdraws() -> None:
     assert_idle(q)
 
 
-async def test_sync_wait_on_a_fence_inside_trio_would_block() -> None:
+@each_loop
+async def test_sync_wait_on_a_fence_inside_a_loop_would_block(loop: Loop) -> None:
     q = AccessQueue("s")
     fence = HostFence("kernel")
     released_with(q, "write", 0, 9, fence)
@@ -810,7 +837,8 @@ async def test_sync_wait_on_a_fence_inside_trio_would_block() -> None:
     assert_idle(q)
 
 
-async def test_a_trio_task_waits_for_a_fence_without_blocking_the_loop() -> None:
+@each_loop
+async def test_a_task_waits_for_a_fence_without_blocking_the_loop(loop: Loop) -> None:
     q = AccessQueue("s")
     fence = HostFence("kernel")
     released_with(q, "write", 0, 9, fence)
@@ -827,28 +855,29 @@ async def test_a_trio_task_waits_for_a_fence_without_blocking_the_loop() -> None
         nonlocal ticks
         while not done:
             ticks += 1
-            await trio.sleep(0)
+            await loop.sleep(0)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(reader)
-        nursery.start_soon(ticker)
-        await trio.sleep(0.01)  # (the ticker never blocks: no wait_all_tasks_blocked here)
-        assert not done and ticks > 0  # parked, and the loop kept running
-        threading.Thread(target=fence.set).start()  # completed from another thread
+    tasks = [loop.start("reader", reader), loop.start("ticker", ticker)]
+    await loop.sleep(0.01)  # (the ticker never blocks: no settle here)
+    assert not done and ticks > 0  # parked, and the loop kept running
+    threading.Thread(target=fence.set).start()  # completed from another thread
+    await loop.join(*tasks)
     assert done
     q.release(r)
     assert_idle(q)
 
 
-async def test_cancelling_a_task_that_waits_on_a_fence_withdraws_its_request() -> None:
+@each_loop
+async def test_cancelling_a_task_that_waits_on_a_fence_releases_its_request(loop: Loop) -> None:
     q = AccessQueue("s")
     fence = HostFence("kernel")
     released_with(q, "write", 0, 9, fence)
     r = q.register("read", 0, 9, holder="reader", owner_thread=None)
     later = q.register("write", 0, 9, holder="later writer", owner_thread=None)
     assert not later.granted  # behind the reader
-    with trio.move_on_after(0.01):
+    async with loop.move_on_after(0.01) as scope:
         await q.wait_async(r)
+    assert scope.cancelled_caught
     assert r.state == "released"
     assert later.granted and later.fences == [fence]  # the writer still waits for the work
     q.release(later)
@@ -856,7 +885,8 @@ async def test_cancelling_a_task_that_waits_on_a_fence_withdraws_its_request() -
     assert_idle(q)
 
 
-async def test_a_fence_without_callbacks_is_polled() -> None:
+@each_loop
+async def test_a_fence_without_callbacks_is_polled(loop: Loop) -> None:
     class Polled:
         def __init__(self) -> None:
             self.flag = False
@@ -871,11 +901,33 @@ async def test_a_fence_without_callbacks_is_polled() -> None:
     fence = Polled()
     released_with(q, "write", 0, 0, fence)  # type: ignore[arg-type]
     r = q.register("read", 0, 0, holder="reader", owner_thread=None)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(q.wait_async, r)
-        await trio.sleep(0.005)
-        fence.flag = True
+    task = loop.start("reader", lambda: q.wait_async(r))
+    await loop.sleep(0.005)
+    assert not task.done
+    fence.flag = True
+    await task.join()
     q.release(r)
+    assert_idle(q)
+
+
+@each_loop
+async def test_a_thread_and_a_task_wait_for_the_same_fence(loop: Loop) -> None:
+    q = AccessQueue("s")
+    fence = HostFence("kernel")
+    released_with(q, "write", 0, 9, fence)
+    in_task = q.register("read", 0, 4, holder="task reader", owner_thread=None)
+    in_thread = q.register("read", 5, 9, holder="thread reader", owner_thread=None)
+    worker = Worker(lambda: q.wait_sync(in_thread, timeout=10))
+    task = loop.start("reader", lambda: q.wait_async(in_task))
+    await loop.settle()
+    assert not task.done and not worker.done.is_set()
+    fence.set()
+    await task.join()
+    await loop.until(worker.done.is_set, "the thread's wait")
+    worker.join()
+    assert worker.error is None
+    q.release(in_task)
+    q.release(in_thread)
     assert_idle(q)
 
 
@@ -1004,7 +1056,8 @@ def test_all_fences_is_done_when_every_part_is() -> None:
     assert [f.label for f in nested.fences] == ["c", "d", "e"]  # flattened
 
 
-def test_all_fences_offers_callbacks_only_when_every_part_does() -> None:
+@each_loop
+async def test_all_fences_offers_callbacks_only_when_every_part_does(loop: Loop) -> None:
     class Polled:
         label = "polled"
 
@@ -1021,17 +1074,14 @@ def test_all_fences_offers_callbacks_only_when_every_part_does() -> None:
     mixed = all_fences([HostFence("x"), polled])
     assert getattr(mixed, "add_done_callback", None) is None  # polled by async waiters
 
-    async def main() -> None:
-        h = HostFence("h")
-        fence = all_fences([h, polled])
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(wait_fences_async, [fence])
-                await trio.sleep(0.01)
-                h.set()
-                polled.is_done = True
-
-    trio.run(main)
+    h = HostFence("h")
+    fence = all_fences([h, polled])
+    waiter = loop.start("waiter", lambda: wait_fences_async([fence]))
+    await loop.sleep(0.01)
+    assert not waiter.done
+    h.set()
+    polled.is_done = True
+    await waiter.join()
 
 
 def test_a_waiter_that_raises_does_not_keep_the_others_asleep() -> None:
@@ -1073,3 +1123,117 @@ def test_countdown_calls_once_on_the_last_of_its_calls_from_any_thread() -> None
     for _ in range(10):
         one()
     assert calls == [1]
+
+
+# ---------------------------------------------------------------- the asyncio bridge
+# Only asyncio has these: a loop that is closed while a task waits on it, and no loop at all.
+
+
+def test_wake_up_into_a_closed_loop_releases_the_grant() -> None:
+    # A task parked on a loop that was then closed can never take its grant: the waker
+    # (another thread) gives it back.
+    q = AccessQueue("s")
+    held = q.register("write", 0, 7, holder="held", owner_thread=None)
+    req = q.register("write", 0, 7, holder="orphan", owner_thread=None)
+    later = q.register("read", 0, 7, holder="later", owner_thread=None)
+    loop = asyncio.new_event_loop()
+    reports: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: reports.append(context["message"]))
+    task = loop.create_task(q.wait_async(req, library="asyncio"))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert not task.done()
+    loop.close()
+    releaser = threading.Thread(target=q.release, args=(held,))
+    releaser.start()
+    releaser.join()  # call_soon_threadsafe -> "Event loop is closed": released, no raise
+    assert req.state == "released"
+    assert later.granted
+    q.release(later)
+    del task
+    gc.collect()
+    assert reports == ["Task was destroyed but it is pending!"]
+    assert_idle(q)
+
+
+def test_fence_completed_after_the_loop_closed_releases_the_request() -> None:
+    q = AccessQueue("s")
+    fence = HostFence("kernel")
+    released_with(q, "write", 0, 9, fence)
+    r = q.register("read", 0, 9, holder="reader", owner_thread=None)
+    later = q.register("write", 0, 9, holder="later writer", owner_thread=None)
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, _context: None)
+    task = loop.create_task(q.wait_async(r, library="asyncio"))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert r.granted and not task.done()  # granted, waiting for the writer's work
+    loop.close()
+    setter = threading.Thread(target=fence.set)
+    setter.start()
+    setter.join()
+    assert r.state == "released"
+    assert later.granted
+    q.release(later)
+    del task
+    gc.collect()
+    assert_idle(q)
+
+
+def test_waiting_outside_any_loop_is_refused_and_withdraws() -> None:
+    q = AccessQueue("s")
+    w = q.register("write", 0, 0, holder="w", owner_thread=None)
+    r = q.register("read", 0, 0, holder="r")
+    with pytest.raises(uni.EventLoopError, match="trio or an asyncio task") as info:
+        drive_by_hand(q.wait_async(r))
+    assert "a wait for r from thread" in str(info.value)
+    assert r.state == "withdrawn"  # it would otherwise hold back every later request
+    q.release(w)
+    assert_idle(q)
+
+
+_CLOSED_BY_THE_COLLECTOR = r"""
+import asyncio, faulthandler, gc, sys, threading, time, warnings
+import numpy as np, uni
+warnings.simplefilter("ignore")
+faulthandler.dump_traceback_later(30, exit=True)   # a deadlock ends the process, and says where
+
+def once(threshold):
+    t = uni.from_numpy(np.zeros(4))
+    w = uni.acquire_host_write_access_sync(t)
+    loop = asyncio.new_event_loop()
+
+    async def taker():
+        lease = await uni.acquire_host_read_access_async(t)   # parks behind w
+        lease.release()
+
+    loop.create_task(taker())
+    loop.run_until_complete(asyncio.sleep(0.01))   # the task parks; the loop stops, not closed
+    w.release()              # grants the task's read; its wake-up is queued on the stopped loop
+    r1 = uni.acquire_host_read_access_sync(t)
+    writer = threading.Thread(target=lambda: uni.acquire_host_write_access_sync(t).release(),
+                              daemon=True)
+    writer.start()
+    while t.storage.access_queue.pending_count() == 0:
+        time.sleep(0.001)   # a writer pending behind both readers: r1's release grants it
+    del loop                # the loop, its task and the granted coroutine: cyclic garbage
+    gc.disable(); gc.set_threshold(threshold, 1, 1); gc.enable()
+    r1.release()            # the collection fires inside the queue's critical section
+    gc.set_threshold(700, 10, 10)
+    writer.join(10)
+    assert not writer.is_alive(), "the writer was never granted"
+
+for threshold in range(1, 16):
+    once(threshold)
+print("no deadlock")
+"""
+
+
+def test_a_granted_coroutine_closed_by_the_collector_inside_the_queue_does_not_deadlock(
+        tmp_path: Any) -> None:
+    # The garbage collector closes an abandoned task's coroutine (GeneratorExit at its wait)
+    # inside this thread's own critical section of the queue: its cleanup must not wait for
+    # the lock this very thread holds. Run apart: a deadlock ends that process, not the suite.
+    script = tmp_path / "closed_by_the_collector.py"
+    script.write_text(_CLOSED_BY_THE_COLLECTOR)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0 and "no deadlock" in done.stdout, done.stderr[-3000:]

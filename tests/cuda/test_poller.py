@@ -6,17 +6,31 @@ only job is to complete (or fail) when a test says so, which a GPU cannot do on 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 from support.aio import drive_by_hand
+from support.aio import run as aio_run
 from support.cuda_doubles import Completes
+from support.loops import Loop, each_loop, over_loops
 
 import uni
-from uni.cuda._poller import PollerCore, PollSchedule, TrioPoller, trio_poller, wait_for
+from uni.cuda._poller import (
+    AsyncioPoller,
+    PollerCore,
+    PollSchedule,
+    TrioPoller,
+    asyncio_poller,
+    trio_poller,
+    wait_for,
+)
 
 
 # -- the schedule ------------------------------------------------------------------------
@@ -77,70 +91,122 @@ def test_withdrawing_a_wait() -> None:
     assert core.poll() == []
 
 
-# -- the trio poller ---------------------------------------------------------------------
-async def test_a_done_source_returns_without_starting_a_poller() -> None:
-    poller = TrioPoller()
+# -- the loop pollers: TrioPoller and AsyncioPoller over the same PollerCore ------------------
+# Each body runs under trio and under asyncio (support.loops.each_loop), with that loop's poller.
+POLLERS: dict[str, tuple[type[Any], Callable[[], Any]]] = {
+    "trio": (TrioPoller, trio_poller),
+    "asyncio": (AsyncioPoller, asyncio_poller),
+}
+
+
+def new_poller(loop: Loop, schedule: PollSchedule | None = None) -> Any:
+    """A fresh poller of ``loop``'s kind."""
+    return POLLERS[loop.name][0](schedule)
+
+
+def current_poller(loop: Loop) -> Any:
+    """The poller of the running trio run / asyncio loop (the one ``wait_for`` uses)."""
+    return POLLERS[loop.name][1]()
+
+
+@each_loop
+async def test_a_done_source_returns_without_starting_a_poller(loop: Loop) -> None:
+    poller = new_poller(loop)
     source = Completes()
     source.done = True
     await poller.wait(source)
     assert poller.tasks_started == 0
 
 
-async def test_a_waiter_wakes_when_its_source_completes() -> None:
-    poller = TrioPoller()
-    source = Completes()
-    woke = trio.Event()
-
-    async def waiter() -> None:
-        await poller.wait(source)
-        woke.set()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter)
-        await trio.testing.wait_all_tasks_blocked()
-        assert poller.core.pending_count == 1 and not woke.is_set()
+def test_a_done_source_returns_at_once_under_asyncio() -> None:
+    async def main() -> None:
+        poller = AsyncioPoller()
+        source = Completes()
         source.done = True
-        with trio.fail_after(2):
-            await woke.wait()
+        step = poller.wait(source).__await__()
+        with pytest.raises(StopIteration):
+            step.send(None)  # no yield, as for a finished asyncio future
+        assert poller.tasks_started == 0
+
+    aio_run(main)
+
+
+async def test_a_done_source_still_checkpoints_under_trio() -> None:
+    source = Completes()
+    source.done = True
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await TrioPoller().wait(source)
+    assert scope.cancelled_caught
+
+
+@each_loop
+async def test_a_waiter_wakes_when_its_source_completes(loop: Loop) -> None:
+    poller = new_poller(loop)
+    source = Completes()
+    waiter = loop.start("waiter", lambda: poller.wait(source))
+    await loop.settle()
+    assert poller.core.pending_count == 1 and not waiter.done
+    source.done = True
+    await waiter.join()
     assert poller.core.pending_count == 0
 
 
-async def test_one_poller_task_serves_many_waiters() -> None:
-    poller = trio_poller()
-    assert trio_poller() is poller
+@each_loop
+async def test_one_poller_task_serves_many_waiters(loop: Loop) -> None:
+    poller = current_poller(loop)
+    assert current_poller(loop) is poller
     sources = [Completes() for _ in range(200)]
-    woken = []
+    woken: list[int] = []
 
     async def waiter(i: int) -> None:
         await wait_for(sources[i])
         woken.append(i)
 
-    async with trio.open_nursery() as nursery:
-        for i in range(len(sources)):
-            nursery.start_soon(waiter, i)
-        await trio.testing.wait_all_tasks_blocked()
-        assert poller.core.pending_count == 200
-        for i in range(0, 200, 7):  # completions in an order of their own
-            sources[i].done = True
-        for s in sources:
-            s.done = True
+    tasks = [loop.start(f"waiter {i}", functools.partial(waiter, i)) for i in range(len(sources))]
+    await loop.settle()
+    assert poller.core.pending_count == 200
+    for i in range(0, 200, 7):  # completions in an order of their own
+        sources[i].done = True
+    await loop.until(lambda: len(woken) == len(range(0, 200, 7)), "the first completions")
+    for s in sources:
+        s.done = True
+    await loop.join(*tasks)
     assert sorted(woken) == list(range(200))
     assert poller.tasks_started == 1
 
 
-async def test_an_idle_poller_polls_nothing() -> None:
-    poller = TrioPoller(PollSchedule(spin_rounds=4))
+@each_loop
+async def test_an_idle_poller_polls_nothing(loop: Loop) -> None:
+    poller = new_poller(loop, PollSchedule(spin_rounds=4))
     source = Completes()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(poller.wait, source)
-        await trio.testing.wait_all_tasks_blocked()
-        source.done = True
+    waiter = loop.start("waiter", lambda: poller.wait(source))
+    await loop.settle()
+    source.done = True
+    await waiter.join()
+    await loop.settle()
     rounds, queries = poller.core.rounds, source.queries
-    await trio.sleep(0.05)
+    await loop.sleep(0.05)
     assert (poller.core.rounds, source.queries) == (rounds, queries)
 
 
-async def test_polling_backs_off_while_nothing_completes(autojump_clock: object) -> None:
+@each_loop
+async def test_polling_backs_off_while_nothing_completes(loop: Loop) -> None:
+    schedule = PollSchedule(spin_rounds=10, first_sleep_s=1e-3, max_sleep_s=0.01)
+    poller = new_poller(loop, schedule)
+    source = Completes()
+    waiter = loop.start("waiter", lambda: poller.wait(source))
+    await loop.sleep(0.2)
+    rounds = poller.core.rounds
+    source.done = True
+    await waiter.join()
+    # 10 spins, 1+2+4+8 ms of doublings, then one round per 10 ms: about 30 in 0.2 s
+    # (fewer on a busy machine, never hundreds: that would be a busy poll).
+    assert 12 <= rounds <= 60, rounds
+
+
+async def test_polling_backs_off_to_its_cap_in_virtual_time(autojump_clock: object) -> None:
+    # trio's virtual clock makes ten seconds of nothing exact (asyncio has none).
     schedule = PollSchedule(spin_rounds=10, first_sleep_s=1e-3, max_sleep_s=0.1)
     poller = TrioPoller(schedule)
     source = Completes()
@@ -153,7 +219,23 @@ async def test_polling_backs_off_while_nothing_completes(autojump_clock: object)
     assert 100 <= rounds <= 130
 
 
-async def test_a_new_waiter_restarts_the_spin(autojump_clock: object) -> None:
+@each_loop
+async def test_a_new_waiter_restarts_the_spin(loop: Loop) -> None:
+    poller = new_poller(loop, PollSchedule(spin_rounds=5, first_sleep_s=1e-3, max_sleep_s=1.0))
+    slow, fast = Completes(), Completes()
+    tasks = [loop.start("slow", lambda: poller.wait(slow))]
+    await loop.until(lambda: poller.core.next_delay() >= 0.004, "the back-off")
+    tasks.append(loop.start("fast", lambda: poller.wait(fast)))
+    for _ in range(3):
+        await loop.checkpoint()
+    # The poller was woken from its sleep and is spinning again.
+    assert poller.core.next_delay() == 0.0
+    slow.done = fast.done = True
+    await loop.join(*tasks)
+
+
+async def test_a_new_waiter_restarts_the_spin_from_the_cap(autojump_clock: object) -> None:
+    # In virtual time the poller reaches its one-second cap first (asyncio has no such clock).
     poller = TrioPoller(PollSchedule(spin_rounds=5, first_sleep_s=1e-3, max_sleep_s=1.0))
     slow, fast = Completes(), Completes()
     async with trio.open_nursery() as nursery:
@@ -167,148 +249,128 @@ async def test_a_new_waiter_restarts_the_spin(autojump_clock: object) -> None:
         slow.done = fast.done = True
 
 
-async def test_cancelling_a_wait_withdraws_only_that_wait() -> None:
-    poller = TrioPoller()
+@each_loop
+async def test_cancelling_a_wait_withdraws_only_that_wait(loop: Loop) -> None:
+    poller = new_poller(loop)
     source = Completes()
-    woke = trio.Event()
-    cancelled = []
-
-    async def patient() -> None:
-        await poller.wait(source)
-        woke.set()
-
-    async def impatient(scope_box: list[trio.CancelScope]) -> None:
-        with trio.CancelScope() as scope:
-            scope_box.append(scope)
-            await poller.wait(source)
-        cancelled.append(scope.cancelled_caught)
-
-    box: list[trio.CancelScope] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(patient)
-        nursery.start_soon(impatient, box)
-        await trio.testing.wait_all_tasks_blocked()
-        assert poller.core.pending_count == 2
-        box[0].cancel()
-        await trio.testing.wait_all_tasks_blocked()
-        assert cancelled == [True]
-        assert poller.core.pending_count == 1
-        # The "device work" goes on regardless: the source still completes, and the other
-        # waiter still wakes.
-        source.done = True
-        with trio.fail_after(2):
-            await woke.wait()
+    patient = loop.start("patient", lambda: poller.wait(source))
+    impatient = loop.start("impatient", lambda: poller.wait(source))
+    await loop.settle()
+    assert poller.core.pending_count == 2
+    impatient.cancel()
+    await impatient.join()
+    assert impatient.cancelled
+    assert poller.core.pending_count == 1
+    # The "device work" goes on regardless: the source still completes, and the other
+    # waiter still wakes.
+    source.done = True
+    await patient.join()
+    assert not patient.cancelled
 
 
-async def test_cancelling_before_the_first_poll_leaks_nothing() -> None:
-    poller = TrioPoller()
+@each_loop
+async def test_cancelling_before_the_first_poll_leaks_nothing(loop: Loop) -> None:
+    poller = new_poller(loop)
     source = Completes()
-    with trio.CancelScope() as scope:
-        scope.cancel()
+    async with loop.move_on_after(0) as scope:
         await poller.wait(source)
     assert scope.cancelled_caught
     assert poller.core.pending_count == 0
 
 
-async def test_a_done_source_still_checkpoints() -> None:
-    source = Completes()
-    source.done = True
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        await TrioPoller().wait(source)
-    assert scope.cancelled_caught
+def test_cancelling_an_asyncio_wait_before_it_starts_leaks_nothing() -> None:
+    async def main() -> None:
+        poller = AsyncioPoller()
+        source = Completes()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(poller.wait(source), 0)  # cancelled before its first step
+        assert poller.core.pending_count == 0
+
+    aio_run(main)
 
 
-async def test_an_error_reaches_its_waiters_and_the_poller_survives() -> None:
-    poller = TrioPoller()
+@each_loop
+async def test_an_error_reaches_its_waiters_and_the_poller_survives(loop: Loop) -> None:
+    poller = new_poller(loop)
     bad, good = Completes(), Completes()
-    errors: list[BaseException] = []
-
-    async def waiter(source: Completes) -> None:
-        try:
-            await poller.wait(source)
-        except uni.CudaError as err:
-            errors.append(err)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter, bad)
-        nursery.start_soon(waiter, good)
-        await trio.testing.wait_all_tasks_blocked()
-        bad.error = uni.CudaError("cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS")
-        with trio.fail_after(2):
-            while not errors:
-                await trio.sleep(0.001)
-        assert poller.core.pending_count == 1
-        good.done = True
-    assert [str(e) for e in errors] == ["cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS"]
+    bad_wait = loop.start("bad", lambda: poller.wait(bad))
+    good_wait = loop.start("good", lambda: poller.wait(good))
+    await loop.settle()
+    bad.error = uni.CudaError("cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS")
+    with pytest.raises(uni.CudaError, match=r"^cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS$"):
+        await bad_wait.join()
+    assert poller.core.pending_count == 1
+    good.done = True
+    await good_wait.join()
     later = Completes()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(poller.wait, later)
-        await trio.testing.wait_all_tasks_blocked()
-        later.done = True
+    task = loop.start("later", lambda: poller.wait(later))
+    await loop.settle()
+    later.done = True
+    await task.join()
     assert poller.tasks_started == 1
 
 
-async def test_a_source_completed_from_another_thread_is_seen() -> None:
+@each_loop
+async def test_a_source_completed_from_another_thread_is_seen(loop: Loop) -> None:
     source = Completes()
     timer = threading.Timer(0.02, lambda: setattr(source, "done", True))
     timer.start()
     try:
-        with trio.fail_after(2):
-            await wait_for(source)
+        await wait_for(source)  # (bounded by the run: a missed completion fails it)
     finally:
         timer.join()
     assert source.done
 
 
-async def test_the_loop_stays_responsive_while_events_are_pending() -> None:
+@each_loop
+async def test_the_loop_stays_responsive_while_events_are_pending(loop: Loop) -> None:
     sources = [Completes() for _ in range(10)]
     gaps: list[float] = []
+    stop = loop.event()
 
-    async def ticker(stop: trio.Event) -> None:
+    async def ticker() -> None:
         last = time.perf_counter()
         while not stop.is_set():
-            await trio.sleep(0.002)
+            await loop.sleep(0.002)
             now = time.perf_counter()
             gaps.append(now - last)
             last = now
 
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ticker, stop)
-        for s in sources:
-            nursery.start_soon(wait_for, s)
-        await trio.sleep(0.3)
-        for s in sources:
-            s.done = True
-        await trio.sleep(0.01)
-        stop.set()
+    tick = loop.start("ticker", ticker)
+    waits = [loop.start(f"wait {i}", functools.partial(wait_for, s)) for i, s in enumerate(sources)]
+    await loop.sleep(0.3)
+    for s in sources:
+        s.done = True
+    await loop.join(*waits)
+    stop.set()
+    await tick.join()
     # A poller that blocked the loop would leave one gap of about 0.3 s.
     assert len(gaps) > 20
     assert max(gaps) < 0.15
 
 
-def test_each_trio_run_has_its_own_poller() -> None:
+@over_loops
+def test_each_run_has_its_own_poller(loop: Loop) -> None:
     seen = []
 
-    async def main() -> None:
+    async def main(loop: Loop) -> None:
         source = Completes()
-        poller = trio_poller()
-        seen.append(poller)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(wait_for, source)
-            await trio.testing.wait_all_tasks_blocked()
-            source.done = True
+        seen.append(current_poller(loop))
+        waiter = loop.start("waiter", lambda: wait_for(source))
+        await loop.settle()
+        source.done = True
+        await waiter.join()
 
-    trio.run(main)
-    trio.run(main)
+    loop.run(main)
+    loop.run(main)
     assert seen[0] is not seen[1]
     assert seen[0].tasks_started == seen[1].tasks_started == 1
+    if loop.name == "asyncio":
+        assert seen[0]._task is None  # the loop's end cancelled its poller task
 
 
 def test_awaiting_outside_trio_and_asyncio_says_what_to_do() -> None:
-    # asyncio has a poller of its own now (test_cuda_poller_asyncio.py); anything else is
-    # refused with the error naming both.
+    # trio and asyncio have pollers (above); anything else is refused with the error naming both.
     with pytest.raises(uni.EventLoopError, match="a CUDA event can only be awaited inside a "
                        "trio or an asyncio task"):
         drive_by_hand(wait_for(Completes()))

@@ -2,7 +2,7 @@
 
 Conformance of both host backends against numpy over layouts, dtypes and views; the edge
 rules; validation before any lease; aliasing and overlap; async dispatch, poisoning and the
-trio event loop.
+event loop (each async test runs under trio and under asyncio).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pytest
-import trio
+from support.loops import Loop, each_loop
 from support.operations import Array, Gate, read
 
 import uni
@@ -631,10 +631,11 @@ def test_async_work_runs_on_uni_workers() -> None:
     assert gate.threads[0].startswith("uni-worker")
 
 
-async def test_await_returns_and_reraises() -> None:
+@each_loop
+async def test_await_returns_and_reraises(loop: Loop) -> None:
     a, b = uni.from_numpy(np.eye(3)), uni.from_numpy(np.arange(9.0).reshape(3, 3))
     c, y, d = uni.zeros((3, 3)), uni.zeros(3), uni.zeros((3, 3))
-    await uni.gemm_async(a, b, c, alpha=2)
+    assert isinstance(await uni.gemm_async(a, b, c, alpha=2), str)  # the backend's name
     await uni.gemv_async(b, uni.from_numpy(np.ones(3)), y)
     await uni.copy_async(c, d)
     async with uni.acquire_host_read_access_async(d) as lease:
@@ -653,9 +654,10 @@ async def test_await_returns_and_reraises() -> None:
     await uni.gemm_async(uni.zeros((0, 2)), uni.zeros((2, 2)), uni.zeros((0, 2)))
 
 
-async def test_failed_async_operation_poisons_and_dependents_fail() -> None:
+@each_loop
+async def test_failed_async_operation_poisons_and_dependents_fail(loop: Loop) -> None:
     boom = RuntimeError("kernel exploded")
-    bad = Gate("test-ops-boom", fail=boom)
+    bad = Gate(f"test-ops-boom-{loop}", fail=boom)
     a, b = uni.from_numpy(np.ones((2, 2))), uni.from_numpy(np.ones((2, 2)))
     c, d = uni.full((2, 2), 5.0), uni.zeros((2, 2))
     failed = uni.gemm_async(a, b, c, backends=[bad])
@@ -673,9 +675,10 @@ async def test_failed_async_operation_poisons_and_dependents_fail() -> None:
         assert np.array_equal(np.asarray(lease.mdspan()), np.full((2, 2), 2.0))
 
 
-async def test_independent_async_operations_overlap() -> None:
+@each_loop
+async def test_independent_async_operations_overlap(loop: Loop) -> None:
     barrier = threading.Barrier(2, timeout=10)  # passes only if both run at the same time
-    gate = Gate("test-ops-barrier", barrier=barrier)
+    gate = Gate(f"test-ops-barrier-{loop}", barrier=barrier)
     outs = [uni.zeros((2, 2)), uni.zeros((2, 2))]
     one = uni.from_numpy(np.ones((2, 2)))
     futures = [uni.gemm_async(one, one, out, backends=[gate]) for out in outs]
@@ -686,7 +689,8 @@ async def test_independent_async_operations_overlap() -> None:
         assert np.array_equal(read(out), np.full((2, 2), 2.0))
 
 
-async def test_two_big_gemms_in_parallel_complete() -> None:
+@each_loop
+async def test_two_big_gemms_in_parallel_complete(loop: Loop) -> None:
     rng = np.random.default_rng(37)
     a, b = rng.standard_normal((300, 300)), rng.standard_normal((300, 300))
     ta, tb = uni.from_numpy(a), uni.from_numpy(b)
@@ -698,31 +702,33 @@ async def test_two_big_gemms_in_parallel_complete() -> None:
     np.testing.assert_allclose(read(c2), b @ a, rtol=1e-10, atol=1e-10)
 
 
-async def test_the_event_loop_keeps_running_while_an_operation_runs() -> None:
-    slow = Gate("test-ops-slow", delay=0.3)
+@each_loop
+async def test_the_event_loop_keeps_running_while_an_operation_runs(loop: Loop) -> None:
+    slow = Gate(f"test-ops-slow-{loop}", delay=0.3)
     ticks = 0
 
     async def heartbeat() -> None:
         nonlocal ticks
         while True:
             ticks += 1
-            await trio.sleep(0.01)
+            await loop.sleep(0.01)
 
     c = uni.zeros((2, 2))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(heartbeat)
-        await uni.gemm_async(uni.zeros((2, 2)), uni.zeros((2, 2)), c, backends=[slow])
-        nursery.cancel_scope.cancel()
+    beat = loop.start("heartbeat", heartbeat)
+    await uni.gemm_async(uni.zeros((2, 2)), uni.zeros((2, 2)), c, backends=[slow])
+    beat.cancel()
+    await beat.join()
     assert ticks >= 5
 
 
-async def test_cancelling_the_waiter_does_not_cancel_the_work() -> None:
+@each_loop
+async def test_cancelling_the_waiter_does_not_cancel_the_work(loop: Loop) -> None:
     event = threading.Event()
-    gated = Gate("test-ops-gated", event=event)
+    gated = Gate(f"test-ops-gated-{loop}", event=event)
     one = uni.from_numpy(np.ones((2, 2)))
     c = uni.zeros((2, 2))
     future = uni.gemm_async(one, one, c, beta=0, backends=[gated])
-    with trio.move_on_after(0.05) as scope:
+    async with loop.move_on_after(0.05) as scope:
         await future
     assert scope.cancelled_caught and not future.done()
     event.set()
@@ -734,22 +740,23 @@ async def test_cancelling_the_waiter_does_not_cancel_the_work() -> None:
     await future  # awaiting again after completion returns at once
 
 
-async def test_async_aliasing_does_not_deadlock() -> None:
+@each_loop
+async def test_async_aliasing_does_not_deadlock(loop: Loop) -> None:
     base = np.arange(9.0).reshape(3, 3)
     t = uni.from_numpy(base.copy())
-    with trio.fail_after(5):
-        await uni.gemm_async(t, t, t, alpha=1, beta=1)
-        await uni.copy_async(t[:, ::-1], t)
+    await uni.gemm_async(t, t, t, alpha=1, beta=1)  # (a deadlock fails the run's bound)
+    await uni.copy_async(t[:, ::-1], t)
     np.testing.assert_array_equal(read(t), (base @ base + base)[:, ::-1])
 
 
-async def test_sync_operation_in_trio_that_would_wait_raises_would_block() -> None:
+@each_loop
+async def test_sync_operation_in_a_loop_that_would_wait_raises_would_block(loop: Loop) -> None:
     event = threading.Event()
     c = uni.zeros((2, 2))
     future = uni.gemm_async(uni.zeros((2, 2)), uni.zeros((2, 2)), c,
-                            backends=[Gate("test-ops-wb", event=event)])
+                            backends=[Gate(f"test-ops-wb-{loop}", event=event)])
     try:
-        with pytest.raises(uni.WouldBlockError, match="async"):
+        with pytest.raises(uni.WouldBlockError, match=rf"{loop.words}.*uni\.copy_async"):
             uni.copy(c, uni.zeros((2, 2)))
     finally:
         event.set()

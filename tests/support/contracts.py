@@ -9,28 +9,22 @@ loop), and its concurrency is threads where trio's and asyncio's is tasks.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
-import trio
-import trio.testing
 
 import uni
-from uni import _prepared
+from support.loops import BOUND, LOOPS, Body, Loop
+from uni import _operation_plan as _plan
 from uni.storage import MappedFileStorage, Region, StorageBase
 
-BOUND = 10.0  # seconds: only ever reached when something deadlocked
 SHAPE = (4, 3)
 INITIAL = 1.0
-
-Body = Callable[["Loop"], Coroutine[Any, Any, Any]]
 
 
 # -- storages ---------------------------------------------------------------------------------
@@ -98,160 +92,7 @@ class Failing:
         raise self.error
 
 
-# -- loops ------------------------------------------------------------------------------------
-@dataclass
-class Task:
-    """A concurrent activity started by :meth:`Loop.start` (a thread, or a trio/asyncio task)."""
-
-    name: str
-    done: bool = False
-    cancelled: bool = False
-    result: Any = None
-    error: BaseException | None = None
-    _cancel: Callable[[], None] | None = None
-    _join: Callable[[], Coroutine[Any, Any, None]] | None = None
-
-    def cancel(self) -> None:
-        if self._cancel is None:
-            raise AssertionError(f"{self.name}: a thread cannot be cancelled")
-        self._cancel()
-
-    async def join(self) -> Any:
-        assert self._join is not None
-        await self._join()
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def drive(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine that must never suspend (a sync way's body) to its end."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    coro.close()
-    raise AssertionError("a sync way suspended: it awaited something only an event loop runs")
-
-
-class Loop:
-    """How a body runs: ``sync`` (no loop; threads), ``trio`` or ``asyncio`` (tasks)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._nursery: trio.Nursery | None = None
-
-    def __repr__(self) -> str:
-        return self.name
-
-    @property
-    def is_async(self) -> bool:
-        return self.name != "sync"
-
-    def run(self, body: Body) -> Any:
-        if self.name == "sync":
-            return drive(body(self))
-        if self.name == "trio":
-            return trio.run(self._trio_main, body)
-
-        async def bounded() -> Any:
-            return await asyncio.wait_for(body(self), BOUND)
-
-        return asyncio.run(bounded(), debug=True)
-
-    async def _trio_main(self, body: Body) -> Any:
-        with trio.fail_after(BOUND):
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
-                    return await body(self)
-                finally:
-                    self._nursery = None
-
-    def start(self, name: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Task:
-        """Start ``fn()`` beside the body: a thread (sync), a task (trio, asyncio)."""
-        task = Task(name)
-
-        if self.name == "sync":
-            def in_thread() -> None:
-                try:
-                    task.result = drive(fn())
-                except BaseException as err:
-                    task.error = err
-                task.done = True
-
-            thread = threading.Thread(target=in_thread, name=name, daemon=True)
-
-            async def join_thread() -> None:
-                thread.join(BOUND)
-                assert not thread.is_alive(), f"{name} did not finish within {BOUND} s"
-
-            task._join = join_thread
-            thread.start()
-            return task
-
-        if self.name == "trio":
-            assert self._nursery is not None
-            scope = trio.CancelScope()
-            finished = trio.Event()
-
-            async def in_trio() -> None:
-                try:
-                    with scope:
-                        task.result = await fn()
-                    task.cancelled = scope.cancelled_caught
-                except Exception as err:
-                    task.error = err
-                finally:
-                    task.done = True
-                    finished.set()
-
-            async def join_trio() -> None:
-                await finished.wait()
-
-            task._cancel, task._join = scope.cancel, join_trio
-            self._nursery.start_soon(in_trio)
-            return task
-
-        async def in_asyncio() -> None:
-            try:
-                task.result = await fn()
-            except asyncio.CancelledError:
-                task.cancelled = True
-            except Exception as err:
-                task.error = err
-            finally:
-                task.done = True
-
-        future = asyncio.ensure_future(in_asyncio())
-
-        async def join_asyncio() -> None:
-            await asyncio.wait([future])
-
-        def cancel_asyncio() -> None:
-            future.cancel()
-
-        task._cancel, task._join = cancel_asyncio, join_asyncio
-        return task
-
-    async def until(self, predicate: Callable[[], bool], what: str) -> None:
-        """Wait (without timing anything) until ``predicate()`` holds."""
-        deadline = time.monotonic() + BOUND
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"[{self.name}] timed out waiting for {what}")
-            if self.name == "trio":
-                # Everything that can run has run and blocked; then give threads a moment.
-                await trio.testing.wait_all_tasks_blocked()
-                if not predicate():
-                    await trio.sleep(0.0005)
-            elif self.name == "asyncio":
-                await asyncio.sleep(0.0005)
-            else:
-                time.sleep(0.0005)
-
-
-LOOPS = {name: Loop(name) for name in ("sync", "trio", "asyncio")}
+# -- loops: support.loops (every body is an ``async def body(loop)``) --------------------------
 
 
 # -- the subject: one tensor over the storage under test and its named views ----------------------
@@ -320,10 +161,10 @@ class Subject:
                 for slot in range(SLOTS):
                     await way.read(self, name, slot=slot)
         if way.kind == "op" and self.storage == "host":
-            # Guard against a cached state that silently is not one (uni._prepared is private:
+            # Guard against a cached state that silently is not one (uni._operation_plan is private:
             # this only checks that the axis means what it says).
-            assert _prepared.lookup("copy", self.sources["a"][1], self.view("a")) is not None
-            assert _prepared.lookup("copy", self.view("a"), self.scratch["a", 0][1]) is not None
+            assert _plan.lookup("copy", self.sources["a"][1], self.view("a")) is not None
+            assert _plan.lookup("copy", self.view("a"), self.scratch["a", 0][1]) is not None
 
 
 def assert_idle(subject: Subject) -> None:

@@ -1,9 +1,0 @@
-# Types of the C twin of uni._tensor._slice_vector_py (uni/_fastview.c).
-from typing import Any
-
-VERSION: int
-
-def configure(tensor: type, view: type, vectors: dict[Any, Any], vector_mapping: Any, /
-              ) -> None: ...
-def getitem_method() -> Any: ...
-def slice_vector(view: Any, key: slice, /) -> Any: ...
