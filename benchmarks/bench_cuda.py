@@ -307,8 +307,7 @@ def _lease_cases(trials: int) -> list[dict[str, Any]]:
 def _device_copy_cases(nbytes: int, repeats: int) -> list[dict[str, Any]]:
     from cuda.bindings import driver
 
-    from uni.cuda._kernels import copy_kernel
-    from uni.cuda._launch_plan import Operand
+    from uni.cuda._jit import Operand, copy_kernel
 
     stream = uni.cuda.default_stream()
     handle = driver.CUstream(stream.handle)

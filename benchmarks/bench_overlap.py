@@ -4,7 +4,7 @@ Run:  .venv/bin/python benchmarks/bench_overlap.py [--quick] [--repeats N]
 
 A float64 matrix (256 MiB in 32 blocks; ``--quick``: 32 MiB in 16) streams from a mapped
 file through ``uni.copy_async`` (read), ``uni.gemm_async`` and two ``uni.transform_async``
-(compute) and ``uni.copy_async`` into a second mapped file (write); see ``uni/_pipeline.py``.
+(compute) and ``uni.copy_async`` into a second mapped file (write); see ``uni/_app/_pipeline.py``.
 The reference is the very same calls, each awaited before the next is issued: what the
 pipeline costs without overlap. Both run with ``uni demo``'s default BLAS threads per call
 (the usable cores but one). Ratio = serial time / overlapped time, i.e. the overlap
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _timing import print_table, result
 
 import uni
-from uni._demo import blas_threads, default_blas_threads, measure, stage_time
-from uni._pipeline import StreamShape
+from uni._app._demo import blas_threads, default_blas_threads, measure, stage_time
+from uni._app._pipeline import StreamShape
 
 
 def run(quick: bool = False, *, repeats: int | None = None) -> list[dict[str, Any]]:

@@ -20,7 +20,9 @@ Every figure of issue 11 section 3, each against its reference measured in the s
   (``numpy.copyto`` C->C): a bandwidth ratio (goal >= 0.75);
 - fresh *data* (issue 21): ``uni.from_numpy`` of a new array, and a copy, an add and an 8x8
   gemm on new arrays wrapped each call, against numpy doing the same with the same arrays
-  (goals: wrapping <= 3 us; first-sight ops <= 15 us; the gemm <= 15x numpy).
+  (goals: wrapping <= 3 us; first-sight ops <= 15 us; the gemm <= 15x numpy);
+- first sight (issue 21): the same copy, add and 8x8 gemm on tensors wrapped before the
+  timed loop, new ones every call: the operation's own cost on memory it has never seen.
 
 Goals (issue 11): the sync copy/transform/gemv <= 8 us per call, fresh views included; gemm
 64x64 <= 1.15x numpy; a lease <= 1.5 us; async <= 25 us above sync; 1,000 dependent async
@@ -76,6 +78,9 @@ GOALS: dict[str, tuple[str, float]] = {
     "copy 64 f64, fresh data": ("us", 15.0),
     "transform(add) 64 f64, fresh data": ("us", 15.0),
     "gemm 8x8, fresh data": ("x", 15.0),
+    "gemm 8x8, first sight": ("us", 15.0),
+    "copy 64 f64, first sight": ("us", 15.0),
+    "transform(add) 64 f64, first sight": ("us", 15.0),
 }
 
 
@@ -295,6 +300,54 @@ def _fresh_data_cases(out: list[Result], number: int, repeats: int) -> None:
           number, repeats)
 
 
+def _pair_first_sight(make_ours: Callable[[], tuple[Any, ...]], ours: Callable[..., object],
+                      make_ref: Callable[[], tuple[Any, ...]], reference: Callable[..., object],
+                      number: int, repeats: int) -> tuple[float, float]:
+    """Median seconds per call of ``ours`` and ``reference`` on operands made before the
+    timed loop (new ones for every call: first sight, without the cost of making them)."""
+    for _ in range(max(1, number // 10)):  # warm: the operation's form, lazy imports
+        ours(*make_ours())
+        reference(*make_ref())
+    mine: list[float] = []
+    theirs: list[float] = []
+    for i in range(repeats):
+        for mine_now in ((True, False) if i % 2 == 0 else (False, True)):
+            fn, make = (ours, make_ours) if mine_now else (reference, make_ref)
+            batch = [make() for _ in range(number)]
+            start = time.perf_counter()
+            for args in batch:
+                fn(*args)
+            (mine if mine_now else theirs).append((time.perf_counter() - start) / number)
+            del batch
+    return statistics.median(mine), statistics.median(theirs)
+
+
+def _first_sight_cases(out: list[Result], number: int, repeats: int) -> None:
+    """An operation on tensors uni has never seen, wrapped before the timed loop (issue 21:
+    the operation's own first-sight cost, <= 15 us), against numpy on the same arrays."""
+    rng = np.random.default_rng(2)
+    s8, t8 = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
+    v64 = rng.standard_normal(64)
+    wrap = uni.from_numpy
+    cases: list[tuple[str, Callable[[], tuple[Any, ...]], Callable[..., object], str,
+                      Callable[[], tuple[Any, ...]], Callable[..., object]]] = [
+        ("gemm 8x8, first sight", lambda: (wrap(s8.copy()), wrap(t8.copy()),
+                                           wrap(np.empty((8, 8)))), uni.gemm,
+         "numpy.matmul(out=) (new arrays)", lambda: (s8.copy(), t8.copy(), np.empty((8, 8))),
+         lambda a, b, c: np.matmul(a, b, out=c)),
+        ("copy 64 f64, first sight", lambda: (wrap(v64.copy()), wrap(np.empty(64))), uni.copy,
+         "numpy.copyto (new arrays)", lambda: (v64.copy(), np.empty(64)),
+         lambda a, b: np.copyto(b, a)),
+        ("transform(add) 64 f64, first sight",
+         lambda: (wrap(np.empty(64)), uni.ops.add, wrap(v64.copy()), wrap(v64.copy())),
+         uni.transform, "numpy.add(out=) (new arrays)",
+         lambda: (np.empty(64), v64.copy(), v64.copy()), lambda o, x, y: np.add(x, y, out=o)),
+    ]
+    for case, make, ours, ref_name, make_ref, reference in cases:
+        uni_s, ref_s = _pair_first_sight(make, ours, make_ref, reference, number, repeats)
+        out.append(result(case, uni_s, ref_name, ref_s))
+
+
 def run(quick: bool = False, repeats: int | None = None) -> list[Result]:
     """Every case; ``quick`` times fewer calls (and a 2048^2 transpose)."""
     repeats = repeats if repeats is not None else (5 if quick else 9)
@@ -302,6 +355,7 @@ def run(quick: bool = False, repeats: int | None = None) -> list[Result]:
     out: list[Result] = []
     _sync_cases(out, number, repeats)
     _fresh_data_cases(out, max(1, number // 4), repeats)
+    _first_sight_cases(out, max(1, number // 4), repeats)
     _async_cases(out, number // 2, repeats)
     _transpose_case(out, quick, repeats)
     return out

@@ -7,7 +7,7 @@
 #   gpu-check.json   the summary: CUDA devices, package versions, exit codes, smoke counts,
 #                    the demo's result and overlap ratio, the pytest result line, and the
 #                    benchmark rows with their ratios
-#   demo.json        the demo's measurement (uni demo --json: its schema is in _demo.py)
+#   demo.json        the demo's measurement (uni demo --json: its schema is in uni/_app/_demo.py)
 #   bench_cuda.json  the benchmark rows alone
 # Without a usable GPU every step prints a SKIP line with the reason and the script exits 0.
 # See scripts/README.md (how to carry the wheels; how to call it on the device machine).

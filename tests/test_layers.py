@@ -26,7 +26,7 @@ def module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
     return ".".join(parts)
 
 
-# A compiled module is seen through its stub (``uni/_fastlease.pyi`` for ``_fastlease.c``).
+# A compiled module is seen through its stub (``uni/backends/blas/_blascall.pyi``).
 MODULES = {module_name(p): p for p in sorted(
     [*PACKAGE.rglob("*.py"), *(s for s in PACKAGE.rglob("*.pyi") if not s.with_suffix(".py").exists())])}
 
@@ -245,3 +245,138 @@ def test_only_the_driver_seam_imports_cuda_python_or_nvmath() -> None:
                for line, target in _foreign_cuda_imports(name)}
     assert not outside, sorted(outside)
     assert all(_foreign_cuda_imports(name) for name in SEAM)  # the check sees imports
+
+
+#: Packages with one door (issue 21): a module outside one imports the package itself (the
+#: names its ``__init__`` exports), never a module behind it.
+DOORS = {"uni.cuda._jit"}
+
+
+def door_violations(modules: dict[str, pathlib.Path] = MODULES, doors: set[str] = DOORS
+                    ) -> list[str]:
+    wrong = []
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        # ast.walk: imports under TYPE_CHECKING too (annotations go through the door as well).
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = resolve(node.module or "", node.level, name, is_package)
+                imported = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in filter(None, (target_module(i, modules) for i in imported)):
+                wrong += [f"{name}:{node.lineno} imports {target} (the door is {door})"
+                          for door in doors if target.startswith(door + ".")
+                          and not (name == door or name.startswith(door + "."))]
+    return sorted(wrong)
+
+
+def test_a_package_with_a_door_is_entered_only_through_it() -> None:
+    wrong = door_violations()
+    assert not wrong, "imports behind a door:\n" + "\n".join(wrong)
+
+
+def test_the_door_check_sees_an_import_behind_the_door(tmp_path: pathlib.Path) -> None:
+    pkg = tmp_path / "uni"
+    (pkg / "_jit").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_jit" / "__init__.py").write_text("from uni._jit._gen import make\n")
+    (pkg / "_jit" / "_gen.py").write_text("make = 1\n")
+    (pkg / "_jit" / "_use.py").write_text("from uni._jit._gen import make\n")  # inside: fine
+    (pkg / "user.py").write_text("from uni._jit import make\n"
+                                 "from typing import TYPE_CHECKING\n"
+                                 "if TYPE_CHECKING:\n    from uni._jit import _gen\n")
+    modules = {module_name(p, tmp_path): p for p in sorted(pkg.rglob("*.py"))}
+    assert door_violations(modules, {"uni._jit"}) == [
+        "uni.user:4 imports uni._jit._gen (the door is uni._jit)"]
+
+
+#: The applications (``uni demo|bench|info``) use uni as any program would: its public API.
+APP = "uni._app"
+
+
+def _public(name: str) -> bool:
+    """``uni``, or a module of it no part of whose dotted name after ``uni`` has a leading
+    underscore (``uni.storage``, ``uni.backends.cuda_reference``), or a dunder (``__version__``)."""
+    return not any(part.startswith("_") and not part.endswith("__") for part in name.split(".")[1:])
+
+
+def _allowed(name: str) -> bool:
+    return name == APP or name.startswith(APP + ".") or _public(name)
+
+
+def private_uses(name: str, source: str, is_package: bool = False) -> list[str]:
+    """What module ``name`` reaches of uni that is not public (nor its own ``uni._app``): a
+    private module or name imported (anywhere, type-only imports included: an annotation
+    is a dependence too), or an underscored attribute of a uni module (``uni._lease.X``)."""
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}  # local name -> the uni module or name it stands for
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "uni":
+                    continue
+                if not _allowed(alias.name):
+                    found.append(f"{name}:{node.lineno} imports {alias.name}")
+                bound[alias.asname or "uni"] = alias.name if alias.asname else "uni"
+        elif isinstance(node, ast.ImportFrom):
+            base = resolve(node.module or "", node.level, name, is_package)
+            if base.split(".")[0] != "uni":
+                continue
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if not (_allowed(base) and _allowed(full)):
+                    found.append(f"{name}:{node.lineno} imports {full}")
+                bound[alias.asname or alias.name] = full
+    inner_ids = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or id(node) in inner_ids:
+            continue  # the whole chain is read from its outermost attribute
+        chain = []
+        inner: ast.expr = node
+        while isinstance(inner, ast.Attribute):
+            chain.append(inner.attr)
+            inner = inner.value
+        if isinstance(inner, ast.Name) and inner.id in bound:
+            full = ".".join([bound[inner.id], *reversed(chain)])
+            if not _allowed(full):
+                found.append(f"{name}:{node.lineno} uses {full}")
+    return sorted(set(found))
+
+
+def test_the_applications_use_only_the_public_api() -> None:
+    app = [name for name in MODULES if name == APP or name.startswith(APP + ".")]
+    assert len(app) >= 8, app  # the package, the demo and its pipelines, bench, info, machine
+    wrong = [use for name in app
+             for use in private_uses(name, MODULES[name].read_text(),
+                                     MODULES[name].name == "__init__.py")]
+    assert not wrong, "uni/_app reaches private parts of uni:\n" + "\n".join(wrong)
+
+
+def test_the_public_api_check_sees_each_way_to_reach_a_private_part() -> None:
+    source = ("from typing import TYPE_CHECKING\n"
+              "import uni\n"
+              "import uni.cuda\n"
+              "from uni import ShapeError, _lease, __version__, cuda\n"
+              "from uni.storage._protocol import Region\n"
+              "from uni.storage import Region as R\n"
+              "from uni._app import _pipeline\n"
+              "from . import _machine\n"
+              "import uni._tensor as t\n"
+              "if TYPE_CHECKING:\n"
+              "    from uni._dispatch import DispatchRecord\n"
+              "def f():\n"
+              "    from uni.backends.blas import _kernels  # deferred\n"
+              "    return uni._registry.get, uni.backends.get, cuda._driver, _pipeline._x\n")
+    assert private_uses("uni._app._demo", source) == [
+        "uni._app._demo:11 imports uni._dispatch.DispatchRecord",
+        "uni._app._demo:13 imports uni.backends.blas._kernels",
+        "uni._app._demo:14 uses uni._registry.get",
+        "uni._app._demo:14 uses uni.cuda._driver",
+        "uni._app._demo:4 imports uni._lease",
+        "uni._app._demo:5 imports uni.storage._protocol.Region",
+        "uni._app._demo:9 imports uni._tensor",
+    ]

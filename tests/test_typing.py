@@ -2,7 +2,7 @@
 
 mypy runs on small user programs: correct use passes ``--strict``; each misuse is reported
 on its own line (a missing operand, a numpy array where a tensor view goes, ``storage()``
-on a lease that has none, the wrong lease type from an mdspec).
+on a lease that has none, the wrong lease type from an mdspec), for host and CUDA leases.
 """
 
 from __future__ import annotations
@@ -40,6 +40,28 @@ async def main() -> None:
     moved = (await uni.acquire_host_write_access_async(a)).transfer()
     moved.release()
     await uni.gemm_async(a, a, a)
+
+
+def on_device(stream: uni.cuda.Stream) -> None:
+    d = uni.zeros((3, 3), device="cuda")
+    with uni.acquire_cuda_read_access_sync(d) as r:
+        r.storage()
+        r.mdspan()
+    with uni.acquire_cuda_write_access_sync(d.mdspec(), overwrite=True) as w:
+        w.mdspan()
+    taken = uni.cuda.acquire_cuda_read_access_sync(d, move=True)
+    taken.transfer().release(fence=stream)
+
+
+async def on_stream(stream: uni.cuda.Stream) -> None:
+    d = uni.zeros((3, 3), device="cuda")
+    async with uni.acquire_cuda_read_access_async(d, stream) as r:
+        r.storage()
+    async with uni.acquire_cuda_write_access_async(d, stream, overwrite=True) as w:
+        w.mdspan()
+    m = await uni.cuda.acquire_cuda_read_access_async(d.mdspec())
+    m.mdspan()
+    m.release()
 '''
 
 BAD = '''
@@ -56,6 +78,17 @@ uni.copy(np.zeros(3), a)  # BAD: arg-type
 uni.gemm(a, a, a, alpha="2")  # BAD: arg-type
 with uni.acquire_host_read_access_sync(a) as r:
     uni.copy(r, a)  # BAD: arg-type
+d = uni.zeros((3, 3), device="cuda")
+with uni.acquire_cuda_write_access_sync(d) as cw:
+    cw.storage()  # BAD: attr-defined
+uni.acquire_cuda_read_access_sync(d.mdspec()).storage()  # BAD: attr-defined
+uni.acquire_cuda_read_access_sync(np.zeros(3))  # BAD: call-overload
+uni.acquire_cuda_write_access_async(d, stream=0)  # BAD: call-overload
+
+
+async def device_work() -> None:
+    cm = await uni.acquire_cuda_write_access_async(d.mdspec())
+    cm.storage()  # BAD: attr-defined
 '''
 
 

@@ -22,6 +22,7 @@ from uni._acquire import acquire_host_read_access_sync as acquire_host_read_acce
 from uni._acquire import acquire_host_write_access_async as acquire_host_write_access_async
 from uni._acquire import acquire_host_write_access_sync as acquire_host_write_access_sync
 from uni._batch import peel_front as peel_front
+from uni._dispatch import DispatchRecord as DispatchRecord
 from uni._dispatch import dispatch_diagnostics as dispatch_diagnostics
 from uni._dispatch import override_backends as override_backends
 from uni._dtypes import SUPPORTED_DTYPES as SUPPORTED_DTYPES
@@ -53,7 +54,6 @@ from uni._errors import StorageOSError as StorageOSError
 from uni._errors import TileAccessError as TileAccessError
 from uni._errors import UniError as UniError
 from uni._errors import WouldBlockError as WouldBlockError
-from uni._executor import OpFuture as OpFuture
 from uni._extents import Extents as Extents
 from uni._extents import dynamic_extent as dynamic_extent
 from uni._factories import arange as arange
@@ -61,10 +61,12 @@ from uni._factories import empty as empty
 from uni._factories import from_numpy as from_numpy
 from uni._factories import full as full
 from uni._factories import zeros as zeros
+from uni._future import OpFuture as OpFuture
 from uni._handle import CUDA as CUDA
 from uni._handle import HOST as HOST
 from uni._handle import Domain as Domain
 from uni._handle import HostHandle as HostHandle
+from uni._implementations import implementations as implementations
 from uni._import import from_dlpack as from_dlpack
 from uni._lease import ReadMdspanLease as ReadMdspanLease
 from uni._lease import ReadTensorLease as ReadTensorLease
@@ -111,6 +113,7 @@ __all__ = [
     "DTypeError",
     "DataDescriptor",
     "Decline",
+    "DispatchRecord",
     "DefaultAccessor",
     "Domain",
     "DomainError",
@@ -169,6 +172,7 @@ __all__ = [
     "float64",
     "from_dlpack",
     "from_numpy",
+    "implementations",
     "full",
     "gemm",
     "gemm_async",

@@ -1,12 +1,10 @@
-"""What an access is, and the one resource that holds it from registration to its end.
+"""The one resource that holds an access from registration to its end.
 
-Every way into data -- a lease, an operation's operands, the prepared repeat of a small
-operation, a DLPack capsule -- goes through these two classes, and nothing else talks to a
-storage's access queue:
+Every way into data -- a lease, an operation's operands, a DLPack capsule -- goes through
+:class:`Access` (described by a :class:`~uni._spec.AccessSpec`); the prepared repeat of a
+small operation through :mod:`uni._prepared_access`, the uncontended lease through
+:mod:`uni._lease_plan`. Nothing else talks to a storage's access queue.
 
-* :class:`AccessSpec`, the description: storage, mapping, accessor, element offset, mode,
-  ``overwrite``, and the reachable element range, computed once. It is also the
-  :class:`uni.storage.Region` handed to the storage's hooks.
 * :class:`Access`, the resource: registered with the storage's queue when made (program
   order is grant order), then waited for (``wait_sync``/``wait_async``/``when_ready``, fences
   included), opened (poisoning checked, the storage's ``acquire_*`` hook called), and ended
@@ -14,10 +12,6 @@ storage's access queue:
   on failure (or cleared by a successful overwrite), the queue request released with the
   fence where the work ends. ``share()`` gives a second holder (a DLPack consumer) its own
   claim; the last holder to finish ends the access. An access is its own queue request.
-* :class:`LeasePlan`, kept on a tensor view by its first lease of each mode: the checked spec
-  and, on plain host memory, the uncontended lease in one step (``open_now``: granted at once
-  or not at all, so anything in the way -- a conflict, a fence, poison, a retired queue --
-  takes the general path above).
 """
 
 from __future__ import annotations
@@ -26,43 +20,26 @@ import _thread
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from uni._core import (
-    _NO_FENCES,
     CURRENT_THREAD,
     AccessQueue,
     AccessRequest,
     Fence,
-    HeldRun,
-    Owner,
     RetiredQueue,
     all_fences,
     current_owner,
 )
-from uni._core._owners import _owner
 from uni._errors import LeaseError, LeaseReleasedError, PoisonedError
-from uni._handle import HOST
-from uni._twins import fit_twin
-from uni.storage._protocol import Region
-from uni.storage.host import HostStorage
-
-Mode = Literal["read", "write"]
+from uni._spec import AccessSpec, queue_range
 
 __all__ = [
     "Access",
     "AccessShare",
-    "AccessSpec",
     "LEASE_REMEDY",
-    "LeasePlan",
-    "Mode",
-    "PreparedAccess",
-    "PreparedGroup",
-    "StorageView",
-    "inner_queue_range",
     "poison_of_view",
     "poisoned_error",
-    "queue_range",
     "release_from_finalizer",
 ]
 
@@ -108,122 +85,6 @@ def release_from_finalizer(release: Callable[[], object], queue: AccessQueue | N
     done.acquire(timeout=FINALIZER_WAIT)
 
 
-class StorageView:
-    """A storage seen through (mapping, accessor) from an element offset: what a tensor is.
-
-    The base of ``uni.Tensor``: layers below the tensor (acquisition, export) read these four
-    slots directly instead of importing the class that adds views, factories and printing.
-    ``_read_plan``/``_write_plan`` hold the :class:`LeasePlan` of the host leases on this
-    view, made by the first one (a view never changes, so neither does what it leases).
-    """
-
-    __slots__ = ("_accessor", "_mapping", "_offset", "_read_plan", "_storage", "_write_plan")
-
-    _storage: Any
-    _mapping: Any
-    _accessor: Any
-    _offset: int
-
-
-class AccessSpec(Region):
-    """The description of one access: immutable once made (never assigned to afterwards).
-
-    A :class:`~uni.storage.Region` (``offset``, ``mapping``, ``lo``, ``hi`` in elements of the
-    storage, inclusive) plus the storage, the accessor, the mode and the overwrite promise.
-    """
-
-    # A slotted class rather than attrs: one is made on every acquisition, on the hot path,
-    # where attrs' frozen __setattr__ costs more than the whole queue round trip.
-    __slots__ = ("accessor", "label", "mode", "overwrite", "storage")
-
-    def __init__(self, storage: Any, mapping: Any, accessor: Any, offset: int, mode: Mode,
-                 overwrite: bool = False, lo: int | None = None, hi: int | None = None,
-                 label: str = "Tensor") -> None:
-        if lo is None or hi is None:
-            try:
-                bounds = mapping._bounds
-            except AttributeError:  # a mapping of another library: ask it
-                bounds = (mapping.min_offset(), mapping.max_offset())
-            lo, hi = offset + bounds[0], offset + bounds[1]
-        self.storage = storage
-        self.mapping = mapping
-        self.accessor = accessor
-        self.offset = offset
-        self.mode: Mode = mode
-        self.overwrite = overwrite
-        self.lo = lo
-        self.hi = hi
-        self.label = label
-
-    @classmethod
-    def of_view(cls, view: StorageView, mode: Mode, overwrite: bool = False) -> AccessSpec:
-        return cls(view._storage, view._mapping, view._accessor, view._offset, mode, overwrite)
-
-    def describe(self) -> str:
-        return (f"shape={self.mapping.extents.shape}, dtype={self.accessor.element_type.name}")
-
-    def view_key(self) -> tuple[tuple[int, int], tuple[int, tuple[int, ...], tuple[int, ...]]]:
-        """``(element space, (offset, shape, strides))``: this view, for per-view poison.
-
-        The element space is ``(queue_offset, itemsize)``: where element 0 sits in the queue
-        and how wide an element is. Views with the same space index the same bytes the same
-        way, whichever storage object they come through -- unlike ``id(storage)``, which a
-        storage made later may reuse at another offset while a poison entry outlives the
-        storage that made it.
-        """
-        storage = self.storage
-        mapping = self.mapping
-        return ((getattr(storage, "queue_offset", 0), storage.dtype.itemsize),
-                (self.offset, mapping.extents.shape, tuple(mapping.strides)))
-
-    def what(self) -> str:
-        """The data in words: ``Tensor(shape=(3, 4), dtype=float64)``."""
-        return f"{self.label}({self.describe()})"
-
-    def __str__(self) -> str:
-        # An access spec is its request's holder: this is how other waiters' messages name it.
-        return f"{self.mode} lease on {self.what()}"
-
-    def __repr__(self) -> str:
-        return (f"AccessSpec({self.mode} of {type(self.storage).__name__}, {self.describe()}, "
-                f"elements {self.lo}..{self.hi})")
-
-
-def queue_range(storage: Any, lo: int, hi: int, queue: Any = None) -> tuple[int, int]:
-    """The element range ``lo..hi`` of ``storage`` in its access queue's units.
-
-    A storage that owns its queue counts in its own elements (the identity); one that shares
-    a queue with other ways into the same memory (views with another dtype, byte ranges of one
-    file) sits at ``queue_offset`` bytes into it, and its range covers every byte it reaches.
-    ``queue``: the storage's ``access_queue`` as the caller read it (it reads the queue first,
-    then the offset: a storage moved to another queue meanwhile is caught when registering
-    on the old, retired one).
-    """
-    return _in_units(storage, lo, hi, storage.access_queue if queue is None else queue, False)
-
-
-def inner_queue_range(storage: Any, lo: int, hi: int) -> tuple[int, int]:
-    """The queue units that lie wholly inside elements ``lo..hi`` of ``storage``: what a
-    write of every one of those elements is sure to have overwritten (``queue_range`` rounded
-    inward; empty, ``lo > hi``, when no whole unit is inside)."""
-    return _in_units(storage, lo, hi, storage.access_queue, True)
-
-
-def _in_units(storage: Any, lo: int, hi: int, queue: Any, inner: bool) -> tuple[int, int]:
-    base = getattr(storage, "queue_offset", 0)
-    itemsize = storage.dtype.itemsize
-    unit = queue.unit
-    if base == 0 and unit == itemsize:
-        return lo, hi
-    if lo > hi:
-        return 1, 0
-    first, end = base + lo * itemsize, base + (hi + 1) * itemsize  # bytes [first, end)
-    if inner:
-        return -(-first // unit), end // unit - 1
-    return first // unit, (end - 1) // unit
-
-
-#: What to do about poisoned data, for a lease (the default of ``check_poison``).
 LEASE_REMEDY: Final = ("pass allow_poisoned=True to read it anyway, or rewrite it with "
                        "overwrite=True")
 
@@ -513,7 +374,7 @@ class Access(AccessRequest):
             return self._drop(failure, fence, poison, primary=True)
         # Never shared: this holder is the last one.
         if failure is None and type(self) is _Opened and not self.queue.has_poison:
-            # What _end does for a success of LeasePlan.open_now's access (opened on plain
+            # What _end does for a success of open_lease's access (opened on plain
             # memory: no hook to call) with no poison in its queue (nothing to poison or
             # clear), without the detour.
             self._state = _ENDED
@@ -626,128 +487,6 @@ class _Opened(Access):
     __init__ = object.__init__
 
 
-_plain_types: dict[type, bool] = {}
-
-
-def plain_storage(storage: Any) -> bool:
-    """Plain host memory: its acquire hooks return ``handle(region.offset)`` and its release
-    hooks do nothing, as :class:`~uni.storage.HostStorage`'s own do (a subclass that overrides
-    any of them, or an instance that does, is not plain)."""
-    cls = type(storage)
-    known = _plain_types.get(cls)
-    if known is None:
-        known = _plain_types[cls] = bool(
-            getattr(cls, "immediate", False) and getattr(cls, "release_is_noop", False)
-            and issubclass(cls, HostStorage)
-            and cls.acquire_read is _PLAIN_HOOKS[0] and cls.acquire_write is _PLAIN_HOOKS[1]
-            and cls.handle is _PLAIN_HOOKS[2])
-    return known and storage.domain is HOST and not (
-        vars(storage).keys() & {"acquire_read", "acquire_write", "handle", "release_read",
-                                "release_write"})
-
-
-#: HostStorage's hooks as defined (a class-level patch of HostStorage makes nothing plain).
-_PLAIN_HOOKS: Final = (HostStorage.acquire_read, HostStorage.acquire_write, HostStorage.handle)
-
-
-class LeasePlan:
-    """What every lease of one mode on one tensor view works out once, kept on the view.
-
-    ``spec`` is the view's checked :class:`AccessSpec` (domain, accessor, writability: a view
-    and its storage never change, so neither do the answers). On plain host memory
-    (:func:`plain_storage`, a non-empty view, no overwrite promise) :meth:`open_now` also
-    makes the uncontended lease itself: a request granted at once, with the calling thread
-    as its owner, and the storage's handle, which its acquire hook would have returned.
-    ``lease`` is the lease type to wrap the access in (the layer above chooses it).
-    """
-
-    __slots__ = ("handle", "lease", "mode", "spec", "where", "write")
-
-    def __init__(self, spec: AccessSpec, lease: Any) -> None:
-        self.spec = spec
-        self.mode: Mode = spec.mode
-        self.write = spec.mode == "write"
-        self.lease = lease
-        storage = spec.storage
-        plain = spec.lo <= spec.hi and not spec.overwrite and plain_storage(storage)
-        self.handle: Any = storage.handle(spec.offset) if plain else None
-        # (queue, lo, hi): the range in the queue it was last worked out for, in one
-        # tuple so that a thread never sees one queue's range with another queue.
-        self.where: tuple[AccessQueue, int, int] | None = None
-
-    def open_now(self) -> Access | None:
-        """An opened :class:`Access`, if one can be had at once with nothing to check; else
-        None, with nothing registered (the caller takes the general path, which waits, or
-        raises, as it must).
-
-        Exactly what ``Access(spec)``, ``check_poison`` and ``open`` do when the request is
-        granted at once: nothing conflicting is queued before it, no fence and no poison
-        anywhere in the queue, the queue not retired (``AccessQueue.try_grant`` decides
-        that under the queue's lock), and the storage's hook would return its handle.
-        """
-        handle = self.handle
-        if handle is None:
-            return None
-        spec = self.spec
-        storage = spec.storage
-        queue: AccessQueue = storage.access_queue  # the queue first, then the offset
-        where = self.where
-        if where is None or where[0] is not queue:
-            where = self.where_for(queue)
-        access: Access = _Opened()
-        if queue.try_grant(self.mode, self.write, where[1], where[2], spec, CURRENT_THREAD,
-                           access) is None:
-            return None
-        # Access.__init__'s state for an opened access, without its registration loop.
-        access.spec = spec
-        access.poison_range = None
-        access.written = spec
-        access.handle = handle
-        access._state = _OPEN
-        access._primary_done = False
-        access.unclaimed = False
-        access._lock = None
-        access.error = None
-        return access
-
-    def where_for(self, queue: AccessQueue) -> tuple[AccessQueue, int, int]:
-        """``(queue, lo, hi)``: the view's range in ``queue``'s units, worked out and kept."""
-        spec = self.spec
-        where = self.where = (queue, *queue_range(spec.storage, spec.lo, spec.hi, queue))
-        return where
-
-
-def open_lease_py(plan: LeasePlan) -> Any:
-    """A ``plan.lease`` over :meth:`LeasePlan.open_now`'s access, or None (nothing made).
-
-    The reference for ``uni._fastlease.open_lease``, its C twin, and the fallback where that
-    is not built (:data:`uni._lease.open_lease` is whichever is in use).
-    """
-    access = plan.open_now()
-    if access is None:
-        return None
-    lease = _new(plan.lease)  # _Lease.__init__, inline
-    lease._access = access
-    return lease
-
-
-_new = object.__new__
-
-
-#: The version of the Python code ``uni/_fastlease.c`` twins (its ``VERSION``): raise both
-#: together whenever ``open_now``, ``try_grant``, ``Access.finish`` or ``release`` change.
-FASTLEASE_VERSION: Final = 1
-
-
-def configure_fastlease(module: Any, lease: type) -> str | None:
-    """Hand ``uni._fastlease`` (``module``) the classes and objects whose slots it works on;
-    ``lease`` is the base class of every lease (``uni._lease._Lease``). Returns why it cannot
-    be used (a stale build: another version, slots it no longer finds), else None."""
-    return fit_twin(module, FASTLEASE_VERSION, LeasePlan, AccessSpec, AccessQueue,
-                    AccessRequest, _Opened, Owner, lease, _owner, current_owner, _NO_FENCES,
-                    _OPEN, _ENDED)
-
-
 class AccessShare:
     """A second holder's claim on an :class:`Access` (made by ``Access.share``)."""
 
@@ -778,73 +517,3 @@ class AccessShare:
             threading.Thread(target=self.finish, name="uni-dlpack-release", daemon=True).start()
         else:
             self.finish()
-
-
-class PreparedAccess:
-    """One access made again and again with the same description: a prepared repeat.
-
-    For a small operation repeated on the same data, everything an :class:`Access` works out
-    (the queue range, the holder text, the view key) is worked out once; a
-    :class:`PreparedGroup` of them runs each repeat. The storage must need no hooks
-    (``immediate`` plain memory).
-    """
-
-    __slots__ = ("hi", "holder", "lo", "mode", "queue", "view", "write")
-
-    def __init__(self, spec: AccessSpec, holder: object) -> None:
-        storage = spec.storage
-        self.queue: AccessQueue = storage.access_queue
-        self.lo, self.hi = queue_range(storage, spec.lo, spec.hi, self.queue)
-        self.mode: Mode = spec.mode
-        self.write = spec.mode == "write"
-        self.holder = holder
-        self.view = spec.view_key()
-
-
-class PreparedGroup:
-    """The accesses of one prepared operation, begun and ended together around a call.
-
-    ``run(fn, *args)`` calls ``fn(*args)`` only if every access can be had at once (nothing
-    in the way, no fence, no poison anywhere in the queue, the queue not retired), and
-    returns its result, or False when it did not run (nothing touched, nothing held); the
-    caller then takes its general path, which waits, or reports poisoning, as it should.
-    A failing ``fn`` poisons what the writes covered. A ``small`` group runs ``fn`` inside
-    the queues' critical sections (:class:`~uni._core.HeldRun`: no request is made
-    at all) whenever their locks are free, and otherwise -- and always when not small --
-    registers a request per access and releases it afterwards.
-    """
-
-    __slots__ = ("_flat", "held")
-
-    def __init__(self, accesses: tuple[PreparedAccess, ...], *, small: bool = False) -> None:
-        self._flat = tuple((a.queue, a.mode, a.lo, a.hi, a.holder, a.write, a.view)
-                           for a in accesses)
-        #: The held run of a small group (None otherwise): a caller on a hot path may call
-        #: ``held.run(fn, args)`` itself, then ``run`` when that answers None.
-        self.held = HeldRun([(a.queue, a.lo, a.hi, a.write, a.view) for a in accesses]
-                            ) if small else None
-
-    def run(self, fn: Callable[..., bool], *args: Any) -> bool:
-        held = self.held
-        if held is not None:
-            done = held.run(fn, args)
-            if done is not None:
-                return done
-        flat = self._flat
-        taken: list[tuple[AccessQueue, AccessRequest]] = []
-        try:
-            for queue, mode, lo, hi, holder, write, _ in flat:
-                request = queue.try_grant(mode, write, lo, hi, holder)
-                if request is None:
-                    return False
-                taken.append((queue, request))
-            try:
-                return fn(*args)
-            except BaseException as err:
-                for queue, _, lo, hi, _, write, view in flat:
-                    if write:
-                        queue.poison(lo, hi, err, view)
-                raise
-        finally:
-            for queue, request in reversed(taken):
-                queue.release(request)

@@ -2,7 +2,7 @@
 CUDA ones (``uni.cuda._lease``, a layer above) share with them: ``spec_of`` and
 ``PendingAcquisition``.
 
-Each call turns its argument into an :class:`~uni._access.AccessSpec`, checks the domain and
+Each call turns its argument into an :class:`~uni._spec.AccessSpec`, checks the domain and
 (for writes) writability before anything is registered, and then drives one
 :class:`~uni._access.Access` through register, wait, poison check and open into a lease.
 """
@@ -16,14 +16,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
-from uni._access import (
-    Access,
-    AccessSpec,
-    LeasePlan,
-    Mode,
-    StorageView,
-    release_from_finalizer,
-)
+from uni._access import Access, release_from_finalizer
 from uni._core import normalize_timeout, running_library, unsupported_loop
 from uni._core._owners import TaskOwner
 from uni._errors import DomainError, LeaseError
@@ -37,8 +30,10 @@ from uni._lease import (
     lease_for,
     open_lease,
 )
+from uni._lease_plan import LeasePlan
 from uni._mapping import check_fits
 from uni._mdspec import DataDescriptor
+from uni._spec import AccessSpec, Mode, StorageView
 from uni.concepts import MdspecLike, TensorView
 from uni.storage.host import HostStorage
 
@@ -104,7 +99,7 @@ def _check_spec(spec: AccessSpec, mode: Mode, domain: Domain, fn: str, is_tensor
 
 
 def plan_of(view: StorageView, mode: Mode, fn: str) -> LeasePlan:
-    """The :class:`~uni._access.LeasePlan` of host ``mode`` leases on ``view`` (no overwrite
+    """The :class:`~uni._lease_plan.LeasePlan` of host ``mode`` leases on ``view`` (no overwrite
     promise): made, checked by :func:`spec_of`, by the first acquisition and kept on the
     view. Raises as ``spec_of`` does (then nothing is kept)."""
     slot = "_read_plan" if mode == "read" else "_write_plan"
@@ -289,7 +284,7 @@ def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
     data poisoned (unless ``allow_poisoned``), DomainError for CUDA data.
     """
     if timeout is None:
-        # The uncontended lease on a tensor view over plain memory (see LeasePlan.open_now);
+        # The uncontended lease on a tensor view over plain memory (see uni._lease_plan.open_lease);
         # anything else, or anything in the way, takes the general path.
         try:
             plan = x._read_plan  # a tensor view's plan, once its first lease made it

@@ -31,6 +31,7 @@ __all__ = [
     "aligned",
     "layout_class",
     "operand_signature",
+    "plain_scalars",
     "signature",
     "spans_of",
 ]
@@ -127,6 +128,20 @@ class Signature:
 def signature(*tensors: Any, extra: Any = None) -> Signature:
     """The signature of an operation on ``tensors`` (in the operation's own order)."""
     return Signature(tuple(operand_signature(t) for t in tensors), extra)
+
+
+# -- scalars ---------------------------------------------------------------------------------
+_INT32_LO, _INT32_END = -(2**31), 2**31
+
+
+def plain_scalars(alpha: Any, beta: Any) -> bool:
+    """Whether gemm/gemv's ``alpha`` and ``beta`` are plain: a Python bool, float, or int of
+    32 bits. The one rule for the scalars that need no check: the front end passes them
+    through unchanged, and a prepared kernel is handed them at run time (any other scalar
+    takes the general path, which checks, converts or refuses it)."""
+    ta, tb = type(alpha), type(beta)
+    return ((ta is float or ta is bool or (ta is int and _INT32_LO <= alpha < _INT32_END))
+            and (tb is float or tb is bool or (tb is int and _INT32_LO <= beta < _INT32_END)))
 
 
 # -- call records ----------------------------------------------------------------------------

@@ -195,7 +195,7 @@ _diagnostics: contextvars.ContextVar[tuple[list[DispatchRecord], ...]] = context
 )
 
 
-#: The two lookups ``plain()`` makes, bound once: a hot path (uni._prepared) inlines
+#: The two lookups ``plain()`` makes, bound once: a hot path (uni._operation_plan) inlines
 #: ``not overrides_now() and not diagnostics_now()`` to save a call per operation.
 overrides_now = _overrides.get
 diagnostics_now = _diagnostics.get

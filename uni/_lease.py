@@ -9,21 +9,21 @@ write lease that ends with an exception poisons the elements it covered.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
 from uni import _registry as backends
-from uni._access import Access, configure_fastlease, open_lease_py, release_from_finalizer
+from uni._access import Access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._errors import LeaseError, LeaseReleasedError
 from uni._export import access_array, dlpack_device_of, export_access
+from uni._lease_plan import open_lease
 from uni._mdspec import MdSpan
 
-__all__ = ["FASTLEASE", "ReadMdspanLease", "ReadTensorLease", "WriteMdspanLease",
-           "WriteTensorLease", "finish_access", "lease_for", "open_lease"]
+__all__ = ["ReadMdspanLease", "ReadTensorLease", "WriteMdspanLease",
+           "WriteTensorLease", "lease_for", "open_lease"]
 
 
 class _Lease:
@@ -61,7 +61,7 @@ class _Lease:
         """End the access. Idempotent; never raises (see ``error`` for a failed write-back)."""
         access = self._access
         if access is not None:
-            finish_access(access)
+            access.finish()
 
     @property
     def error(self) -> BaseException | None:
@@ -98,7 +98,7 @@ class _Lease:
         access = self._access
         if access is None:
             return
-        release_error = access.finish(exc) if exc is not None else finish_access(access)
+        release_error = access.finish(exc)
         if exc is None and release_error is not None:
             # The body succeeded but handing the data back failed (e.g. a write-back):
             # the caller must hear about it; the region is poisoned with it too.
@@ -229,25 +229,3 @@ def lease_for(access: Access, is_tensor: bool) -> _Lease:
     """The lease of the right kind over an opened access."""
     return _LEASES[access.spec.mode, is_tensor](access)
 
-
-# The uncontended lease: in C where uni._fastlease is built (see the header of
-# uni/_fastlease.c), else the Python twins it was written from. Both give the same leases,
-# errors and ordering: tests/core/test_acquire_fast.py runs with each.
-open_lease: Callable[[Any], Any]
-finish_access: Callable[[Access], BaseException | None]
-_unusable: str | None
-try:
-    import uni._fastlease as _fastlease  # optional C part: absent where no compiler built it
-except ImportError as _missing:
-    _unusable = f"uni._fastlease is not built: {_missing}"
-else:
-    _unusable = configure_fastlease(_fastlease, _Lease)
-if _unusable is None:
-    open_lease = _fastlease.open_lease
-    finish_access = _fastlease.finish_access
-    #: Which implementation the uncontended lease uses, in words (``uni info`` shows it).
-    FASTLEASE = "C (uni._fastlease)"
-else:
-    open_lease = open_lease_py
-    finish_access = Access.finish
-    FASTLEASE = f"Python ({_unusable})"

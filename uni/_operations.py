@@ -4,8 +4,8 @@ Each front end validates shapes, dtypes and domains first (nothing is touched on
 input), broadcasts and promotes, chooses the backend list by where the operation runs, and
 hands a :class:`~uni._executor.Job` to an executor: the calling thread for the sync forms,
 uni's workers (host) for the ``_async`` forms. A failure while an output is leased poisons
-it. Front ends never name a backend; a backend that can prepare a repeat of a small call
-offers it through :mod:`uni._prepared`.
+it. Front ends never name a backend: they try the call's operation plan first
+(:mod:`uni._operation_plan`), and offer a general-path run for planning.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from uni import _prepared, _promotion
-from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall, signature
+from uni import _operation_plan as _plan
+from uni import _promotion
+from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall, plain_scalars, signature
 from uni._core import CURRENT_THREAD
 from uni._dispatch import backend_list
 from uni._errors import (
@@ -26,21 +27,12 @@ from uni._errors import (
     ReadOnlyOutputError,
     ShapeError,
 )
-from uni._executor import (
-    SMALL_ELEMENTS,
-    SMALL_MACS,
-    Job,
-    OperationAccess,
-    OpFuture,
-    done_future,
-    failed_future,
-    run_inline,
-    stage,
-    submit,
-)
+from uni._executor import Job, run_inline, submit
+from uni._future import OpFuture, done_future, failed_future
 from uni._handle import HOST
 from uni._mapping import layout_stride
 from uni._mdspec import MdSpan
+from uni._operation_access import SMALL_ELEMENTS, SMALL_MACS, OperationAccess, stage
 from uni._tensor import Tensor
 from uni.ops import check_ufunc, is_element_op, is_ufunc_op, ufunc_loop
 
@@ -116,16 +108,19 @@ def _broadcast_batch(op: str, name: str, t: Tensor, batch: tuple[int, ...], core
                         t.accessor, t.offset)
 
 
-_PLAIN_SCALARS = frozenset({int, float, bool})
+_PYTHON_NUMBERS = frozenset({int, float, bool})
 
 
 def _check_scalars(op: str, alpha: Any, beta: Any, tensors: dict[str, Tensor]) -> tuple[Any, Any]:
-    """alpha and beta are numbers that fit the dtype gemm/gemv compute in; returned as given,
-    except that a complex scalar with a zero imaginary part and no complex operand becomes
-    its (float) real part, so that it does not move the computation into complex."""
+    """alpha and beta are numbers that fit the dtype gemm/gemv compute in; returned as given
+    (plain ones, ``uni._calls.plain_scalars``, at once), except that a complex scalar with
+    a zero imaginary part and no complex operand becomes its (float) real part, so that it
+    does not move the computation into complex."""
+    if plain_scalars(alpha, beta):
+        return alpha, beta
     scalars = []
     for name, value in (("alpha", alpha), ("beta", beta)):
-        if type(value) not in _PLAIN_SCALARS:
+        if type(value) not in _PYTHON_NUMBERS:
             if not isinstance(value, (int, float, complex, np.number, np.bool_)):
                 raise TypeError(f"{op}: {name} must be a number (int, float, complex or a "
                                 f"numpy scalar), got {type(value).__name__}")
@@ -139,7 +134,7 @@ def _check_scalars(op: str, alpha: Any, beta: Any, tensors: dict[str, Tensor]) -
         scalars.append(value)
     alpha, beta = scalars
     # Floats and complex convert into any compute dtype (overflowing to inf, as numpy does);
-    # only an integer beyond int32 can fail to fit. The usual alpha=1, beta=0 skip the rest.
+    # only an integer beyond int32 can fail to fit.
     wide = [(name, int(v)) for name, v in (("alpha", alpha), ("beta", beta))
             if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
             and not -(2**31) <= v < 2**31]
@@ -386,96 +381,39 @@ def _transform_job(out: Any, op: Any, inputs: tuple[Any, ...], backends: Any,
                 small=out.size <= SMALL_ELEMENTS), compute
 
 
-# -- sync front ends ----------------------------------------------------------------------------
-# Each tries the prepared repeat first (``uni._prepared``: the same call again on the same
-# memory, found by what the operands are), which steps aside, having touched nothing, for
-# anything it does not cover; after a general-path run through the default walk it offers
-# the call for preparing.
+# -- the pipeline ---------------------------------------------------------------------------------
+# Every front end validates and hands over its operands; then one pipeline: the call's plan
+# first (``uni._operation_plan``: the same call again on the same memory, or memory laid out
+# as a call already planned, found by what the operands are), which steps aside, having
+# touched nothing, for anything it does not cover; else the general path, whose run through
+# the default walk is offered for planning. An async call runs its plan here (it is ordered
+# at the call, as every _async operation is, and a failure reaches the future with its
+# outputs poisoned), and so does a small general-path job whose grants are all immediate
+# (``_executor.submit``): the future is finished when it is returned.
 def _views(job: Job) -> tuple[Tensor, ...]:
     access = job.access
     return (*(item.tensor for item in access.reads), *(item.tensor for item in access.writes))
 
 
-def gemm(a: Tensor, b: Tensor, c: Tensor, *, alpha: Scalar = 1, beta: Scalar = 0,
-         backends: Sequence[Any] | None = None) -> None:
-    """``c <- alpha * a @ b + beta * c`` (leading batch axes run as a batch).
+def _offer(op: str, backend: Any, job: Job, operands: tuple[Any, ...], extra: Any) -> None:
+    views = _views(job)  # the inputs' tensors, then the output
+    modes: tuple[str, ...]
+    if op == "transform":  # out first, as a transform's call record has it
+        views, modes = (views[-1], *views[:-1]), ("write", *(("read",) * (len(views) - 1)))
+    else:
+        modes = (*(("read",) * (len(views) - 1)), "write")
+    _plan.offer(op, backend, operands, views, modes, extra)
 
-    Transposes and conjugates are views (``a.T``, ``a.conj()``). Operands may have different
-    dtypes: the product computes in their promotion (alpha and beta count as Python scalars)
-    and stores into ``c`` by the store rules. ``beta == 0`` never reads ``c``; ``alpha == 0``
-    or ``k == 0`` never reads ``a``/``b``.
-    """
-    if backends is None and _prepared.run_gemm(a, b, c, alpha, beta) is not None:
-        return
-    job = _gemm_job(a, b, c, alpha, beta, backends)
+
+def _run(op: str, job: Job | None, backends: Sequence[Any] | None, operands: tuple[Any, ...],
+         extra: Any = None) -> None:
+    """The sync general path: run ``job`` here; offer it for planning."""
     if job is not None:
         backend = run_inline(job)
         if backends is None:
-            _prepared.offer("gemm", backend, _prepared.gemm_key(a, b, c), _views(job),
-                            ("read", "read", "write"))
+            _offer(op, backend, job, operands, extra)
 
 
-def gemv(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1, beta: Scalar = 0,
-         backends: Sequence[Any] | None = None) -> None:
-    """``y <- alpha * a @ x + beta * y`` (leading batch axes run as a batch)."""
-    if backends is None and _prepared.run_gemv(a, x, y, alpha, beta) is not None:
-        return
-    job = _gemv_job(a, x, y, alpha, beta, backends)
-    if job is not None:
-        backend = run_inline(job)
-        if backends is None:
-            _prepared.offer("gemv", backend, _prepared.gemv_key(a, x, y), _views(job),
-                            ("read", "read", "write"))
-
-
-def copy(src: Tensor, dst: Tensor, *, backends: Sequence[Any] | None = None) -> None:
-    """Copy ``src`` into ``dst`` (``src`` broadcasts to ``dst``'s shape).
-
-    The dtypes may differ: values convert into ``dst``'s by the store rules (saturating into
-    integers, NaN -> 0, non-zero -> True, a complex value's real part into a real dtype).
-    Overlapping source and destination in one buffer copy correctly.
-    """
-    if backends is None and _prepared.run_copy(src, dst) is not None:
-        return
-    job = _copy_job(src, dst, backends)
-    if job is not None:
-        backend = run_inline(job)
-        if backends is None:
-            _prepared.offer("copy", backend, _prepared.copy_key(src, dst), _views(job),
-                            ("read", "write"))
-
-
-def _offer_transform(backend: Any, job: Job, out: Any, op: Any, inputs: tuple[Any, ...],
-                     compute: Any) -> None:
-    views = _views(job)  # the inputs' tensors, then out
-    _prepared.offer("transform", backend, _prepared.transform_key(out, op, inputs)[0],
-                    (views[-1], *views[:-1]), ("write", *(["read"] * (len(views) - 1))),
-                    (op, inputs, compute))
-
-
-def transform(out: Tensor, op: Any, *inputs: Tensor | Scalar,
-              backends: Sequence[Any] | None = None) -> None:
-    """``out[...] = op(*inputs)`` elementwise; inputs broadcast to ``out``'s shape.
-
-    ``op`` is a ``uni.ops`` element op, a numpy ufunc with one or two inputs (run vectorised
-    on the host, typed by numpy's own resolution), or (cpu_reference only) any Python
-    callable. Mixed dtypes promote by category; stores saturate into integers (NaN -> 0) and
-    map non-zero to True into bool. ``out`` may alias an input at the same layout.
-    """
-    if backends is None and _prepared.run_transform(out, op, inputs) is not None:
-        return
-    job, compute = _transform_job(out, op, inputs, backends)
-    if job is not None:
-        backend = run_inline(job)
-        if backends is None:
-            _offer_transform(backend, job, out, op, inputs, compute)
-
-
-# -- async front ends ---------------------------------------------------------------------------
-# A prepared repeat whose requests are granted at once runs in the calling thread, and so
-# does a small general-path job whose grants are all immediate (``_executor.submit``): the
-# future is finished when it is returned. Either way the operation is ordered at the call,
-# as every _async operation is, and a failure reaches the future (its outputs poisoned).
 def _async(op: str, job: Job | None, stream: Any) -> OpFuture:
     if stream is not None and job is not None and job.where.domain is HOST:
         job.access.finish(None, poison=False)  # registered already: give it back
@@ -489,77 +427,113 @@ def _async(op: str, job: Job | None, stream: Any) -> OpFuture:
     return submit(job, stream)
 
 
-def _prepared_future(op: str, run: Callable[..., str | None], *args: Any) -> OpFuture | None:
-    """The finished future of a prepared repeat run now, or None (take the general path)."""
+def _submit(op: str, planned: Callable[..., str | None], plan_args: tuple[Any, ...],
+            make_job: Callable[[Sequence[Any] | None], tuple[Job | None, Any]],
+            operands: tuple[Any, ...], backends: Sequence[Any] | None, stream: Any
+            ) -> OpFuture:
+    """The async pipeline: the plan inline when it covers the call, else the general path
+    (``make_job(backends) -> (job, extra)``), offered for planning once it ran on the
+    default walk (here, or on a quick worker), so that a loop of awaited operations finds
+    its plan as the sync forms do."""
+    if backends is not None or stream is not None:
+        return _async(op, make_job(backends)[0], stream)
     try:
-        backend = run(*args)
+        backend = planned(*plan_args)
     except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
         return failed_future(op, err)
-    return None if backend is None else done_future(op, backend)
-
-
-def _offered(future: OpFuture, job: Job | None, offer: Callable[[Any, Job], None]) -> OpFuture:
-    # A job that has run already (here, or on a quick worker) is offered for preparing,
-    # so that a loop of awaited operations finds its prepared repeat as the sync forms do.
+    if backend is not None:
+        return done_future(op, backend)
+    job, extra = make_job(None)
+    future = _async(op, job, None)
     if job is not None and job.backend is not None and future.done():
-        offer(job.backend, job)
+        _offer(op, job.backend, job, operands, extra)
     return future
 
 
-def _product_async(op: str, make_job: Callable[..., Job | None], run: Any, key: Any, a: Any,
-                   b: Any, c: Any, alpha: Any, beta: Any, backends: Sequence[Any] | None,
-                   stream: Any) -> OpFuture:
-    # gemm_async and gemv_async: the prepared repeat inline when it covers the call, else
-    # the general path, offered for preparing once it ran on the default walk.
-    if backends is not None or stream is not None:
-        return _async(op, make_job(a, b, c, alpha, beta, backends, owner=None), stream)
-    done = _prepared_future(op, run, a, b, c, alpha, beta)
-    if done is not None:
-        return done
-    job = make_job(a, b, c, alpha, beta, None, owner=None)
-    return _offered(_async(op, job, None), job, lambda backend, job: _prepared.offer(
-        op, backend, key(a, b, c), _views(job), ("read", "read", "write")))
+# -- sync front ends ----------------------------------------------------------------------------
+def gemm(a: Tensor, b: Tensor, c: Tensor, *, alpha: Scalar = 1, beta: Scalar = 0,
+         backends: Sequence[Any] | None = None) -> None:
+    """``c <- alpha * a @ b + beta * c`` (leading batch axes run as a batch).
+
+    Transposes and conjugates are views (``a.T``, ``a.conj()``). Operands may have different
+    dtypes: the product computes in their promotion (alpha and beta count as Python scalars)
+    and stores into ``c`` by the store rules. ``beta == 0`` never reads ``c``; ``alpha == 0``
+    or ``k == 0`` never reads ``a``/``b``.
+    """
+    if backends is None and _plan.run_gemm(a, b, c, alpha, beta) is not None:
+        return
+    _run("gemm", _gemm_job(a, b, c, alpha, beta, backends), backends, (a, b, c))
 
 
+def gemv(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1, beta: Scalar = 0,
+         backends: Sequence[Any] | None = None) -> None:
+    """``y <- alpha * a @ x + beta * y`` (leading batch axes run as a batch)."""
+    if backends is None and _plan.run_gemv(a, x, y, alpha, beta) is not None:
+        return
+    _run("gemv", _gemv_job(a, x, y, alpha, beta, backends), backends, (a, x, y))
+
+
+def copy(src: Tensor, dst: Tensor, *, backends: Sequence[Any] | None = None) -> None:
+    """Copy ``src`` into ``dst`` (``src`` broadcasts to ``dst``'s shape).
+
+    The dtypes may differ: values convert into ``dst``'s by the store rules (saturating into
+    integers, NaN -> 0, non-zero -> True, a complex value's real part into a real dtype).
+    Overlapping source and destination in one buffer copy correctly.
+    """
+    if backends is None and _plan.run_copy(src, dst) is not None:
+        return
+    _run("copy", _copy_job(src, dst, backends), backends, (src, dst))
+
+
+def transform(out: Tensor, op: Any, *inputs: Tensor | Scalar,
+              backends: Sequence[Any] | None = None) -> None:
+    """``out[...] = op(*inputs)`` elementwise; inputs broadcast to ``out``'s shape.
+
+    ``op`` is a ``uni.ops`` element op, a numpy ufunc with one or two inputs (run vectorised
+    on the host, typed by numpy's own resolution), or (cpu_reference only) any Python
+    callable. Mixed dtypes promote by category; stores saturate into integers (NaN -> 0) and
+    map non-zero to True into bool. ``out`` may alias an input at the same layout.
+    """
+    if backends is None and _plan.run_transform(out, op, inputs) is not None:
+        return
+    job, compute = _transform_job(out, op, inputs, backends)
+    _run("transform", job, backends, (out, op, *inputs), (op, inputs, compute))
+
+
+# -- async front ends ---------------------------------------------------------------------------
 def gemm_async(a: Tensor, b: Tensor, c: Tensor, *, alpha: Scalar = 1,
                beta: Scalar = 0, backends: Sequence[Any] | None = None, stream: Any = None
                ) -> OpFuture:
     """Register gemm's leases now and run it once granted (uni's workers for host data);
     ``await`` the returned future, or call ``.result()``."""
-    return _product_async("gemm", _gemm_job, _prepared.run_gemm, _prepared.gemm_key, a, b, c,
-                          alpha, beta, backends, stream)
+    return _submit("gemm", _plan.run_gemm, (a, b, c, alpha, beta), lambda backends: (
+        _gemm_job(a, b, c, alpha, beta, backends, owner=None), None), (a, b, c), backends,
+        stream)
 
 
 def gemv_async(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1,
                beta: Scalar = 0, backends: Sequence[Any] | None = None, stream: Any = None
                ) -> OpFuture:
     """Register gemv's leases now and run it once granted; ``await`` the result."""
-    return _product_async("gemv", _gemv_job, _prepared.run_gemv, _prepared.gemv_key, a, x, y,
-                          alpha, beta, backends, stream)
+    return _submit("gemv", _plan.run_gemv, (a, x, y, alpha, beta), lambda backends: (
+        _gemv_job(a, x, y, alpha, beta, backends, owner=None), None), (a, x, y), backends,
+        stream)
 
 
 def copy_async(src: Tensor, dst: Tensor, *, backends: Sequence[Any] | None = None,
                stream: Any = None) -> OpFuture:
     """Register the copy's leases now and run it once granted; ``await`` the result."""
-    if backends is not None or stream is not None:
-        return _async("copy", _copy_job(src, dst, backends, owner=None), stream)
-    done = _prepared_future("copy", _prepared.run_copy, src, dst)
-    if done is not None:
-        return done
-    job = _copy_job(src, dst, None, owner=None)
-    return _offered(_async("copy", job, None), job, lambda backend, job: _prepared.offer(
-        "copy", backend, _prepared.copy_key(src, dst), _views(job), ("read", "write")))
+    return _submit("copy", _plan.run_copy, (src, dst), lambda backends: (
+        _copy_job(src, dst, backends, owner=None), None), (src, dst), backends, stream)
 
 
 def transform_async(out: Tensor, op: Any, *inputs: Tensor | Scalar,
                     backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
     """Register the transform's leases now and run it once granted; ``await`` the result."""
-    if backends is not None or stream is not None:
-        return _async("transform", _transform_job(out, op, inputs, backends, owner=None)[0],
-                      stream)
-    done = _prepared_future("transform", _prepared.run_transform, out, op, inputs)
-    if done is not None:
-        return done
-    job, compute = _transform_job(out, op, inputs, None, owner=None)
-    return _offered(_async("transform", job, None), job, lambda backend, job: _offer_transform(
-        backend, job, out, op, inputs, compute))
+
+    def make_job(backends: Sequence[Any] | None) -> tuple[Job | None, Any]:
+        job, compute = _transform_job(out, op, inputs, backends, owner=None)
+        return job, (op, inputs, compute)
+
+    return _submit("transform", _plan.run_transform, (out, op, inputs), make_job,
+                   (out, op, *inputs), backends, stream)

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from uni import _registry as backends
-from uni._access import StorageView
 from uni._accessor import ConjugateAccessor, ConstAccessor, ScaledAccessor
 from uni._acquire import acquire_host_read_access_sync, try_read_values
 from uni._errors import DomainError, DTypeError, LayoutError, ShapeError
@@ -19,7 +18,7 @@ from uni._extents import Extents
 from uni._handle import HOST
 from uni._mapping import best_mapping, c_strides, check_fits
 from uni._mdspec import DataDescriptor, MdSpan, MdSpec
-from uni._twins import fit_twin
+from uni._spec import StorageView
 from uni.storage._protocol import default_accessor_of
 
 # Tensors up to this many elements show their values in repr, like numpy's summarised print.
@@ -37,9 +36,6 @@ _TRANSPOSED: dict[int, tuple[Any, Any]] = {}
 _MATRICES: dict[tuple[int, int, int, int], Any] = {}
 _VIEW_CACHE_MAX = 1024
 _new = object.__new__
-#: The version of _slice_vector_py that uni/_fastview.c twins (its VERSION): raise both
-#: together whenever that function changes.
-_FASTVIEW_VERSION = 1
 
 
 def _vector_mapping(count: int, stride: int) -> Any:
@@ -52,14 +48,12 @@ def _vector_mapping(count: int, stride: int) -> Any:
     return found
 
 
-def _slice_vector_py(view: Any, key: slice) -> Tensor | None:
+def _slice_vector(view: Any, key: slice) -> Tensor | None:
     """``view[key]`` when ``view`` is a vector and ``key`` a slice with no step and plain int
     (or None) bounds inside it, the commonest fresh view of all; else None (nothing made).
 
     In bounds it needs no ``slice.indices`` (the same answer), and it reaches a sub-range of
     the validated view's elements, so it stays inside the buffer without a bounds re-check.
-    The reference for ``uni._fastview.slice_vector``, its C twin (``_slice_vector`` is
-    whichever is in use).
     """
     mapping = view._mapping
     shape = mapping.extents.shape
@@ -222,13 +216,13 @@ class Tensor(StorageView):
 
     def __getitem__(self, key: Any) -> Tensor:
         if type(key) is slice:
-            quick_view = _slice_vector_py(self, key)
+            quick_view = _slice_vector(self, key)
             if quick_view is not None:
                 return quick_view
-        return self._getitem_py(key)
+        return self._getitem_general(key)
 
-    def _getitem_py(self, key: Any) -> Tensor:
-        """``self[key]`` for every key but the plain vector slice (``__getitem__`` makes it)."""
+    def _getitem_general(self, key: Any) -> Tensor:
+        """``self[key]`` for every key but the in-bounds vector slice (``_slice_vector``)."""
         mapping = self._mapping
         if type(key) is slice:
             shape = mapping.extents.shape
@@ -588,31 +582,3 @@ def _reshape_strides(
             stride *= new_shape[news[k]]
         oi, ni = o_end, n_end
     return new_strides
-
-
-# ``t[i:j]`` of a vector: in C where uni._fastview is built (uni/_fastview.c: there
-# Tensor.__getitem__ becomes a C method that calls self._getitem_py for every other key), else
-# the Python code it twins. tests/core/test_tensor.py checks that both give the same views.
-#: The Python ``Tensor.__getitem__`` (the C one replaces it where uni._fastview is built).
-getitem_py = Tensor.__getitem__
-
-
-def install_fastview(module: Any) -> str:
-    """Make ``module`` (``uni._fastview``) make vector slices, if it fits this code; the
-    implementation in use, in words (a stale or unfitting build leaves the Python code)."""
-    unusable = fit_twin(module, _FASTVIEW_VERSION, Tensor, StorageView, _VECTORS,
-                        _vector_mapping)
-    if unusable is not None:
-        return f"Python ({unusable})"
-    Tensor.__getitem__ = module.getitem_method()  # type: ignore[method-assign]
-    return "C (uni._fastview)"
-
-
-#: Which implementation makes vector slices, in words (``uni info`` shows it).
-FASTVIEW: str
-try:
-    import uni._fastview as _fastview  # optional C part: absent where no compiler built it
-except ImportError as _missing:
-    FASTVIEW = f"Python (uni._fastview is not built: {_missing})"
-else:
-    FASTVIEW = install_fastview(_fastview)

@@ -11,8 +11,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from uni import _bench, _demo, _info
-from uni._errors import StorageError
+from uni import StorageError
+from uni._app import _bench, _demo, _info
 from uni.storage import recover as recover_file
 
 

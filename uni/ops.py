@@ -3,7 +3,7 @@
 Each op carries the same arithmetic two ways -- ``apply_numpy`` (vectorized, numpy ufuncs) and
 ``apply_scalar`` (one element at a time, for the reference backend) -- and a result-dtype rule
 on top of ``uni._promotion``. The module is backend-neutral: the C++ each op becomes in
-generated CUDA kernels lives with the code generator (``uni.cuda._cxx``), keyed by ``name``.
+generated CUDA kernels lives with the code generator (``uni.cuda._jit._cxx``), keyed by ``name``.
 
 =============  =====  ==========================  ============================================
 op             arity  computes                    dtype rule on the promoted inputs

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from uni import _bench
+from uni._app import _bench
 from uni.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

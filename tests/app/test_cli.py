@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from uni._pipeline import CORRUPT_ENV
+from uni._app._pipeline import CORRUPT_ENV
 from uni.cli import main
 
 

@@ -1,4 +1,4 @@
-"""The CUDA stages of ``uni demo`` (uni._cuda_pipeline): the plan, and the plan run.
+"""The CUDA stages of ``uni demo`` (uni._app._cuda_pipeline): the plan, and the plan run.
 
 Without a GPU, three kinds of test: the plan as a value (which memory and which stream each
 step uses); the plan run with host memory in place of pinned and device memory (no stream:
@@ -32,11 +32,11 @@ from rich.console import Console
 from support.cuda_doubles import FAKE_PTR, FakeEvent
 
 import uni
-from uni import _cuda_pipeline as cp
-from uni import _demo
-from uni import _pipeline as p
+from uni._app import _cuda_pipeline as cp
+from uni._app import _demo
+from uni._app import _pipeline as p
 from uni.cli import main
-from uni.cuda import _nvrtc
+from uni.cuda._jit import nvrtc_unavailable_reason
 from uni.cuda._launch import current_stream
 from uni.storage.host import HostStorage
 
@@ -199,7 +199,7 @@ def test_a_bad_plan_entry_is_refused() -> None:
 
 
 def test_the_cuda_stages_import_without_cuda_packages() -> None:
-    code = ("import sys, uni._cuda_pipeline, uni._demo; "
+    code = ("import sys, uni._app._cuda_pipeline, uni._app._demo; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cuda', 'nvmath')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
@@ -683,7 +683,7 @@ _DROP_A_WAIT = r"""
 import sys, tempfile
 import uni, uni.cuda
 uni.cuda.simulate(jitter=float(sys.argv[2]), seed=int(sys.argv[1]))
-from uni import _cuda_pipeline as cp, _demo, _pipeline as p
+from uni._app import _cuda_pipeline as cp, _demo, _pipeline as p
 from uni.cuda import _stream
 
 # The hook: the compute stream no longer waits for events of the copy stream (gemm(i) after
@@ -725,8 +725,8 @@ def _demo_on_the_simulator(seed: int, mode: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.skipif(_nvrtc.unavailable_reason() is not None,
-                    reason=f"the demo's kernels cannot compile: {_nvrtc.unavailable_reason()}")
+@pytest.mark.skipif(nvrtc_unavailable_reason() is not None,
+                    reason=f"the demo's kernels cannot compile: {nvrtc_unavailable_reason()}")
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
                     reason="the simulated device runs kernels as host twins: needs g++ or $CXX")
 @pytest.mark.parametrize("seed", [1, 2])

@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 import uni
-from uni import _cuda_pipeline, _demo, _machine
-from uni._pipeline import CORRUPT_ENV, STEPS, PipelineError, StreamShape, sample_blocks
+from uni._app import _cuda_pipeline, _demo, _machine
+from uni._app._pipeline import CORRUPT_ENV, STEPS, PipelineError, StreamShape, sample_blocks
 from uni.cli import main
 
 SMALL = ["demo", "--size", "2MiB", "--blocks", "4"]

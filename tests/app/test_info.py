@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import uni
-from uni import _info, _machine
-from uni._lease import FASTLEASE
+from uni._app import _info, _machine
+from uni.backends.blas import _kernels
 from uni.cli import main
 
 
@@ -45,10 +45,12 @@ def test_info_says_which_lease_and_blas_call_code_runs(monkeypatch: pytest.Monke
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert f"leases:   uncontended host leases in {FASTLEASE}" in out
+    running = uni.implementations()
+    assert f"leases:   uncontended host leases in {running['leases']}" in out
+    assert f"views:    vector slices (t[i:j]) in {running['views']}" in out
     packed = "the blas backend's prepared repeats call it packed, in C"
-    assert (packed in out) is (_info.blas_kernels.call_packed is not None)
-    monkeypatch.setattr(_info.blas_kernels, "call_packed", None)
+    assert (packed in out) is (_kernels.call_packed is not None)
+    monkeypatch.setattr(_kernels, "call_packed", None)
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "prepared repeats call it through ctypes (uni.backends.blas._blascall is not built)" \

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import uni
-from uni import _machine
+from uni._app import _machine
 from uni.backends.blas import _kernels
 
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 import uni
-from uni import _pipeline as p
+from uni._app import _pipeline as p
 
 _opened: list[p.HostStages] = []
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from uni import _timeline
-from uni._pipeline import RunResult, Span
+from uni._app import _timeline
+from uni._app._pipeline import RunResult, Span
 
 
 def _run() -> RunResult:

@@ -496,7 +496,7 @@ def test_a_failure_after_the_conversion_poisons_the_output(monkeypatch: pytest.M
 
 
 def test_mixed_prepared_repeats_match_the_general_path() -> None:
-    from uni import _prepared
+    from uni import _operation_plan as _plan
 
     rng = np.random.default_rng(5)
     a_np = rng.integers(-3, 4, (6, 5)).astype(np.float32)
@@ -510,13 +510,13 @@ def test_mixed_prepared_repeats_match_the_general_path() -> None:
     for alpha, beta in [(1, 0), (2, 3), (1, 1), (0.5, 0), (1, 0), (2, 3), (3, 1), (0, 2)] * 2:
         want_c = _reference(uni.gemm, a, b, c, alpha=alpha, beta=beta)
         want_y = _reference(uni.gemv, a, x, y, alpha=alpha, beta=beta)
-        entry = _prepared.lookup("gemm", a, b, c)
+        entry = _plan.lookup("gemm", a, b, c)
         uni.gemm(a, b, c, alpha=alpha, beta=beta)
         uni.gemv(a, x, y, alpha=alpha, beta=beta)
         runs += entry is not None and entry.backend == "blas"
         np.testing.assert_array_equal(c_np, want_c, err_msg=f"{alpha}, {beta}")
         np.testing.assert_array_equal(y_np, want_y, err_msg=f"{alpha}, {beta}")
-    assert runs >= 8 and _prepared.lookup("gemv", a, x, y) is not None
+    assert runs >= 8 and _plan.lookup("gemv", a, x, y) is not None
 
 
 def test_probe_takes_products_with_a_float_or_complex_operand() -> None:
@@ -528,3 +528,17 @@ def test_probe_takes_products_with_a_float_or_complex_operand() -> None:
     with uni.dispatch_diagnostics() as records:
         uni.gemm(uni.from_numpy(np.eye(2, dtype=np.int32)), uni.from_numpy(np.eye(2)), f)
     assert records[0].selected == "blas" and np.array_equal(np.asarray(f), np.eye(2))
+
+
+def test_the_backend_names_the_blas_it_calls_and_how_repeats_reach_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What `uni info` and `uni demo` report, asked of the backend found by name.
+    from uni.backends.blas import _kernels  # the answers' source, to compare and to switch
+
+    backend = uni.backends.get("blas")
+    assert backend.library() is _kernels.library()
+    library = backend.library()
+    assert library is not None and library.package in ("numpy", "scipy")
+    assert backend.packed_calls() is (_kernels.call_packed is not None)
+    monkeypatch.setattr(_kernels, "call_packed", None)
+    assert backend.packed_calls() is False

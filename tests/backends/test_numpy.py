@@ -743,7 +743,7 @@ def test_numpy_prepared_repeats_match_the_general_path(dtypes: tuple[str, str, s
     import gc
     import weakref
 
-    from uni import _prepared
+    from uni import _operation_plan as _plan
 
     rng = np.random.default_rng(7)
     a_np = rng.integers(-3, 4, (7, 5)).astype(dtypes[0])[::-1]   # negative stride: not blas
@@ -762,7 +762,7 @@ def test_numpy_prepared_repeats_match_the_general_path(dtypes: tuple[str, str, s
         assert records and records[0].selected == "numpy"
         c_np[...] = np.asarray(ref)  # same starting values for the plain (prepared) call
         before = c_np.copy()
-        entry = _prepared.lookup("gemm", ta, tb, tc)
+        entry = _plan.lookup("gemm", ta, tb, tc)
         uni.gemm(ta, tb, tc, alpha=alpha, beta=beta)
         recomputed = uni.from_numpy(before)
         uni.gemm(uni.from_numpy(a_np), tb, recomputed, alpha=alpha, beta=beta,

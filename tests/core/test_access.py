@@ -7,15 +7,10 @@ import pytest
 from support.poisoning import poison, poisoned
 
 import uni
-from uni._access import (
-    Access,
-    AccessSpec,
-    PreparedAccess,
-    PreparedGroup,
-    inner_queue_range,
-    queue_range,
-)
+from uni._access import Access
 from uni._core import HostFence
+from uni._prepared_access import PreparedAccess, PreparedGroup
+from uni._spec import AccessSpec, inner_queue_range, queue_range
 from uni.storage import HostStorage
 
 

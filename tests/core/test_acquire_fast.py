@@ -3,14 +3,12 @@
 Every acquisition of a tensor view over plain host memory without a timeout first tries the
 fast path, which grants only when nothing is in the way; these tests check that it gives the
 same grants, errors, ordering and poisoning as the general path (the fast path switched off),
-and that everything it must not handle still reaches the general path. Every test runs twice:
-with the C twin (``uni._fastlease``) and with the Python code it was written from.
+and that everything it must not handle still reaches the general path.
 """
 
 from __future__ import annotations
 
 import gc
-import os
 import random
 import threading
 import time
@@ -25,37 +23,13 @@ import trio
 import uni
 import uni._acquire
 import uni._lease
-from uni._access import Access, AccessSpec, LeasePlan, open_lease_py, plain_storage
+from uni._access import Access
 from uni._core import HostFence
+from uni._lease_plan import LeasePlan, plain_storage
+from uni._spec import AccessSpec
 
 read = uni.acquire_host_read_access_sync
 write = uni.acquire_host_write_access_sync
-
-C_BUILT = uni._lease.FASTLEASE.startswith("C")
-
-
-@pytest.fixture(autouse=True, params=["c", "python"])
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with the C twin, then with the Python code (acquire and release both)."""
-    if request.param == "c":
-        if not C_BUILT:
-            pytest.skip(f"the C twin is not in use: {uni._lease.FASTLEASE}")
-        import uni._fastlease as _fastlease  # built: uni._lease imported it
-        monkeypatch.setattr(uni._acquire, "open_lease", _fastlease.open_lease)
-        monkeypatch.setattr(uni._lease, "finish_access", _fastlease.finish_access)
-    else:
-        monkeypatch.setattr(uni._acquire, "open_lease", open_lease_py)
-        monkeypatch.setattr(uni._lease, "finish_access", Access.finish)
-    return str(request.param)
-
-
-def test_the_c_twin_is_built_where_ci_requires_it() -> None:
-    # CI sets UNI_REQUIRE_FASTLEASE: a build that silently fell back would fail here rather
-    # than skip the C half of this file and lose the fast lease unnoticed.
-    if not os.environ.get("UNI_REQUIRE_FASTLEASE"):
-        pytest.skip("UNI_REQUIRE_FASTLEASE is not set (CI sets it)")
-    assert C_BUILT, uni._lease.FASTLEASE
-
 
 def warm(t: uni.Tensor) -> tuple[LeasePlan, LeasePlan]:
     """Make ``t``'s plans (the first lease of each mode takes the general path)."""
@@ -499,51 +473,3 @@ def test_a_failure_inside_the_queue_leaves_it_unlocked_and_unchanged(
         pass  # its release grants whatever is grantable: the writer
     waiter.join(10)
     assert got == [True]
-
-
-def _slots(obj: object) -> dict[str, object]:
-    """Every slot of ``obj``'s classes and what it holds (a marker where it is unset)."""
-    out: dict[str, object] = {}
-    for cls in type(obj).__mro__:
-        for name in getattr(cls, "__slots__", ()):
-            if name != "__weakref__":
-                out[name] = getattr(obj, name, "<unset>")
-    return out
-
-
-@pytest.mark.parametrize("mode", ["read", "write"])
-def test_the_c_twin_leaves_every_slot_as_the_python_code_does(mode: str) -> None:
-    # Through the public API the two can only look alike; this compares what they store: a
-    # slot that open_now or finish starts setting, and the C code does not, shows up here.
-    if not C_BUILT:
-        pytest.skip(f"the C twin is not in use: {uni._lease.FASTLEASE}")
-    import uni._fastlease as _fastlease  # built: uni._lease imported it
-    t = uni.from_numpy(np.zeros(4))
-    plan = warm(t)[mode == "write"]
-    states = []
-    for open_lease, finish in ((_fastlease.open_lease, _fastlease.finish_access),
-                               (open_lease_py, Access.finish)):
-        lease = open_lease(plan)
-        access = lease._access
-        opened = (type(lease), type(access), _slots(access))
-        finish(access)
-        states.append((opened, _slots(access)))
-        lease.release()
-    assert states[0] == states[1]
-
-
-def test_a_stale_or_unfitting_c_build_falls_back_with_the_reason() -> None:
-    from uni._access import FASTLEASE_VERSION, configure_fastlease
-
-    class Stale:  # a test double: a build of another version
-        VERSION = FASTLEASE_VERSION + 1
-
-    class Unfitting:  # one that no longer finds the slots it writes
-        VERSION = FASTLEASE_VERSION
-
-        @staticmethod
-        def configure(*parts: object) -> None:
-            raise TypeError("AccessQueue._pending is not a slot")
-
-    assert "stale build" in (configure_fastlease(Stale, object) or "")
-    assert "_pending is not a slot" in (configure_fastlease(Unfitting, object) or "")

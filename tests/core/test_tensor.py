@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 from typing import Any
 
 import numpy as np
@@ -939,7 +938,7 @@ def test_the_quick_vector_and_matrix_slices_with_open_ends_match_the_general_vie
 
 
 # --------------------------------------------------------------------------------------------
-# t[i:j] of a vector: the C twin (uni/_fastview.c) against the Python code
+# t[i:j] of a vector: the quick path (uni._tensor._slice_vector) against the general one
 # --------------------------------------------------------------------------------------------
 
 
@@ -956,10 +955,10 @@ def _outcome(fn: Any, *args: Any) -> Any:
     return (type(view), view._storage, view._accessor, view._offset, view._mapping, values)
 
 
-def test_vector_slices_in_c_match_the_python_code() -> None:
-    """``t[key]`` (the C method where built) and the Python method give the same view or the
-    same error, on seeded vectors of every stride and slice keys of every kind."""
-    import uni._tensor as tensor_module  # which __getitem__ is in use, and the Python one
+def test_quick_vector_slices_match_the_general_path() -> None:
+    """``t[key]`` (the quick path where it applies) and the general path give the same view or
+    the same error, on seeded vectors of every stride and slice keys of every kind."""
+    import uni._tensor as tensor_module  # the quick path itself, to count what it took
     rng = np.random.default_rng(7)
     # Mostly what the quick path takes (None, 0..7), and each thing it must leave alone.
     bounds: list[Any] = [None, None, None, *range(8), *range(8), True, np.int64(2), 2**70,
@@ -972,50 +971,21 @@ def test_vector_slices_in_c_match_the_python_code() -> None:
         start, stop = (bounds[int(rng.integers(len(bounds)))] for _ in range(2))
         key = slice(start, stop, ([None] * 6 + [1, 2, -1, 0])[int(rng.integers(10))])
         ours = _outcome(operator.getitem, t, key)
-        assert ours == _outcome(tensor_module.getitem_py, t, key), key
-        if tensor_module.FASTVIEW.startswith("C"):
-            import uni._fastview as fastview  # built: uni._tensor imported it
-            twin = _outcome(fastview.slice_vector, t, key)
-            assert twin == _outcome(tensor_module._slice_vector_py, t, key), key
-            quick += twin is not None
+        assert ours == _outcome(t._getitem_general, key), key
+        fast = _outcome(tensor_module._slice_vector, t, key)
+        if fast is not None:
+            assert fast == ours, key
+            quick += 1
     matrix = uni.from_numpy(np.arange(12.0).reshape(3, 4))
-    assert _outcome(operator.getitem, matrix, slice(1, 3)) == _outcome(tensor_module.getitem_py, matrix,
-                                                     slice(1, 3))
-    if tensor_module.FASTVIEW.startswith("C"):
-        assert quick > 100  # the quick path did take part
-        assert uni.Tensor.__getitem__ is not tensor_module.getitem_py
-
-
-def test_the_view_code_in_use_is_named() -> None:
-    import uni._tensor as tensor_module  # FASTVIEW: what it chose at import
-    assert tensor_module.FASTVIEW.startswith(("C (uni._fastview)", "Python (uni._fastview"))
-    if os.environ.get("UNI_REQUIRE_FASTLEASE"):  # CI: every compiled part must be built
-        assert tensor_module.FASTVIEW == "C (uni._fastview)"
-
-
-def test_a_stale_or_unfitting_view_build_leaves_the_python_method() -> None:
-    import uni._tensor as tensor_module  # install_fastview and the method in use
-    in_use = uni.Tensor.__getitem__
-
-    class Stale:  # test doubles: a build of another version, one that no longer fits
-        VERSION = tensor_module._FASTVIEW_VERSION + 1
-
-    class Unfitting:
-        VERSION = tensor_module._FASTVIEW_VERSION
-
-        @staticmethod
-        def configure(*parts: object) -> None:
-            raise TypeError("StorageView._offset is not a writable object slot")
-
-    assert "stale build" in tensor_module.install_fastview(Stale)
-    assert "_offset is not a writable" in tensor_module.install_fastview(Unfitting)
-    assert uni.Tensor.__getitem__ is in_use  # neither touched the method
+    assert _outcome(operator.getitem, matrix, slice(1, 3)) == _outcome(matrix._getitem_general,
+                                                                        slice(1, 3))
+    assert _outcome(tensor_module._slice_vector, matrix, slice(1, 3)) is None
+    assert quick > 100  # the quick path did take part
 
 
 def test_a_vector_of_another_librarys_mapping_slices_the_same_either_way() -> None:
     # uni's own mappings hold Python ints; one from elsewhere may hold numpy ints, which the
-    # C method leaves to the Python one (same answer, no error).
-    import uni._tensor as tensor_module  # the Python __getitem__, to compare with
+    # quick path leaves to the general one (same answer, no error).
 
     class Extents:
         shape = (np.int64(10),)
@@ -1037,7 +1007,7 @@ def test_a_vector_of_another_librarys_mapping_slices_the_same_either_way() -> No
     t = uni.Tensor.__new__(uni.Tensor)
     t._storage, t._mapping, t._accessor, t._offset = (base._storage, Mapping(),
                                                       base._accessor, 0)
-    ours, theirs = t[2:5], tensor_module.getitem_py(t, slice(2, 5))
+    ours, theirs = t[2:5], t._getitem_general(slice(2, 5))
     assert (ours._offset, ours._mapping, ours._storage) == (
         theirs._offset, theirs._mapping, theirs._storage)
     assert ours.shape == (3,)

@@ -1,4 +1,4 @@
-"""uni.cuda._codegen / _cxx: generated kernels, run as host twins against cpu_reference.
+"""uni.cuda._jit._codegen / _cxx: generated kernels, run as host twins against cpu_reference.
 
 No GPU runs here. The same source NVRTC compiles is built by g++ under the host-twin prelude
 (tests/support/cuda_host_twin.py) and called through ctypes on numpy buffers with the launch's own
@@ -17,9 +17,9 @@ from support import cuda_host_twin as tw
 
 import uni
 from uni import _promotion
-from uni.cuda import _codegen as cg
-from uni.cuda import _cxx
-from uni.cuda import _launch_plan as lp
+from uni.cuda._jit import _codegen as cg
+from uni.cuda._jit import _cxx
+from uni.cuda._jit import _launch_plan as lp
 
 ALL_OPS = [uni.ops.identity, uni.ops.negate, uni.ops.square, uni.ops.reciprocal,
            uni.ops.scale(3), uni.ops.conjugate, uni.ops.add, uni.ops.subtract,

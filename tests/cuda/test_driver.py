@@ -193,38 +193,32 @@ def test_this_machines_driver_library_check_agrees_with_detection() -> None:
 
 def test_a_hanging_probe_is_killed_with_a_clean_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UNI_TEST_CUDA_PROBE_SLEEP", "60")
-    start = time.monotonic()
     found = _driver.run_probe(0.5)
-    elapsed = time.monotonic() - start
+    # Killed, and so answered before its 60 s sleep ended: order, not a measured duration.
     assert not found.available and found.device_count == 0
     assert found.probe_pid is not None
     assert found.reason == (
         f"the CUDA driver did not answer: cuInit took longer than 0.5 s, so the probe "
         f"process (pid {found.probe_pid}) was killed; a driver with persistence mode off can "
         f"take long to start (raise UNI_CUDA_PROBE_TIMEOUT to wait longer)")
-    assert elapsed < 10
     assert not pid_alive(found.probe_pid)
 
 
 def test_detection_with_a_hanging_cuinit_never_hangs() -> None:
     # The driver library is made to "load" so that detection reaches the probe, which is
-    # told to sleep: the whole answer must still come within the probe's time limit.
+    # told to sleep: the answer comes from killing the probe, not from its 60 s sleep ending.
     done = run_python("""
-        import time
         from uni.cuda import _driver
         _driver._load_driver_library = lambda: None
-        start = time.monotonic()
         import uni
         print(uni.cuda.is_available())
         print(uni.cuda.unavailable_reason())
-        print(time.monotonic() - start)
         print(_driver.detection().probe_pid)
     """, UNI_DISABLE_CUDA="", UNI_TEST_CUDA_PROBE_SLEEP="60", UNI_CUDA_PROBE_TIMEOUT="0.5")
-    available, reason, elapsed, pid = done.stdout.strip().split("\n")
+    available, reason, pid = done.stdout.strip().split("\n")
     assert available == "False"
     assert reason.startswith("the CUDA driver did not answer: cuInit took longer than 0.5 s")
     assert f"(pid {pid}) was killed" in reason
-    assert float(elapsed) < 10
     assert not pid_alive(int(pid))
 
 
@@ -234,27 +228,29 @@ _USER_MODULES = {
 }
 
 
-def _in_dir(directory: pathlib.Path, code: str, **env: str) -> tuple[str, float]:
-    start = time.monotonic()
+def _in_dir(directory: pathlib.Path, code: str, **env: str) -> str:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, cwd=directory, timeout=60, check=True,
                           env={**os.environ, "PYTHONPATH": HERE, **env})
-    return done.stdout, time.monotonic() - start
+    return done.stdout
 
 
 @pytest.mark.parametrize("kind", sorted(_USER_MODULES))
 def test_a_users_cuda_py_in_the_working_directory_is_never_run(tmp_path: pathlib.Path,
                                                                  kind: str) -> None:
     # A script named cuda.py next to the user: before, importing cuda.bindings ran it (and one
-    # that sleeps hung is_available() for ever). The answer comes at once, naming the file.
+    # that sleeps hung is_available() for ever). The answer comes at once, naming the file:
+    # before any probe process is started (none to wait for), not after one timed out.
     (tmp_path / "cuda.py").write_text(_USER_MODULES[kind])
-    out, elapsed = _in_dir(tmp_path, """
+    out = _in_dir(tmp_path, """
         import uni.cuda
+        from uni.cuda import _driver
         print(uni.cuda.is_available())
         print(uni.cuda.unavailable_reason())
+        print(_driver.detection().probe_pid)
     """, UNI_DISABLE_CUDA="", UNI_CUDA_PROBE_TIMEOUT="20")
-    assert elapsed < 20
-    available, reason = out.strip().split("\n")
+    available, reason, probe_pid = out.strip().split("\n")
+    assert probe_pid == "None"
     assert available == "False"
     assert reason == (f"a module named 'cuda' ({tmp_path / 'cuda.py'}) hides cuda-python's "
                       "'cuda' package; rename it, or run from another directory")
@@ -267,13 +263,13 @@ def test_the_probe_process_never_imports_from_the_working_directory(
     # directory): it answers with what cuInit said, not with the user's module.
     pytest.importorskip("cuda.bindings")
     (tmp_path / "cuda.py").write_text(_USER_MODULES[kind])
-    out, elapsed = _in_dir(tmp_path, """
+    # A probe that ran the sleeping module would be killed at 20 s: "took longer" below.
+    out = _in_dir(tmp_path, """
         from uni.cuda import _driver
         found = _driver.run_probe(20)
         print(found.available)
         print(found.reason)
     """)
-    assert elapsed < 20
     available, reason = out.strip().split("\n", 1)
     assert "garbage" not in out and "the user module ran" not in out
     if available == "False":

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from support.cuda_doubles import FakeEvent, RecordingStream, fake_cuda
 
-from uni._access import Access, AccessSpec
+from uni._access import Access
 from uni._core import HostFence
+from uni._spec import AccessSpec
 from uni.cuda._fences import (
     AllFences,
     StreamWaiter,

@@ -1,4 +1,4 @@
-"""uni.cuda._nvrtc: NVRTC to cubin for sm_90 (no GPU, no driver), the kernel cache.
+"""uni.cuda._jit._nvrtc: NVRTC to cubin for sm_90 (no GPU, no driver), the kernel cache.
 
 Every specialization the host-twin suite (tests/cuda/test_codegen.py) runs is compiled by
 NVRTC here too, so CI checks that the very source the twins verify is valid CUDA C++.
@@ -25,9 +25,9 @@ from support import cuda_host_twin as tw
 from support.cuda_gate import real_driver_only
 
 import uni
-from uni.cuda import _codegen as cg
-from uni.cuda import _launch_plan as lp
-from uni.cuda import _nvrtc
+from uni.cuda._jit import _codegen as cg
+from uni.cuda._jit import _launch_plan as lp
+from uni.cuda._jit import _nvrtc
 
 needs_nvrtc = pytest.mark.skipif(not _nvrtc.is_available(),
                                  reason=f"NVRTC unavailable: {_nvrtc.unavailable_reason()}")
@@ -58,8 +58,8 @@ def test_without_cuda_core_uni_imports_and_says_why() -> None:
     # A failure made on purpose: the import of cuda.core is blocked in a fresh process.
     code = (
         "import sys; sys.modules['cuda.core'] = None\n"
-        "import uni, uni.cuda._nvrtc as n\n"
-        "from uni.cuda import _codegen as cg\n"
+        "import uni, uni.cuda._jit._nvrtc as n\n"
+        "from uni.cuda._jit import _codegen as cg\n"
         "print(n.is_available()); print(n.unavailable_reason())\n"
         "print(uni.cuda.kernel_cache_info())\n"
         "spec = cg.ElementwiseSpec('negate', 'float32', [cg.ArrayInput('float32')], "
@@ -193,7 +193,7 @@ _FILLER = """
 import json, sys, time, pathlib
 sys.path.insert(0, {tests!r})
 from support import cuda_host_twin as tw
-from uni.cuda import _nvrtc
+from uni.cuda._jit import _nvrtc
 go = pathlib.Path(sys.argv[2])
 while not go.exists():
     time.sleep(0.005)

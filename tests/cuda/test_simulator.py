@@ -22,7 +22,7 @@ import pytest
 
 import uni
 from uni.backends.cublas import Matrix, Scalar, plan_gemm_calls, plan_gemv_calls
-from uni.cuda import _codegen, _launch_plan, _nvrtc
+from uni.cuda._jit import _codegen, _launch_plan, _nvrtc
 from uni.cuda._seam import Copy2D, Driver
 from uni.cuda._sim import (
     HazardError,

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import uni
-from uni.cuda import _launch_plan, _nvrtc, _real, _seam
+from uni.cuda import _real, _seam
+from uni.cuda._jit import _launch_plan, _nvrtc
 from uni.cuda._real import RealDriver, memcpy2d_struct
 from uni.cuda._seam import Copy2D, Driver
 from uni.cuda._sim import Simulator

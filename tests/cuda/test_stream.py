@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 
@@ -129,27 +128,33 @@ async def test_synchronize_on_the_trio_thread_would_block() -> None:
 
 @pytest.mark.cuda
 async def test_awaiting_an_event_keeps_the_loop_responsive() -> None:
+    # Order, not durations: the gate opens only once another task has run 20 times while the
+    # event was awaited and pending, which an await that blocked the loop would never let it
+    # do (the timer opens the gate then, so that such a failure fails instead of hanging).
     from support.cuda_gate import Gate
 
-    ticks = []
+    ticks = 0
     with uni.cuda.Stream() as s, Gate(s) as gate:
         ev = s.record()
 
         async def ticker() -> None:
-            while True:
-                ticks.append(time.perf_counter())
+            nonlocal ticks
+            for _ in range(20):
                 await trio.sleep(0.002)
+                assert not ev.done()
+                ticks += 1
+            gate.open()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
-            nursery.start_soon(_open_later, gate, 0.2)
-            start = time.perf_counter()
-            await ev
-            waited = time.perf_counter() - start
-            nursery.cancel_scope.cancel()
-    assert waited >= 0.15
-    gaps = [b - a for a, b in itertools.pairwise(ticks)]
-    assert len(gaps) > 20 and max(gaps) < 0.15
+        watchdog = threading.Timer(60, gate.open)
+        watchdog.start()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ticker)
+                await ev
+                ticks_when_done = ticks
+        finally:
+            watchdog.cancel()
+    assert ticks_when_done == 20
 
 
 async def _open_later(gate: object, delay: float) -> None:

@@ -492,10 +492,12 @@ def test_a_large_walk_onto_cpu_reference_warns_once_per_signature() -> None:
         warnings.simplefilter("error")
         uni.copy(lam, out)  # the same signature again: no second warning
         uni.copy(lam[:10, :10], uni.zeros((10, 10)))  # small: no warning at all
+    # 20 x 20 x 20 = 8,000 multiply-adds: past the threshold, and a second of Python loops
+    # where the whole 80 x 80 x 80 took ten.
     with pytest.warns(uni.PerformanceWarning, match="uni.gemm ran on cpu_reference"):
-        uni.gemm(lam, a, out)
+        uni.gemm(lam[:20, :20], a[:20, :20], out[:20, :20])
     with pytest.warns(uni.PerformanceWarning, match="came first in the backend list"):
-        uni.gemm(a, a, out, backends=["cpu_reference"])
+        uni.gemm(a[:20, :20], a[:20, :20], out[:20, :20], backends=["cpu_reference"])
 
 
 def test_where_the_warning_is_an_error_the_slow_call_is_refused_untouched() -> None:

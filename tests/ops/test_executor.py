@@ -10,9 +10,10 @@ import pytest
 from support.poisoning import poison, poisoned
 
 import uni
-from uni._access import Access, AccessSpec
-from uni._executor import OperationAccess as OpAccess
-from uni._executor import stage as staged
+from uni._access import Access
+from uni._operation_access import OperationAccess as OpAccess
+from uni._operation_access import stage as staged
+from uni._spec import AccessSpec
 
 
 def snapshot(t: uni.Tensor) -> list[tuple[str, int, int, bool]]:

@@ -4,7 +4,7 @@ Every operand is a view into a larger numpy buffer filled with a sentinel patter
 operation, every byte outside the output's elements must be unchanged (inputs entirely), and
 the output must equal a slow, obviously-correct numpy reference written here. Bad input must
 raise a uni error before anything is touched (output unchanged, queues empty), and the
-repeat shortcut of ``uni.gemm`` (``uni/_prepared.py``) must agree with the general path.
+repeat shortcut of ``uni.gemm`` (``uni/_operation_plan.py``) must agree with the general path.
 
 All randomness is seeded (hypothesis runs derandomized), so failures replay exactly.
 """

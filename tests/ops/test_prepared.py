@@ -1,4 +1,4 @@
-"""Prepared repeats (``uni._prepared``) must be indistinguishable from the general path:
+"""Prepared repeats (``uni._operation_plan``) must be indistinguishable from the general path:
 values, errors, ordering against other leases, poisoning."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from support.strategies import random_view
 
 import uni
-from uni import _prepared
+from uni import _operation_plan as _plan
 
 
 def _operands(dtype: str = "f8", seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -41,9 +41,9 @@ def test_repeats_match_numpy(dtype: str, alpha: float, beta: float) -> None:
         expected = alpha * (a @ b) + (beta * before if beta != 0 else 0)
         np.testing.assert_allclose(c, expected, rtol=tol, atol=tol)
         if round_ == 0:
-            assert _prepared.lookup("gemm", ta, tb, tc) is None  # one-off products prepare nothing
+            assert _plan.lookup("gemm", ta, tb, tc) is None  # one-off products prepare nothing
         else:
-            assert _prepared.lookup("gemm", ta, tb, tc) is not None
+            assert _plan.lookup("gemm", ta, tb, tc) is not None
 
 
 def test_alpha_zero_and_poison_take_the_general_path() -> None:
@@ -51,7 +51,7 @@ def test_alpha_zero_and_poison_take_the_general_path() -> None:
     ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
     uni.gemm(ta, tb, tc)
     uni.gemm(ta, tb, tc)
-    assert _prepared.lookup("gemm", ta, tb, tc) is not None
+    assert _plan.lookup("gemm", ta, tb, tc) is not None
     a[0, 0] = np.nan
     c[...] = 2.0
     uni.gemm(ta, tb, tc, alpha=0, beta=3)  # alpha == 0 never reads a
@@ -91,7 +91,7 @@ def test_overrides_and_diagnostics_bypass_the_shortcut() -> None:
     ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
     uni.gemm(ta, tb, tc)
     with uni.override_backends("gemm", uni.storage.HostStorage, ["cpu_reference"]):
-        assert _prepared.lookup("gemm", ta, tb, tc) is None
+        assert _plan.lookup("gemm", ta, tb, tc) is None
         with uni.dispatch_diagnostics() as records:
             uni.gemm(ta, tb, tc)
         assert records[-1].selected == "cpu_reference"
@@ -109,7 +109,7 @@ def test_views_and_aliasing_are_not_prepared() -> None:
     square = uni.from_numpy(np.eye(4))
     uni.gemm(square, square, square)  # output aliases the inputs: general path, staged
     np.testing.assert_allclose(square.to_numpy(), np.eye(4))
-    assert _prepared.lookup("gemm", square, square, square) is None
+    assert _plan.lookup("gemm", square, square, square) is None
 
 
 def test_a_storage_whose_instance_overrides_a_hook_is_never_prepared() -> None:
@@ -128,7 +128,7 @@ def test_a_storage_whose_instance_overrides_a_hook_is_never_prepared() -> None:
     storage.acquire_read = counted  # an instance attribute: the class is still plain
     for _ in range(4):
         uni.copy(x, y)
-    assert _prepared.lookup("copy", x, y) is None
+    assert _plan.lookup("copy", x, y) is None
     assert len(calls) == 4
     np.testing.assert_array_equal(y.to_numpy(), np.arange(6.0))
 
@@ -139,10 +139,10 @@ def test_fresh_views_of_the_same_operands_are_found_by_value() -> None:
     c = uni.zeros((6, 5))
     for _ in range(3):
         uni.gemm(ta.T, tb, c)  # ta.T is a new Tensor object every time
-    found = _prepared.lookup("gemm", ta.T, tb, c)
+    found = _plan.lookup("gemm", ta.T, tb, c)
     assert found is not None
     other = uni.zeros((6, 5))
-    assert _prepared.lookup("gemm", ta.T, tb, other) is None  # another storage is another product
+    assert _plan.lookup("gemm", ta.T, tb, other) is None  # another storage is another product
     np.testing.assert_allclose(c.to_numpy(), a @ b)
 
 
@@ -153,7 +153,7 @@ def test_prepared_repeats_hold_nothing_alive() -> None:
     a, b, c = (uni.from_numpy(np.ones((8, 8))) for _ in range(3))
     for _ in range(3):
         uni.gemm(a, b, c)
-    assert _prepared.lookup("gemm", a, b, c) is not None
+    assert _plan.lookup("gemm", a, b, c) is not None
     storages = [weakref.ref(t.storage) for t in (a, b, c)]
     del a, b, c
     gc.collect()
@@ -264,10 +264,42 @@ def _same_state(fast: tuple[str, Any], general: tuple[str, Any], where: str) -> 
 _SEEDS = range(600)
 
 
-def test_fast_paths_match_the_general_path_on_random_layouts() -> None:
+def _first_call_matches(seed: int, counts: dict[str, int]) -> int:
+    """The "first call" parameter: a third twin runs twice (the form is kept by then, where
+    one can be), then the fast twin runs once, on memory the plans have never seen."""
+    op, fast_np, kwargs, fast_out = _case(seed)
+    _, general_np, _, general_out = _case(seed)
+    _, teach_np, _, _ = _case(seed)
+    fast, general, teach = _tensors(fast_np), _tensors(general_np), _tensors(teach_np)
+    for _ in range(2):
+        _outcome(op, teach, kwargs)
+    before = _plan.first_sight_runs()
+    got = _outcome(op, fast, kwargs)
+    counts[op] += _plan.first_sight_runs() > before
+    with uni.dispatch_diagnostics():
+        expected = _outcome(op, general, kwargs)
+    where = f"seed {seed}: {op}, first call"
+    assert got == expected, where
+    for f, g in zip(fast_out, general_out, strict=True):
+        _same_state(_state(fast[_index(fast_np, f)]), _state(general[_index(general_np, g)]),
+                    where)
+    return got is not None
+
+
+@pytest.mark.parametrize("path", ["first call", "cached plan"])
+def test_fast_paths_match_the_general_path_on_random_layouts(path: str) -> None:
     prepared = {"copy": 0, "transform": 0, "gemv": 0, "gemm": 0}
     identified = dict(prepared)
     errors = 0
+    if path == "first call":
+        first = dict(prepared)
+        for seed in _SEEDS:
+            errors += _first_call_matches(seed, first)
+        # Each op ran on its form, on memory seen for the first time, often enough; and the
+        # error cases were met too.
+        assert all(count >= 15 for count in first.values()), first
+        assert errors >= 5
+        return
     for seed in _SEEDS:
         op, fast_np, kwargs, fast_out = _case(seed)
         _, general_np, _, general_out = _case(seed)
@@ -284,11 +316,11 @@ def test_fast_paths_match_the_general_path_on_random_layouts() -> None:
             for f, g in zip(fast_outs, general_outs, strict=True):
                 _same_state(_state(f), _state(g), where)
         if op == "transform":
-            entry = _prepared.lookup("transform", fast[0], fast[1], *fast[2:])
-            by_id = _prepared.lookup_identity("transform", fast[0], fast[1], *fast[2:])
+            entry = _plan.lookup("transform", fast[0], fast[1], *fast[2:])
+            by_id = _plan.lookup_identity("transform", fast[0], fast[1], *fast[2:])
         else:
-            entry = _prepared.lookup(op, *fast)
-            by_id = _prepared.lookup_identity(op, *fast)
+            entry = _plan.lookup(op, *fast)
+            by_id = _plan.lookup_identity(op, *fast)
         prepared[op] += entry is not None
         assert by_id is None or by_id is entry, seed
         identified[op] += by_id is not None
@@ -307,7 +339,7 @@ def test_a_held_write_lease_refuses_the_repeat_as_it_refuses_the_general_path() 
             fast, general = make(), make()
             for _ in range(3):
                 getattr(uni, op)(*fast)
-            assert _prepared.lookup(op, *fast) is not None, op
+            assert _plan.lookup(op, *fast) is not None, op
             messages = []
             for twin, plain_context in ((fast, True), (general, False)):
                 lease = uni.acquire_host_write_access_sync(twin[index])
@@ -346,7 +378,7 @@ def test_the_repeat_waits_for_another_threads_lease(op: str) -> None:
     operands = make()
     for _ in range(3):
         getattr(uni, op)(*operands)
-    assert _prepared.lookup(op, *operands) is not None
+    assert _plan.lookup(op, *operands) is not None
     out = operands[-1] if op != "transform" else operands[0]
     expected = _state(out)[1]
     lease = uni.acquire_host_write_access_sync(out)
@@ -376,7 +408,7 @@ def test_a_poisoned_input_refuses_the_repeat_as_the_general_path(op: str) -> Non
         operands = _poison_operands(op)
         for _ in range(3):
             getattr(uni, op)(*operands)
-        entry = _prepared.lookup(op, *operands)
+        entry = _plan.lookup(op, *operands)
         assert entry is not None
         source = operands[2] if op == "transform" else operands[0]
         out = operands[0] if op == "transform" else operands[-1]
@@ -431,7 +463,7 @@ def test_a_failing_prepared_kernel_poisons_what_the_general_path_poisons(
         if prepared_run:
             for _ in range(3):
                 getattr(uni, op)(*operands)
-            entry = _prepared.lookup(op, *operands)
+            entry = _plan.lookup(op, *operands)
             assert entry is not None
 
             def boom(*args: Any) -> bool:
@@ -554,7 +586,7 @@ def test_an_in_place_transform_is_prepared_and_ordered_like_the_general_path() -
         uni.transform(fast, uni.ops.add, fast, 1.0)
         with uni.dispatch_diagnostics():
             uni.transform(general, uni.ops.add, general, 1.0)
-    assert _prepared.lookup("transform", fast, uni.ops.add, fast, 1.0) is not None
+    assert _plan.lookup("transform", fast, uni.ops.add, fast, 1.0) is not None
     np.testing.assert_array_equal(fast.to_numpy(), general.to_numpy())
     np.testing.assert_array_equal(fast.to_numpy(), 3.0)
     # A read lease this thread holds on x refuses both, with the same message.
@@ -573,7 +605,7 @@ def test_an_in_place_transform_is_prepared_and_ordered_like_the_general_path() -
     for _ in range(3):
         uni.transform(y[1:], uni.ops.multiply, y[:-1], 2.0)
         expected[1:] = expected[:-1].copy() * 2.0
-    assert _prepared.lookup("transform", y[1:], uni.ops.multiply, y[:-1], 2.0) is None
+    assert _plan.lookup("transform", y[1:], uni.ops.multiply, y[:-1], 2.0) is None
     np.testing.assert_array_equal(y.to_numpy(), expected)
 
 
@@ -584,7 +616,7 @@ def test_an_async_repeat_queues_behind_another_threads_lease(plain_context: bool
     src, dst = uni.from_numpy(np.arange(5.0)), uni.zeros((5,))
     for _ in range(3):
         uni.copy_async(src, dst).result(5)
-    assert _prepared.lookup("copy", src, dst) is not None
+    assert _plan.lookup("copy", src, dst) is not None
     held = threading.Event()
     release = threading.Event()
 
@@ -615,23 +647,23 @@ def test_an_identity_record_dies_with_its_tensor_and_the_entry_stays() -> None:
     arrays = [np.ones((4, 4)), np.full((4, 4), 2.0), np.zeros((4, 4))]
     a, b, c = (uni.from_numpy(x) for x in arrays)
     gc.collect()
-    before = _prepared.identity_count()
+    before = _plan.identity_count()
     for _ in range(3):
         uni.gemm(a, b, c)
-    entry = _prepared.lookup("gemm", a, b, c)
-    assert entry is not None and _prepared.lookup_identity("gemm", a, b, c) is entry
-    assert _prepared.identity_count() == before + 1
+    entry = _plan.lookup("gemm", a, b, c)
+    assert entry is not None and _plan.lookup_identity("gemm", a, b, c) is entry
+    assert _plan.identity_count() == before + 1
     np.testing.assert_array_equal(c.to_numpy(), 8.0)
     ids = ("gemm", id(a), id(b), id(c))
     a2 = a[:, :]  # another view of a's storage keeps the by-value entry alive
     del a  # no cycle holds it: the record goes at once, without a collection
-    assert ids not in _prepared._by_identity and ids not in _prepared._identity_refs
-    assert _prepared.identity_count() == before
-    assert _prepared.lookup("gemm", a2, b, c) is entry  # found by value again
+    assert ids not in _plan._by_identity and ids not in _plan._identity_refs
+    assert _plan.identity_count() == before
+    assert _plan.lookup("gemm", a2, b, c) is entry  # found by value again
     arrays[2][...] = 0.0
     uni.gemm(a2, b, c)
     np.testing.assert_array_equal(c.to_numpy(), 8.0)
-    assert _prepared.lookup_identity("gemm", a2, b, c) is entry
+    assert _plan.lookup_identity("gemm", a2, b, c) is entry
 
 
 def test_fresh_views_stop_making_identity_records() -> None:
@@ -640,12 +672,12 @@ def test_fresh_views_stop_making_identity_records() -> None:
     c = uni.zeros((5, 5))
     for _ in range(20):
         uni.gemm(g.T, h, c)
-    entry = _prepared.lookup("gemm", g.T, h, c)
-    assert entry is not None and entry.churn == _prepared._CHURN_LIMIT
-    count = _prepared.identity_count()
+    entry = _plan.lookup("gemm", g.T, h, c)
+    assert entry is not None and entry.churn == _plan._CHURN_LIMIT
+    count = _plan.identity_count()
     for _ in range(5):
         uni.gemm(g.T, h, c)
-    assert _prepared.identity_count() == count  # no record made and dropped per call
+    assert _plan.identity_count() == count  # no record made and dropped per call
     np.testing.assert_allclose(c.to_numpy(), g.to_numpy().T @ h.to_numpy())
 
 
@@ -654,18 +686,18 @@ def test_a_merge_drops_an_entry_found_by_identity() -> None:
     # queue is retired, the held run refuses it, the entry goes, and a new one is made on
     # the queue c is on now (which this thread's write lease then holds).
     mem, left, a, b, c = _two_regions_and_a_gemm(4)
-    old = _prepared.lookup_identity("gemm", a, b, c)
+    old = _plan.lookup_identity("gemm", a, b, c)
     assert old is not None
     whole = uni.from_numpy(mem)  # bridges both regions: c moves to another queue
     assert old.queues[2] is not c.storage.access_queue and old.queues[2].retired
     mem[16:32] = 0.0
     uni.gemm(a, b, c)  # refused by the retired queue, run by the general path
     np.testing.assert_array_equal(c.to_numpy(), 2.0)
-    assert _prepared.lookup("gemm", a, b, c) is not old
-    assert _prepared.lookup_identity("gemm", a, b, c) is None
+    assert _plan.lookup("gemm", a, b, c) is not old
+    assert _plan.lookup_identity("gemm", a, b, c) is None
     for _ in range(3):
         uni.gemm(a, b, c)
-    new = _prepared.lookup_identity("gemm", a, b, c)
+    new = _plan.lookup_identity("gemm", a, b, c)
     assert new is not None and new.queues[2] is c.storage.access_queue
     lease = uni.acquire_host_write_access_sync(c)
     try:
@@ -677,7 +709,7 @@ def test_a_merge_drops_an_entry_found_by_identity() -> None:
 
 
 @pytest.mark.parametrize("queues", [1, 2, 3])
-def test_the_held_run_of_each_form_refuses_what_is_in_the_way(queues: int) -> None:
+def test_the_held_run_over_each_number_of_queues_refuses_what_is_in_the_way(queues: int) -> None:
     # One memory for every operand (one queue), a and b in one (two), or three memories.
     mem = np.zeros(3 * 16 + 8)
     mem[0:16] = 1.0
@@ -692,10 +724,10 @@ def test_the_held_run_of_each_form_refuses_what_is_in_the_way(queues: int) -> No
     a, b, c = pieces
     for _ in range(4):
         uni.gemm(a, b, c)
-    entry = _prepared.lookup_identity("gemm", a, b, c)
+    entry = _plan.lookup_identity("gemm", a, b, c)
     assert entry is not None and entry.held is not None
     assert len({id(q) for q in entry.queues}) == queues
-    assert type(entry.held).__name__ == ["_HeldOne", "_HeldTwo", "_HeldThree"][queues - 1]
+    assert len(entry.held._locks) == queues  # one held run form, one lock per memory
     np.testing.assert_array_equal(c.to_numpy(), 8.0)
     # A read lease elsewhere in a queue is not in the way; one on an output is.
     with uni.acquire_host_read_access_sync(spare), uni.acquire_host_read_access_sync(a):
@@ -727,9 +759,171 @@ def test_a_transform_of_two_tensors_is_found_by_its_flat_key() -> None:
     out = uni.zeros((6,))
     for _ in range(3):
         uni.transform(out[0:6], uni.ops.add, x[0:6], y)  # fresh views: by value each time
-    entry = _prepared.lookup("transform", out, uni.ops.add, x, y)
+    entry = _plan.lookup("transform", out, uni.ops.add, x, y)
     assert entry is not None
     for _ in range(2):
         uni.transform(out, uni.ops.add, x, y)
-    assert _prepared.lookup_identity("transform", out, uni.ops.add, x, y) is entry
+    assert _plan.lookup_identity("transform", out, uni.ops.add, x, y) is entry
     np.testing.assert_array_equal(out.to_numpy(), np.arange(6.0) + 1)
+
+
+# -- first sight: memory the plans have never seen, run on its form ---------------------------
+def _fresh(op: str, value: float = 1.0) -> tuple[Any, ...]:
+    """Operands of ``op`` in fresh memory (new arrays every call), all of one form."""
+    if op == "copy":
+        return uni.from_numpy(np.full(8, value)), uni.from_numpy(np.zeros(8))
+    if op == "transform":
+        return (uni.from_numpy(np.zeros(8)), uni.ops.add, uni.from_numpy(np.full(8, value)),
+                uni.from_numpy(np.full(8, 2.0)))
+    if op == "gemv":
+        return (uni.from_numpy(np.full((3, 8), value)), uni.from_numpy(np.ones(8)),
+                uni.from_numpy(np.zeros(3)))
+    return (uni.from_numpy(np.full((3, 8), value)), uni.from_numpy(np.ones((8, 2))),
+            uni.from_numpy(np.zeros((3, 2))))
+
+
+def _expected(op: str, value: float) -> float:
+    return {"copy": value, "transform": value + 2.0, "gemv": 8 * value, "gemm": 8 * value}[op]
+
+
+def _out(op: str, operands: tuple[Any, ...]) -> Any:
+    return operands[0] if op == "transform" else operands[-1]
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_first_sight_runs_on_its_form_then_plans_on_the_second_sighting(op: str) -> None:
+    getattr(uni, op)(*_fresh(op))  # the general path keeps the form
+    for value in (3.0, 5.0):
+        operands = _fresh(op, value)
+        before = _plan.first_sight_runs()
+        getattr(uni, op)(*operands)
+        assert _plan.first_sight_runs() == before + 1
+        np.testing.assert_array_equal(_out(op, operands).to_numpy(), _expected(op, value))
+        assert _plan.lookup(op, *operands) is None  # a one-off call plans nothing
+        getattr(uni, op)(*operands)  # the second sighting plans it
+        assert _plan.lookup(op, *operands) is not None
+    # _async on first sight runs in this thread (small, granted at once): done when returned.
+    operands = _fresh(op, 7.0)
+    future = getattr(uni, f"{op}_async")(*operands)
+    assert future.done() and future.result() == "blas"
+    np.testing.assert_array_equal(_out(op, operands).to_numpy(), _expected(op, 7.0))
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_first_sight_steps_aside_for_a_lease_as_the_general_path_does(op: str) -> None:
+    getattr(uni, op)(*_fresh(op))
+    operands = _fresh(op, 3.0)
+    out = _out(op, operands)
+    before = _plan.first_sight_runs()
+    with uni.acquire_host_read_access_sync(out), pytest.raises(uni.LeaseConflictError):
+        getattr(uni, op)(*operands)  # this thread's own lease: never waited for
+    lease = uni.acquire_host_write_access_sync(out)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (getattr(uni, op)(*operands), done.set()))
+    worker.start()
+    assert not done.wait(0.1), "ran while another thread held a write lease on its output"
+    np.asarray(lease.mdspan())[...] = -1.0
+    lease.release()
+    worker.join(5)
+    assert done.is_set() and _plan.first_sight_runs() == before
+    np.testing.assert_array_equal(out.to_numpy(), _expected(op, 3.0))
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_a_failing_kernel_on_first_sight_poisons_its_output(
+        op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    getattr(uni, op)(*_fresh(op))
+    operands = _fresh(op)
+    form = _plan._forms[_plan._form_key(op, operands)]
+
+    def bind(memory: Any) -> Callable[..., bool]:
+        def run(*args: Any) -> bool:
+            raise RuntimeError("kernel failed")
+        return run
+
+    monkeypatch.setattr(form, "bind", bind)  # a test double forcing the failure
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        getattr(uni, op)(*operands)
+    with pytest.raises(uni.PoisonedError):
+        uni.acquire_host_read_access_sync(_out(op, operands))
+    inputs = operands[:-1] if op != "transform" else operands[2:]
+    for x in inputs:  # an input is only read: not poisoned
+        with uni.acquire_host_read_access_sync(x):
+            pass
+
+
+def test_an_in_place_transform_on_fresh_memory_folds_on_first_sight() -> None:
+    teach = uni.from_numpy(np.zeros(8))
+    uni.transform(teach, uni.ops.add, teach, 1.0)
+    x = uni.from_numpy(np.full(8, 4.0))
+    before = _plan.first_sight_runs()
+    uni.transform(x, uni.ops.add, x, 1.0)
+    assert _plan.first_sight_runs() == before + 1
+    np.testing.assert_array_equal(x.to_numpy(), 5.0)
+    # Another view of the same memory at another layout is not folded: the general path
+    # stages it (a shifted read of what is being written).
+    mem = np.arange(9.0)
+    whole = uni.from_numpy(mem)
+    y, shifted = whole[1:], whole[:-1]
+    uni.transform(y, uni.ops.add, shifted, 1.0)
+    np.testing.assert_array_equal(mem, [0.0, *np.arange(8.0) + 1.0])
+
+
+def test_first_sight_orders_a_dtype_view_in_its_queue_units() -> None:
+    uni.copy(uni.from_numpy(np.ones(4, dtype=np.int32)), uni.from_numpy(np.zeros(4, np.int32)))
+    mem = np.zeros(8)
+    doubles = uni.from_numpy(mem)
+    ints = uni.from_numpy(mem.view(np.int32))  # the same bytes: one queue, counted in bytes
+    src = uni.from_numpy(np.full(4, 7, dtype=np.int32))
+    before = _plan.first_sight_runs()
+    with uni.acquire_host_read_access_sync(doubles[0:2]):  # bytes 0..15
+        with pytest.raises(uni.LeaseConflictError):
+            uni.copy(src, ints[0:4])  # bytes 0..15: in the lease's way
+        uni.copy(src, ints[8:12])  # bytes 32..47: not
+    assert _plan.first_sight_runs() == before + 1
+    np.testing.assert_array_equal(mem.view(np.int32)[8:12], 7)
+    np.testing.assert_array_equal(mem.view(np.int32)[0:4], 0)
+
+
+def test_large_work_takes_the_general_path_on_first_sight() -> None:
+    big = 1 << 16  # more elements than SMALL_ELEMENTS: an _async call runs it on a worker
+    uni.copy(uni.from_numpy(np.ones(big)), uni.from_numpy(np.zeros(big)))
+    before = _plan.first_sight_runs()
+    dst = uni.from_numpy(np.zeros(big))
+    uni.copy_async(uni.from_numpy(np.full(big, 2.0)), dst).result(5)
+    assert _plan.first_sight_runs() == before
+    np.testing.assert_array_equal(dst.to_numpy(), 2.0)
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_a_form_keeps_no_memory_of_the_call_it_was_made_from(op: str) -> None:
+    import gc
+    import weakref
+
+    _plan.forget()
+    operands = _fresh(op, 9.0)
+    getattr(uni, op)(*operands)  # the first of its form: kept
+    assert _plan.form_count() == 1
+    tensors = [x for x in operands if isinstance(x, uni.Tensor)]
+    buffers = [weakref.ref(t.storage.buffer) for t in tensors]
+    storages = [weakref.ref(t.storage) for t in tensors]
+    del operands, tensors
+    gc.collect()
+    assert all(ref() is None for ref in storages + buffers)
+    operands = _fresh(op, 3.0)
+    before = _plan.first_sight_runs()
+    getattr(uni, op)(*operands)  # and the form still runs new memory
+    assert _plan.first_sight_runs() == before + 1
+    np.testing.assert_array_equal(_out(op, operands).to_numpy(), _expected(op, 3.0))
+
+
+def test_new_memory_at_a_dead_storages_address_is_seen_for_the_first_time() -> None:
+    # Fresh arrays one after another reuse the ids of storages just freed: a key of storage
+    # ids alone would take each call for the second sighting of the last one and plan it.
+    made = 0
+    for _ in range(50):
+        src, dst = uni.from_numpy(np.ones(8)), uni.from_numpy(np.zeros(8))
+        uni.copy(src, dst)
+        made += _plan.lookup("copy", src, dst) is not None
+        del src, dst
+    assert made == 0

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import uni
-from uni._access import Access, AccessSpec
+from uni._access import Access
 from uni._core import RetiredQueue
-from uni._executor import OperationAccess
 from uni._mapping import layout_right
+from uni._operation_access import OperationAccess
+from uni._spec import AccessSpec
 from uni.storage import _memory
 
 

@@ -1,6 +1,6 @@
 """Host twins of uni's generated CUDA kernels: the same source, compiled by g++, run on numpy.
 
-A *twin* is a generated kernel (``uni.cuda._codegen``) compiled with the host C++ compiler
+A *twin* is a generated kernel (``uni.cuda._jit._codegen``) compiled with the host C++ compiler
 under ``HOST_PRELUDE``, which emulates the launch grid: ``blockIdx``/``threadIdx``/
 ``blockDim``/``gridDim`` are thread-local globals, ``UNI_KERNEL`` is a plain ``extern "C"``
 function, ``UNI_SHARED`` is ``static`` (one block runs at a time) and ``UNI_SYNC()`` is a
@@ -10,7 +10,7 @@ some threads miss hangs here as it would on a GPU.
 
 Each kernel also gets a launcher ``twin_<name>(void** params, grid, block)`` that reads its
 arguments from an array of pointers to their values -- exactly ``cuLaunchKernel``'s
-``kernelParams`` -- so the twin checks the argument marshalling of ``uni.cuda._codegen.Launch``
+``kernelParams`` -- so the twin checks the argument marshalling of ``uni.cuda._jit._launch_plan.Launch``
 as well as the arithmetic.
 
 ``build(kernels)`` compiles many kernels into one shared library (g++ costs ~0.5 s per
@@ -41,9 +41,9 @@ import numpy as np
 import uni
 from uni import _promotion
 from uni._calls import GemmCall, GemvCall
-from uni.cuda import _codegen, _launch_plan
-from uni.cuda._codegen import KernelSource
-from uni.cuda._launch_plan import Launch
+from uni.cuda._jit import _codegen, _launch_plan
+from uni.cuda._jit._codegen import KernelSource
+from uni.cuda._jit._launch_plan import Launch
 from uni.cuda._sim import _twin
 
 CXX = os.environ.get("CXX", "g++")
@@ -869,7 +869,7 @@ def compile_suite_part(directory: str, part: int, parts: int, arch: str | None =
     Runs in a worker process (NVRTC holds the GIL: threads would not overlap); returns
     (name, cubin bytes, cubin SM, origin, seconds, cache file) per kernel.
     """
-    from uni.cuda import _nvrtc  # the worker's own import: it runs in a fresh process
+    from uni.cuda._jit import _nvrtc  # the worker's own import: it runs in a fresh process
 
     cache = _nvrtc.KernelCache(directory) if arch is None else \
         _nvrtc.KernelCache(directory, arch=arch)

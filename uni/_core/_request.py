@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, Literal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from uni._core._fences import Fence
 from uni._core._owners import Owner
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 Mode = Literal["read", "write"]
 
-__all__ = ["AccessRequest", "Mode"]
+__all__ = ["AccessRequest", "Mode", "in_conflict"]
 
 
 # ------------------------------------------------------------------------------ requests
@@ -33,26 +34,27 @@ class AccessRequest:
     __slots__ = ("_waiter", "_write", "fences", "granted", "group", "hi", "holder", "lo", "mode",
                  "owner_thread", "queue", "released")
 
-    def __init__(
-        self, mode: Mode, write: bool, lo: int, hi: int, holder: object,
-        owner_thread: Owner | None, queue: AccessQueue | None = None,
-    ) -> None:
-        self.mode: Mode = mode
-        self._write = write
-        self.lo = lo
-        self.hi = hi
-        self.holder = holder
-        self.owner_thread = owner_thread
-        self.granted = False
-        self.released = False
-        self.fences: list[Fence] = _NO_FENCES
-        self.queue = queue
-        #: The requests of one operation, registered together: a granted member whose
-        #: siblings still wait is waiting too (for self-deadlock detection).
-        self.group: tuple[AccessRequest, ...] | None = None
-        # Set only while somebody waits on the request; whoever grants or withdraws the
-        # request takes it (under the queue lock), so each waiter is woken exactly once.
-        self._waiter: Waiter | None = None
+    # Stored by the one maker of requests, AccessQueue._admit (register, try_grant).
+    mode: Mode
+    _write: bool
+    lo: int
+    hi: int
+    holder: object
+    owner_thread: Owner | None
+    granted: bool
+    released: bool
+    fences: list[Fence]
+    queue: AccessQueue | None
+    #: The requests of one operation, registered together: a granted member whose
+    #: siblings still wait is waiting too (for self-deadlock detection).
+    group: tuple[AccessRequest, ...] | None
+    # Set only while somebody waits on the request; whoever grants or withdraws the
+    # request takes it (under the queue lock), so each waiter is woken exactly once.
+    _waiter: Waiter | None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("an AccessRequest is made by its queue: AccessQueue.register(mode, lo, "
+                        "hi, holder=...) or AccessQueue.try_grant(...)")
 
     @property
     def state(self) -> Literal["pending", "active", "released", "withdrawn"]:
@@ -62,6 +64,21 @@ class AccessRequest:
 
     def __repr__(self) -> str:
         return f"<AccessRequest {self.mode} [{self.lo}, {self.hi}] {self.state}: {self.holder}>"
+
+
+class _Ranged(Protocol):
+    lo: int
+    hi: int
+    _write: bool
+
+
+def in_conflict(others: Iterable[_Ranged], lo: int, hi: int, write: bool) -> bool:
+    """Whether one of ``others`` (requests, or fenced releases) conflicts with ``[lo, hi]``:
+    the ranges overlap and one of the two writes. The one conflict rule of the queue."""
+    for q in others:
+        if q.lo <= hi and lo <= q.hi and (write or q._write):
+            return True
+    return False
 
 
 # Shared by every request granted with nothing to wait for; never mutated.
@@ -78,10 +95,10 @@ class _Made(AccessRequest):
 class _Fenced:
     """A released request whose work is not over yet: kept until its fence is done."""
 
-    __slots__ = ("fence", "hi", "lo", "write")
+    __slots__ = ("_write", "fence", "hi", "lo")
 
     def __init__(self, lo: int, hi: int, write: bool, fence: Fence) -> None:
         self.lo = lo
         self.hi = hi
-        self.write = write
+        self._write = write
         self.fence = fence

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -16,7 +17,12 @@ from uni._accessor import (
 from uni._handle import HOST
 from uni.ops import is_element_op
 
-__all__ = ["host_signature", "host_spans", "unvectorised"]
+__all__ = ["Operand", "address_of", "host_signature", "host_spans", "unvectorised",
+           "transform_binder", "view_former", "views_binder"]
+
+#: One operand of a form's binding (``prepare_form``): the storage's flat host buffer, the
+#: element offset of the view's first index in it, and the buffer's address.
+Operand: TypeAlias = tuple[np.ndarray[Any, Any], int, int]
 
 _PLAIN = (DefaultAccessor, ConstAccessor, ConjugateAccessor, ScaledAccessor)
 
@@ -56,3 +62,84 @@ def unvectorised(name: str, accessor: Any) -> str | None:
                     "copy it into a plain tensor with uni.copy first")
         accessor = getattr(accessor, "base", None)
     return None
+
+
+# -- forms: kernels made once per layout, bound to memory per call ------------------------
+_MAX_BYTE_STRIDE = 2**62  # as uni._mdspec.host_view: well inside numpy's intp
+
+
+def view_former(span: Any) -> Callable[[Operand], np.ndarray[Any, Any]]:
+    """Makes the numpy view of another operand laid out as ``span`` (same dtype, mapping):
+    ``view(operand)``, what ``host_view`` gives for that memory, without its checks (the
+    caller's storage vouches that the mapping fits its buffer)."""
+    dtype = span.data_handle.buffer.dtype
+    itemsize = dtype.itemsize
+    shape = tuple(span.mapping.extents.shape)
+    strides = tuple(0 if n == 1 and abs(s * itemsize) > _MAX_BYTE_STRIDE else s * itemsize
+                    for n, s in zip(shape, span.mapping.strides, strict=True))
+    ndarray = np.ndarray
+    size = 1
+    row_major = True
+    for n, st in zip(reversed(shape), reversed(strides), strict=True):
+        row_major = row_major and (n == 1 or st == size * itemsize)
+        size *= n
+    if row_major and len(shape) == 1:
+        # The whole of a flat buffer (a fresh 1-D array wrapped): that buffer itself.
+        def view(operand: Operand) -> np.ndarray[Any, Any]:
+            buffer = operand[0]
+            if operand[1] == 0 and buffer.shape[0] == size:
+                return buffer
+            return ndarray(shape, dtype, buffer=buffer, offset=operand[1] * itemsize,
+                           strides=strides)
+    elif row_major:
+        def view(operand: Operand) -> np.ndarray[Any, Any]:
+            buffer = operand[0]
+            if operand[1] == 0 and buffer.shape[0] == size:
+                return buffer.reshape(shape)  # the whole buffer, row-major: cheaper
+            return ndarray(shape, dtype, buffer=buffer, offset=operand[1] * itemsize,
+                           strides=strides)
+    else:
+        def view(operand: Operand) -> np.ndarray[Any, Any]:
+            return ndarray(shape, dtype, buffer=operand[0], offset=operand[1] * itemsize,
+                           strides=strides)
+
+    return view
+
+
+def address_of(span: Any) -> Callable[[Operand], int]:
+    """The address of the first element of an operand laid out as ``span``."""
+    itemsize = span.data_handle.buffer.dtype.itemsize
+
+    def address(operand: Operand) -> int:
+        return int(operand[2] + operand[1] * itemsize)
+
+    return address
+
+
+def views_binder(spans: Sequence[Any], make: Callable[..., Any]) -> Callable[[Sequence[Operand]], Any]:
+    """A binding that makes each operand's view (laid out as ``spans``) and calls
+    ``make(*views)``: for kernels prepared on views."""
+    formers = tuple(view_former(s) for s in spans)
+
+    def bind(operands: Sequence[Operand]) -> Any:
+        return make(*(f(o) for f, o in zip(formers, operands, strict=True)))
+
+    return bind
+
+
+def transform_binder(spans: Sequence[Any], bind: Callable[[Any, list[Any]], Any]
+                     ) -> Callable[[Sequence[Operand]], Any]:
+    """A transform's binding: ``bind(out_view, input_views)`` on the operands' views (the
+    output's span first, then the array inputs'), unrolled for one and two inputs."""
+    formers = tuple(view_former(s) for s in spans)
+    if len(formers) == 2:
+        out, first = formers
+        return lambda operands: bind(out(operands[0]), [first(operands[1])])
+    if len(formers) == 3:
+        out, first, second = formers
+        return lambda operands: bind(out(operands[0]), [first(operands[1]),
+                                                        second(operands[2])])
+    out, inputs = formers[0], formers[1:]
+    return lambda operands: bind(out(operands[0]), [
+        f(o) for f, o in zip(inputs, operands[1:], strict=True)])
+

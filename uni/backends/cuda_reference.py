@@ -10,8 +10,8 @@
 * ``gemm`` and ``gemv``, batched over leading axes, any strides and any dtype mix (a simple
   tiled kernel: the fallback when cuBLAS declines).
 
-Kernels come from ``uni.cuda._launch_plan`` (generated from ``uni.plan``) and the kernel
-cache (``uni.cuda._nvrtc``), and are launched on the stream of the current launch. An input
+Kernels come from ``uni.cuda._jit`` (launch plans generated from ``uni.plan``, and the kernel
+cache), and are launched on the stream of the current launch. An input
 overlapping the output has been staged already (on the device) by the executor.
 
 Declines, with the reason: rank > 8 after coalescing, a Python callable as the transform op
@@ -30,12 +30,18 @@ from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall
 from uni._handle import CUDA
 from uni._mdspec import MdSpan
 from uni._probe import Decline, Declined, Probe
-from uni.cuda import _driver, _nvrtc
-from uni.cuda._codegen import UnsupportedKernel
+from uni.cuda import _driver
 from uni.cuda._handle import CudaHandle
-from uni.cuda._kernels import launch
+from uni.cuda._jit import (
+    Launch,
+    UnsupportedKernel,
+    launch,
+    nvrtc_unavailable_reason,
+    plan_elementwise,
+    plan_gemm,
+    plan_gemv,
+)
 from uni.cuda._launch import current_stream
-from uni.cuda._launch_plan import Launch, plan_elementwise, plan_gemm, plan_gemv
 from uni.cuda._transfer import CopyDeclined, copy_spans, operand
 from uni.ops import is_element_op
 
@@ -47,7 +53,7 @@ def unavailable_reason() -> str | None:
     reason = _driver.unavailable_reason()
     if reason is not None:
         return f"CUDA is not usable here: {reason}"
-    reason = _nvrtc.unavailable_reason()
+    reason = nvrtc_unavailable_reason()
     if reason is not None:
         return f"NVRTC cannot compile kernels here: {reason}"
     return None

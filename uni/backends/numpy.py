@@ -18,14 +18,14 @@ reaches one element twice are declined with the reason, and the walk moves on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from uni import backends as _registry
 from uni._accessor import DefaultAccessor
-from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall
+from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall, plain_scalars
 from uni._errors import DTypeError
 from uni._mdspec import MdSpan, host_view
 from uni._probe import Decline, Declined, Probe
@@ -38,8 +38,15 @@ from uni._promotion import (
     scalar_converter,
     store_cast,
 )
-from uni.backends._common import host_signature, host_spans, unvectorised
-from uni.backends.blas._elementwise import execute, prepare_execute, with_scalars
+from uni.backends._common import (
+    Operand,
+    host_signature,
+    host_spans,
+    transform_binder,
+    unvectorised,
+    views_binder,
+)
+from uni.backends.blas._elementwise import execute, execute_form, with_scalars
 from uni.ops import is_element_op, is_ufunc_op, ufunc_loop
 
 __all__ = ["NumpyBackend", "numpy_backend"]
@@ -170,19 +177,14 @@ def _matmul(x: Array | None, y: Array | None, out: Array, alpha: Any, beta: Any,
         _store(result, out)
 
 
-# Scalars a prepared repeat converts itself; anything else takes the general path, which
-# checks it (and says what is wrong).
-_PLAIN_SCALARS = (bool, int, float)
-
-
 def _prepare_product(first: Any, second: Any, out_span: Any, *, vector: bool
-                     ) -> Callable[[Any, Any], bool] | None:
-    """A repeat of this plain gemm (gemv when ``vector``) on exactly these spans:
-    ``run(alpha, beta) -> bool``.
+                     ) -> Callable[[Sequence[Operand]], Callable[[Any, Any], bool]] | None:
+    """This plain gemm (gemv when ``vector``) made once for any memory laid out as these
+    spans: ``bind(operands)`` makes ``run(alpha, beta) -> bool`` on that memory.
 
-    It keeps the operands' views (``uni._prepared`` drops it with them) and returns False,
-    having touched nothing, for what it does not cover (alpha == 0, scalars other than
-    plain bool, int or float, a scalar that does not fit the compute dtype).
+    The run keeps the operands' views (``uni._operation_plan`` drops it with them) and
+    returns False, having touched nothing, for what it does not cover (alpha == 0, scalars
+    other than plain bool, int or float, a scalar that does not fit the compute dtype).
     """
     spans = (first, second, out_span)
     if not host_spans(*spans) or not all(type(s.accessor) is DefaultAccessor for s in spans):
@@ -190,27 +192,26 @@ def _prepare_product(first: Any, second: Any, out_span: Any, *, vector: bool
     out = _output("y" if vector else "c", out_span)
     if isinstance(out, Declined):
         return None
-    x = host_view(first.data_handle, first.mapping, writeable=False)
-    y = host_view(second.data_handle, second.mapping, writeable=False)
-    if out.size == 0 or x.shape[-1] == 0:
+    if out.size == 0 or first.shape[-1] == 0:
         return None
-    if np.may_share_memory(out, x) or np.may_share_memory(out, y):
-        return None  # the general path stages such an input; a repeat would not
-    dtypes = (x.dtype, y.dtype, out.dtype)
+    dtypes = (first.dtype, second.dtype, out.dtype)
 
-    def run(alpha: Any, beta: Any) -> bool:
-        if type(alpha) not in _PLAIN_SCALARS or type(beta) not in _PLAIN_SCALARS or alpha == 0:
-            return False
-        compute = matmul_dtype(*dtypes, alpha=alpha, beta=beta)
-        try:
-            for value in (alpha, beta):
-                python_scalar_to(value, compute)
-        except DTypeError:
-            return False
-        _matmul(x, y, out, alpha, beta, compute, vector)
-        return True
+    def make(x: Array, y: Array, out: Array) -> Callable[[Any, Any], bool]:
+        def run(alpha: Any, beta: Any) -> bool:
+            if not plain_scalars(alpha, beta) or alpha == 0:
+                return False
+            compute = matmul_dtype(*dtypes, alpha=alpha, beta=beta)
+            try:
+                for value in (alpha, beta):
+                    python_scalar_to(value, compute)
+            except DTypeError:
+                return False
+            _matmul(x, y, out, alpha, beta, compute, vector)
+            return True
 
-    return run
+        return run
+
+    return views_binder(spans, make)
 
 
 # -- copy and transform -----------------------------------------------------------------------
@@ -228,29 +229,29 @@ def _copy(call: CopyCall) -> Declined | None:
     return None
 
 
-def _prepare_copy(call: CopyCall) -> Callable[[], bool] | None:
-    """``_copy`` of these plain spans again (views kept; see ``_prepare_product``)."""
+def _prepare_copy(call: CopyCall) -> Callable[[Sequence[Operand]], Callable[[], bool]] | None:
+    """``_copy`` of plain spans laid out as these (see ``_prepare_product``)."""
     spans = (call.src, call.dst)
     if not host_spans(*spans) or not all(type(s.accessor) is DefaultAccessor for s in spans):
         return None
     out = _output("dst", call.dst)
     if isinstance(out, Declined) or out.size == 0:
         return None
-    src = host_view(call.src.data_handle, call.src.mapping, writeable=False)
-    if np.may_share_memory(src, out):
-        return None
-    plain = _plain_cast(src.dtype, out.dtype)
+    plain = _plain_cast(call.src.dtype, out.dtype)
     store = out.dtype
 
-    @np.errstate(all="ignore")
-    def run() -> bool:
-        if plain:
-            np.copyto(out, src, casting="unsafe")
-        else:
-            store_cast(src, store, out=out)
-        return True
+    def make(src: Array, out: Array) -> Callable[[], bool]:
+        @np.errstate(all="ignore")
+        def run() -> bool:
+            if plain:
+                np.copyto(out, src, casting="unsafe")
+            else:
+                store_cast(src, store, out=out)
+            return True
 
-    return run
+        return run
+
+    return views_binder(spans, make)
 
 
 def _run_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]) -> None:
@@ -265,34 +266,45 @@ def _run_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]) -> None:
         _store(np.asarray(result), out)
 
 
-def _prepare_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]) -> Callable[..., bool]:
-    """``_run_ufunc`` on these arrays again; the non-array inputs are the run's arguments
-    (its loop is fixed: numpy's resolution sees only their types, and those are part of the
-    prepared call's key)."""
+def _prepare_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]
+                   ) -> Callable[[Array, Sequence[Array]], Callable[..., bool]]:
+    """``_run_ufunc`` on arrays laid out as these: ``bind(out, arrays)`` makes the run; the
+    non-array inputs are the run's arguments (its loop is fixed: numpy's resolution sees
+    only their types, and those are part of the plan's key)."""
     loop = ufunc_loop(ufunc, *inputs)
-    template = list(inputs)
+    # The arrays' places are filled per binding: the form keeps no memory of the call.
+    base: list[Any] = [None if isinstance(x, np.ndarray) else x for x in inputs]
+    positions = tuple(i for i, x in enumerate(inputs) if isinstance(x, np.ndarray))
     converters = [(i, scalar_converter(type(x), loop[i]))
                   for i, x in enumerate(inputs) if not isinstance(x, np.ndarray)]
     direct = loop[-1] == out.dtype and _direct(out)
 
-    @np.errstate(all="ignore")  # IEEE results, as uni.ops' own ops give them
-    def kernel(args: list[Any]) -> None:
-        if direct:
-            ufunc(*args, out=out, signature=loop, casting="unsafe")
-        else:
-            _store(np.asarray(ufunc(*args, signature=loop, casting="unsafe")), out)
+    def bind(out: Array, arrays: Sequence[Array]) -> Callable[..., bool]:
+        template = base.copy()
+        for i, x in zip(positions, arrays, strict=True):
+            template[i] = x
 
-    def run(*scalars: Any) -> bool:
-        args = with_scalars(template, converters, scalars)
-        if args is None:
-            return False
-        kernel(args)
-        return True
+        @np.errstate(all="ignore")  # IEEE results, as uni.ops' own ops give them
+        def kernel(args: list[Any]) -> None:
+            if direct:
+                ufunc(*args, out=out, signature=loop, casting="unsafe")
+            else:
+                _store(np.asarray(ufunc(*args, signature=loop, casting="unsafe")), out)
 
-    return run
+        def run(*scalars: Any) -> bool:
+            args = with_scalars(template, converters, scalars)
+            if args is None:
+                return False
+            kernel(args)
+            return True
+
+        return run
+
+    return bind
 
 
-def _prepare_transform(call: TransformCall) -> Callable[..., bool] | None:
+def _prepare_transform(call: TransformCall
+                       ) -> Callable[[Sequence[Operand]], Callable[..., bool]] | None:
     op = call.op
     spans = [call.out, *(x for x in call.inputs if isinstance(x, MdSpan))]
     if not (is_element_op(op) or is_ufunc_op(op)) or not host_spans(*spans):
@@ -304,11 +316,14 @@ def _prepare_transform(call: TransformCall) -> Callable[..., bool] | None:
         return None
     inputs = [host_view(x.data_handle, x.mapping, writeable=False) if isinstance(x, MdSpan)
               else x for x in call.inputs]
-    if any(isinstance(x, np.ndarray) and np.may_share_memory(x, out) for x in inputs):
-        return None
+    bind: Callable[[Array, Sequence[Array]], Callable[..., bool]] | None
     if is_element_op(op):
-        return prepare_execute(op, out, inputs, dtype=call.compute_dtype)
-    return _prepare_ufunc(op, out, inputs) if isinstance(op, np.ufunc) else None
+        bind = execute_form(op, out, inputs, dtype=call.compute_dtype)
+    else:
+        bind = _prepare_ufunc(op, out, inputs) if isinstance(op, np.ufunc) else None
+    if bind is None:
+        return None
+    return transform_binder(spans, bind)
 
 
 def _transform(call: TransformCall) -> Declined | None:
@@ -372,9 +387,10 @@ class NumpyBackend:
         return Declined(Decline.UNSUPPORTED_INSTANCE, f"numpy does not run {op}")
 
     @staticmethod
-    def prepare(op: str, call: Any) -> Callable[..., bool] | None:
-        """A prepared repeat of a plain call this backend ran (see ``uni._prepared`` and
-        ``Blas.prepare``): the same kernel on the same views, or None."""
+    def prepare_form(op: str, call: Any) -> Callable[[Sequence[Operand]], Any] | None:
+        """A plain call this backend ran, made once for any memory laid out as its spans
+        (see ``uni._operation_plan`` and ``Blas.prepare_form``): ``bind(operands)`` makes
+        the same kernel on that memory, or None."""
         if isinstance(call, GemmCall):
             return _prepare_product(call.a, call.b, call.c, vector=False)
         if isinstance(call, GemvCall):

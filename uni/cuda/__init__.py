@@ -20,12 +20,13 @@ import numpy as np
 
 from uni._dlpack import kDLCUDA
 from uni._errors import DomainError, KernelDispatchError
-from uni._executor import register_executor, register_stager
+from uni._executor import register_executor
 from uni._export import register_domain_exporter
 from uni._factories import register_device
 from uni._handle import CUDA
 from uni._import import register_importer
 from uni._mdspec import MdSpan
+from uni._operation_access import register_stager
 from uni.cuda import _driver, _interop, _select
 from uni.cuda._driver import DeviceInfo as DeviceInfo
 from uni.cuda._driver import describe as describe
@@ -106,17 +107,17 @@ def kernel_cache_info() -> list[Any]:
     """The kernels this process compiled (or read from the disk cache), one record each:
     ``op``, ``dtypes``, ``compute``, ``rank``, ``index_width``, ``arch``, ``origin``
     (``"compiled"`` or ``"disk"``), ``seconds``, ``path`` and the kernel ``name``."""
-    from uni.cuda import _nvrtc  # deferred: `import uni` need not load the code generator
+    from uni.cuda import _jit  # deferred: `import uni` need not load the code generator
 
-    return list(_nvrtc.kernel_cache_info())
+    return list(_jit.kernel_cache_info())
 
 
 def kernel_cache_dir() -> pathlib.Path:
     """The directory compiled kernels are cached in (``$UNI_CACHE_DIR/kernels`` when set,
     else ``$XDG_CACHE_HOME/uni/kernels``, by default ``~/.cache/uni/kernels``)."""
-    from uni.cuda import _nvrtc  # deferred: `import uni` need not load the code generator
+    from uni.cuda import _jit  # deferred: `import uni` need not load the code generator
 
-    return _nvrtc.kernel_cache_dir()
+    return _jit.kernel_cache_dir()
 
 
 __all__ = [

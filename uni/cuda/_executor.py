@@ -35,7 +35,9 @@ from typing import Any
 
 from uni._dispatch import walk
 from uni._errors import KernelDispatchError, LeaseReleasedError, WouldBlockError
-from uni._executor import Job, OperationAccess, OpFuture
+from uni._executor import Job
+from uni._future import OpFuture
+from uni._operation_access import OperationAccess
 from uni.cuda._fences import StreamWaiter, order_after_sync, split_fences
 from uni.cuda._launch import check_stream, launching, on_loop_thread, run_blocking, run_soon
 from uni.cuda._stream import default_stream

@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from uni._access import Access, AccessSpec
+from uni._access import Access
 from uni._core import AccessRequest, Fence, countdown, wait_fences_sync
 from uni._core import AllFences as _AllFences
 from uni._mapping import layout_right
+from uni._spec import AccessSpec
 from uni.cuda._poller import thread_poller
 
 

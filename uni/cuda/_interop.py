@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from uni._access import Access, AccessSpec
+from uni._access import Access
 from uni._accessor import ConstAccessor
 from uni._acquire import spec_of
 from uni._dlpack import (
@@ -50,10 +50,11 @@ from uni._handle import CUDA
 from uni._mapping import best_mapping, c_strides, layout_stride
 from uni._mdspec import MdSpan
 from uni._operations import copy as copy_op
+from uni._spec import AccessSpec
 from uni._tensor import Tensor
-from uni.cuda._codegen import UnsupportedKernel, lower_accessor
 from uni.cuda._fences import order_after_sync, record_fence, split_fences
 from uni.cuda._handle import CudaPointerAccessor
+from uni.cuda._jit import UnsupportedKernel, lower_accessor
 from uni.cuda._launch import on_loop_thread
 from uni.cuda._storage import CudaStorage
 from uni.cuda._stream import Stream, default_stream

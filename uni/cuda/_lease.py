@@ -29,17 +29,19 @@ from __future__ import annotations
 
 import warnings
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
-from uni._access import Access, AccessSpec, Mode, StorageView, release_from_finalizer
+from uni._access import Access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._acquire import PendingAcquisition, spec_of
 from uni._core import wait_fences_async
 from uni._dlpack import kDLCUDA
 from uni._errors import DomainError, LeaseError, LeaseReleasedError
 from uni._handle import CUDA
-from uni._lease import ReadMdspanLease, ReadTensorLease, WriteMdspanLease, WriteTensorLease
+from uni._lease import ReadMdspanLease, ReadTensorLease, WriteMdspanLease, WriteTensorLease, _Lease
 from uni._mdspec import MdSpan
+from uni._spec import AccessSpec, Mode, StorageView
+from uni.concepts import MdspecLike, TensorView
 from uni.cuda import _interop
 from uni.cuda._fences import split_fences
 from uni.cuda._launch import check_stream
@@ -145,7 +147,7 @@ class _CudaLease:
         if exc is None and error is not None:
             raise error
 
-    def transfer(self) -> Any:
+    def transfer(self) -> Self:
         access = self._live()
         self._access = None  # type: ignore[misc]  # a slot of each concrete lease class
         moved = self._moved
@@ -297,18 +299,34 @@ def _acquire_sync(x: Any, mode: Mode, fn: str, *, timeout: float | None, overwri
     return _lease(access, mode == "read", is_tensor, None, moved)
 
 
+@overload
+def acquire_cuda_read_access_sync(x: TensorView, *, timeout: float | None = None,
+                                  allow_poisoned: bool = False, move: bool = False
+                                  ) -> CudaReadTensorLease: ...
+@overload
+def acquire_cuda_read_access_sync(x: MdspecLike, *, timeout: float | None = None,
+                                  allow_poisoned: bool = False, move: bool = False
+                                  ) -> CudaReadMdspanLease: ...
 def acquire_cuda_read_access_sync(x: Any, *, timeout: float | None = None,
                                   allow_poisoned: bool = False, move: bool = False) -> Any:
     """Read access to ``x``'s CUDA data; waits on the host for earlier device work.
 
-    Returns a ReadTensorLease (tensor) or ReadMdspanLease (mdspec) whose mdspan has a
-    CudaHandle. DomainError for host data; WouldBlockError inside trio when it would wait;
+    Returns a CudaReadTensorLease (tensor) or CudaReadMdspanLease (mdspec) whose mdspan
+    has a CudaHandle. DomainError for host data; WouldBlockError inside trio when it would wait;
     ``move=True`` takes the tensor's buffer (freed when the lease is released).
     """
     return _acquire_sync(x, "read", "acquire_cuda_read_access_sync", timeout=timeout,
                          overwrite=False, allow_poisoned=allow_poisoned, move=move)
 
 
+@overload
+def acquire_cuda_write_access_sync(x: TensorView, *, timeout: float | None = None,
+                                   overwrite: bool = False, allow_poisoned: bool = False
+                                   ) -> CudaWriteTensorLease: ...
+@overload
+def acquire_cuda_write_access_sync(x: MdspecLike, *, timeout: float | None = None,
+                                   overwrite: bool = False, allow_poisoned: bool = False
+                                   ) -> CudaWriteMdspanLease: ...
 def acquire_cuda_write_access_sync(x: Any, *, timeout: float | None = None,
                                    overwrite: bool = False, allow_poisoned: bool = False) -> Any:
     """Exclusive write access to ``x``'s CUDA data; waits on the host for earlier work."""
@@ -317,7 +335,12 @@ def acquire_cuda_write_access_sync(x: Any, *, timeout: float | None = None,
 
 
 # -- async (stream-ordered) ------------------------------------------------------------------
-class PendingCudaAcquisition(PendingAcquisition[Any]):
+#: The CUDA lease an acquisition gives: a tensor lease for a tensor view, an mdspan lease for
+#: an mdspec (the overloads of the acquire_cuda_* functions say which).
+CL = TypeVar("CL", bound=_Lease)
+
+
+class PendingCudaAcquisition(PendingAcquisition[CL], Generic[CL]):
     """A stream-ordered acquisition: registered at call time; ``await`` it (or ``async
     with`` it) for the lease. Awaiting waits for the grant only: ``stream`` waits for the
     earlier accesses' fences on the device."""
@@ -335,7 +358,7 @@ class PendingCudaAcquisition(PendingAcquisition[Any]):
     def stream(self) -> Any:
         return self._stream
 
-    async def _acquire(self) -> Any:
+    async def _acquire(self) -> CL:
         if self._state != "registered":
             raise RuntimeError("this acquisition was already awaited; call acquire_* again")
         self._state = "awaiting"
@@ -355,7 +378,8 @@ class PendingCudaAcquisition(PendingAcquisition[Any]):
         access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
         await access.open_async()
         self._state = "done"
-        return _lease(access, self._read, self._is_tensor, stream, self._moved)
+        lease: CL = _lease(access, self._read, self._is_tensor, stream, self._moved)
+        return lease
 
     def __del__(self) -> None:
         moved = getattr(self, "_moved", None)
@@ -365,7 +389,7 @@ class PendingCudaAcquisition(PendingAcquisition[Any]):
 
 
 def _acquire_async(x: Any, mode: Mode, stream: Any, fn: str, *, overwrite: bool,
-                   allow_poisoned: bool, move: bool) -> PendingCudaAcquisition:
+                   allow_poisoned: bool, move: bool) -> PendingCudaAcquisition[Any]:
     spec, is_tensor, moved = _spec(x, mode, fn, overwrite=overwrite, move=move)
     on = check_stream(stream, _device_of(spec), fn)
     if moved is not None:
@@ -373,8 +397,17 @@ def _acquire_async(x: Any, mode: Mode, stream: Any, fn: str, *, overwrite: bool,
     return PendingCudaAcquisition(spec, is_tensor, allow_poisoned, on, mode == "read", moved)
 
 
-def acquire_cuda_read_access_async(x: Any, stream: Any = None, *, allow_poisoned: bool = False,
-                                   move: bool = False) -> PendingCudaAcquisition:
+@overload
+def acquire_cuda_read_access_async(x: TensorView, stream: Stream | None = None, *,
+                                   allow_poisoned: bool = False, move: bool = False
+                                   ) -> PendingCudaAcquisition[CudaReadTensorLease]: ...
+@overload
+def acquire_cuda_read_access_async(x: MdspecLike, stream: Stream | None = None, *,
+                                   allow_poisoned: bool = False, move: bool = False
+                                   ) -> PendingCudaAcquisition[CudaReadMdspanLease]: ...
+def acquire_cuda_read_access_async(x: Any, stream: Stream | None = None, *,
+                                   allow_poisoned: bool = False, move: bool = False
+                                   ) -> PendingCudaAcquisition[Any]:
     """Register a stream-ordered read of ``x``'s CUDA data now; ``await`` it for the lease.
 
     ``stream`` (default: uni's stream of the device) waits on the device for earlier
@@ -384,8 +417,17 @@ def acquire_cuda_read_access_async(x: Any, stream: Any = None, *, allow_poisoned
                           overwrite=False, allow_poisoned=allow_poisoned, move=move)
 
 
-def acquire_cuda_write_access_async(x: Any, stream: Any = None, *, overwrite: bool = False,
-                                    allow_poisoned: bool = False) -> PendingCudaAcquisition:
+@overload
+def acquire_cuda_write_access_async(x: TensorView, stream: Stream | None = None, *,
+                                    overwrite: bool = False, allow_poisoned: bool = False
+                                    ) -> PendingCudaAcquisition[CudaWriteTensorLease]: ...
+@overload
+def acquire_cuda_write_access_async(x: MdspecLike, stream: Stream | None = None, *,
+                                    overwrite: bool = False, allow_poisoned: bool = False
+                                    ) -> PendingCudaAcquisition[CudaWriteMdspanLease]: ...
+def acquire_cuda_write_access_async(x: Any, stream: Stream | None = None, *,
+                                    overwrite: bool = False, allow_poisoned: bool = False
+                                    ) -> PendingCudaAcquisition[Any]:
     """Register a stream-ordered write of ``x``'s CUDA data now; ``await`` it for the lease.
 
     ``stream`` waits on the device for every earlier reader and writer.

@@ -17,13 +17,15 @@ import ctypes
 import functools
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uni._errors import CudaError, DomainError
 from uni.cuda import _driver
-from uni.cuda._codegen import KernelSource
 from uni.cuda._driver import check, cuda_call
 from uni.cuda._seam import Copy2D, DeviceFacts
+
+if TYPE_CHECKING:
+    from uni.cuda._jit import KernelSource  # annotations only (TYPE_CHECKING): the JIT is above
 
 
 # -- NVRTC (no driver needed) ------------------------------------------------------------

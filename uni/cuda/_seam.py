@@ -73,16 +73,16 @@ _fill.run_fill: ``driver.cuMemsetD8Async``,                   ``memset_async`` (
 _copy.issue: ``driver.cuMemcpyAsync``                         ``memcpy_async``
 _copy.memcpy2d_params / issue: ``driver.CUDA_MEMCPY2D``,      ``memcpy_2d_async``
 ``CUmemorytype``, ``driver.cuMemcpy2DAsync``                  (:class:`Copy2D`)
-_kernels._kernel: ``ObjectCode.from_cubin(cubin)``,           ``module_load``,
+_jit._kernels._kernel: ``ObjectCode.from_cubin(cubin)``,      ``module_load``,
 ``code.get_kernel(name)`` (cuLibraryLoadData)                 ``module_get_kernel``
-_kernels.launch: ``LaunchConfig(grid=, block=)``,             ``launch``
+_jit._kernels.launch: ``LaunchConfig(grid=, block=)``,        ``launch``
 ``cuda.core.launch(stream, config, kernel, *args)``
 (cuLaunchKernel; _codegen's docstring names it too)
-_nvrtc.option_flags (done: through _real):                    ``nvrtc_flags``
+_jit._nvrtc.option_flags (done: through _real):               ``nvrtc_flags``
 ``ProgramOptions(arch=, std=, fma=)``, ``options.as_bytes``
-_nvrtc.KernelCache._compile (done: through _real):            ``nvrtc_compile`` (real NVRTC
+_jit._nvrtc.KernelCache._compile (done: through _real):       ``nvrtc_compile`` (real NVRTC
 ``Program(source, "c++", options).compile("cubin")``          under the simulator too)
-_nvrtc.unavailable_reason / nvrtc_version (done: _real):      ``nvrtc_version``
+_jit._nvrtc.unavailable_reason / nvrtc_version (done: _real): ``nvrtc_version``
 ``nvrtc.nvrtcVersion``
 backends/cublas.library_reason: ``cuda.pathfinder.            ``blas_unavailable_reason``
 load_nvidia_dynamic_lib("cublas")``, ``import nvmath``
@@ -107,7 +107,7 @@ import attrs
 if TYPE_CHECKING:
     import ctypes
 
-    from uni.cuda._codegen import KernelSource  # annotations only (TYPE_CHECKING)
+    from uni.cuda._jit import KernelSource  # annotations only (TYPE_CHECKING)
 
 #: ``CU_STREAM_LEGACY``: the legacy default (NULL) stream; 0 means it too.
 LEGACY_STREAM = 1

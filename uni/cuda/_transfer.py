@@ -35,13 +35,11 @@ from uni._handle import HostHandle
 from uni._mapping import c_strides, layout_stride
 from uni._mdspec import MdSpan, host_view
 from uni._probe import Decline, Declined
-from uni.cuda._codegen import UnsupportedKernel, lower_accessor
 from uni.cuda._copy import run_plan
 from uni.cuda._copyplan import Memcpy, Memcpy2D, NeedsKernel, NoCopy, Side, Staged, plan_copy
 from uni.cuda._handle import CudaHandle, CudaPointerAccessor
-from uni.cuda._kernels import copy_kernel
+from uni.cuda._jit import Operand, UnsupportedKernel, copy_kernel, lower_accessor
 from uni.cuda._launch import current_launch
-from uni.cuda._launch_plan import Operand
 from uni.cuda._storage import CudaBuffer, PinnedStorage
 
 
@@ -236,7 +234,7 @@ def stage_span(span: MdSpan, stream: Any) -> MdSpan:
     """A device copy of ``span``'s stored elements in a fresh temporary, in the same axis
     order (a column-major view stays column-major), seen through the same accessor.
 
-    The executor's staging for an input that overlaps the output (``uni._executor.stage``):
+    The executor's staging for an input that overlaps the output (``uni._operation_access.stage``):
     the temporary is freed on the launch's stream after the operation, so there must be one.
     """
     launch = current_launch()

@@ -6,7 +6,7 @@ which). So operands with a leading dimension, transposed views and conjugate-tra
 need no temporary copy; the geometry (trans flags, leading dimensions, the row-major swap,
 conjugates folded into the flags) is the shared planner's, ``uni.backends._geometry``. What
 BLAS cannot address is declined with the reason, and the walk moves on. A small gemm it ran
-can be *prepared* for repeats (:meth:`Blas.prepare`).
+can be *prepared* for repeats (:meth:`Blas.prepare_form`).
 
 Mixed dtypes (float32 @ float64, a complex64 output of float64 operands, an int32 operand
 with float ones) run when the product's compute dtype (``uni._promotion.matmul_dtype``) is
@@ -18,7 +18,7 @@ the numpy backend runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,11 +30,20 @@ from uni._calls import CopyCall, GemmCall, GemvCall, Signature, TransformCall, s
 from uni._mdspec import MdSpan, host_view
 from uni._probe import Decline, Declined, Probe
 from uni._strided_copy import _MIN_TILED_BYTES, strided_copy
-from uni.backends._common import host_signature, host_spans, unvectorised
+from uni.backends._common import (
+    Operand,
+    address_of,
+    host_signature,
+    host_spans,
+    transform_binder,
+    unvectorised,
+    view_former,
+    views_binder,
+)
 from uni.backends._geometry import fold_accessors
 from uni.backends.blas import _kernels as kernels
 from uni.backends.blas import _temporaries as temporaries
-from uni.backends.blas._elementwise import execute, prepare_execute
+from uni.backends.blas._elementwise import execute, execute_form
 from uni.ops import is_element_op
 
 __all__ = ["Blas", "blas"]
@@ -140,6 +149,17 @@ class Blas:
     def available(self) -> bool:
         return kernels.available()
 
+    def library(self) -> kernels.Library | None:
+        """The BLAS library this backend calls: numpy's OpenBLAS where numpy ships one, else
+        scipy's (``package``, ``symbols``, ``int_bits``, ``int_max``); None where neither
+        loads. ``uni info`` names it."""
+        return kernels.library()
+
+    def packed_calls(self) -> bool:
+        """Whether prepared repeats call BLAS with their pointers packed once, in C (the
+        optional ``_blascall`` part is built), rather than through ctypes (``uni info``)."""
+        return kernels.call_packed is not None
+
     def probe(self, op: str, signature: Signature) -> Probe:
         if not host_signature(signature):
             return Probe.NO
@@ -236,15 +256,18 @@ class Blas:
         return None
 
     @staticmethod
-    def prepare(op: str, call: Any) -> Callable[..., bool] | None:
-        """A prepared repeat of a call this backend ran, on exactly these spans, or None.
+    def prepare_form(op: str, call: Any) -> Callable[[Sequence[Operand]], Any] | None:
+        """A plain call this backend ran, made once for any memory laid out as its spans.
 
-        Plain operands only (default accessors, host memory, no output shared with an
-        input). ``run`` takes what varies between repeats -- nothing for a copy,
-        ``(alpha, beta)`` for gemm/gemv, a transform's scalar inputs in order -- and returns
-        False, having touched nothing, for what it does not cover (alpha == 0, scalars it
-        cannot express): the caller then takes the general path. It does exactly what
-        ``try_kernel`` would (see ``uni._prepared``), and may keep views of the operands.
+        Returns ``bind(operands)`` (one :data:`~uni.backends._common.Operand` per span of
+        the call, in ``spans_of`` order, in memory the caller knows shares nothing between
+        an output and another operand), which makes ``run``, or None (not covered: take the
+        general path); or None for a call it does not prepare. Plain operands only (default
+        accessors, host memory). ``run`` takes what varies between repeats -- nothing for a
+        copy, ``(alpha, beta)`` for gemm/gemv, a transform's scalar inputs in order -- and
+        returns False, having touched nothing, for what it does not cover (alpha == 0,
+        scalars it cannot express): the caller then takes the general path. It does exactly
+        what ``try_kernel`` would (see ``uni._operation_plan``).
         """
         spans = [s for s in _spans(call) if isinstance(s, MdSpan)]
         if not host_spans(*spans) or not all(type(s.accessor) is DefaultAccessor for s in spans):
@@ -254,23 +277,37 @@ class Blas:
                 return None
             a, b, c = (host_view(s.data_handle, s.mapping, writeable=s is call.c) for s in spans)
             if len({a.dtype, b.dtype, c.dtype}) > 1:
-                return temporaries.prepare(a, b, c, kernels.prepare_gemm)
-            return kernels.prepare_gemm(a, b, c)
+                return views_binder(spans, lambda a, b, c: temporaries.prepare(
+                    a, b, c, kernels.prepare_gemm))
+            gemm = kernels.gemm_form(a, b, c)
+            if gemm is None:
+                return None
+            pa, pb, pc = (address_of(s) for s in spans)
+            return lambda operands: gemm(pa(operands[0]), pb(operands[1]), pc(operands[2]))
         if isinstance(call, GemvCall):
             a, x, y = (host_view(s.data_handle, s.mapping, writeable=s is call.y) for s in spans)
             if len({a.dtype, x.dtype, y.dtype}) > 1:
-                return temporaries.prepare(a, x, y, kernels.prepare_gemv)
-            return kernels.prepare_gemv(a, x, y)
+                return views_binder(spans, lambda a, x, y: temporaries.prepare(
+                    a, x, y, kernels.prepare_gemv))
+            gemv = kernels.gemv_form(a, x, y)
+            if gemv is None:
+                return None
+            pa, px, py = (address_of(s) for s in spans)
+            view_y = view_former(call.y)
+            return lambda operands: gemv(pa(operands[0]), px(operands[1]), py(operands[2]),
+                                         view_y(operands[2]))
         if isinstance(call, CopyCall):
-            return _prepare_copy(host_view(call.src.data_handle, call.src.mapping,
-                                           writeable=False),
-                                 host_view(call.dst.data_handle, call.dst.mapping,
-                                           writeable=True))
+            if call.src.dtype != call.dst.dtype or 0 in call.dst.shape:
+                return None
+            return views_binder(spans, _copy_run)
         if isinstance(call, TransformCall) and is_element_op(call.op):
             out = host_view(call.out.data_handle, call.out.mapping, writeable=True)
             inputs = [host_view(x.data_handle, x.mapping, writeable=False)
                       if isinstance(x, MdSpan) else x for x in call.inputs]
-            return prepare_execute(call.op, out, inputs, dtype=call.compute_dtype)
+            execute = execute_form(call.op, out, inputs, dtype=call.compute_dtype)
+            if execute is None:
+                return None
+            return transform_binder(spans, execute)
         return None
 
 
@@ -280,11 +317,8 @@ def _spans(call: Any) -> list[Any]:
     return spans_of(call) if isinstance(call, (CopyCall, GemmCall, GemvCall)) else []
 
 
-def _prepare_copy(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]
-                  ) -> Callable[[], bool] | None:
+def _copy_run(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) -> Callable[[], bool]:
     """``_copy`` on these views again: ``strided_copy``, or its small-copy answer directly."""
-    if src.dtype != dst.dtype or dst.size == 0 or np.may_share_memory(src, dst):
-        return None
     if dst.nbytes < _MIN_TILED_BYTES:
         # What strided_copy does for a copy this small (checked once here, not per repeat).
         def run() -> bool:

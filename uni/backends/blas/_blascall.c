@@ -6,7 +6,7 @@
  * calls call(address, packed) instead: one unpack, the call, with the GIL released around it
  * exactly as ctypes releases it (independent calls from several threads run concurrently).
  *
- * Optional, like uni._fastlease: without it the prepared runs call through ctypes.
+ * Optional: without it the prepared runs call through ctypes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -220,19 +220,34 @@ def prepare_execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype
     False having touched nothing when a Python int among them does not fit the compute
     dtype (the caller's general path then says so). None when ``execute`` would stage an
     input (one shares memory with ``out``) or ``out`` is empty. ``run`` keeps ``out`` and the
-    array inputs: its owner must drop it when the operands go (``uni._prepared`` does).
+    array inputs: its owner must drop it when the operands go (``uni._operation_plan`` does).
     """
+    bind = execute_form(op, out, inputs, dtype=dtype)
+    # Exactly what execute would stage makes this None; an input laid over ``out`` at its
+    # own layout (``x = x + 1``) runs in place, as execute runs it.
+    if bind is None or any(isinstance(x, np.ndarray) and needs_staging(x, out)
+                           for x in inputs):
+        return None
+    return bind(out, [x for x in inputs if isinstance(x, np.ndarray)])
+
+
+def execute_form(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: Any
+                 ) -> Callable[[Array, Sequence[Array]], Callable[..., bool]] | None:
+    """``prepare_execute`` for any arrays laid out as ``out`` and the array ``inputs``:
+    ``bind(out, arrays)`` makes the run on other arrays of the same dtypes and shapes (the
+    caller knows that none needs staging). Everything but the arrays (the compute dtype,
+    the scalars' conversions, the kernel) is worked out here, once."""
     if not is_element_op(op) or len(inputs) != op.arity:
         return None
     out = _check_out(out)
     _check_inputs(out.shape, inputs)
-    # Exactly what execute would stage makes this None; an input laid over ``out`` at its
-    # own layout (``x = x + 1``) runs in place, as execute runs it.
-    if out.size == 0 or any(isinstance(x, np.ndarray) and needs_staging(x, out)
-                            for x in inputs):
+    if out.size == 0:
         return None
     compute = as_dtype(dtype)
-    template = list(inputs)
+    positions = tuple(i for i, x in enumerate(inputs) if isinstance(x, np.ndarray))
+    # The scalars stand in at their positions; the arrays' places are filled per binding
+    # (the form keeps no memory of the call it was made from).
+    base: list[Any] = [None if isinstance(x, np.ndarray) else x for x in inputs]
     # Each scalar input's conversion, fixed by its type (a repeat's scalars keep theirs).
     converters = [(i, _promotion.scalar_converter(type(x), compute))
                   for i, x in enumerate(inputs) if not isinstance(x, np.ndarray)]
@@ -241,52 +256,63 @@ def prepare_execute(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype
     # As apply_numpy computes: IEEE results are the semantics.
     bare = op.numpy_kernel()
     kernel = quiet(bare)
-    if not converters and plain and _ERRSTATE is not None:
-        # The common repeat: array inputs only, stored as computed. One call, quietly.
-        var, state, arrays = _ERRSTATE, _IGNORE, tuple(template)
+    var, state = _ERRSTATE, _IGNORE
+    arrays_only = not converters and plain and var is not None
+    floats = (plain and var is not None and compute == np.float64
+              and all(type(inputs[i]) is float for i, _ in converters))
+    scalar_positions = tuple(i for i, _ in converters)
 
-        def run_arrays() -> bool:
-            token = var.set(state)
-            try:
-                bare(*arrays, out=out, dtype=compute)
-            finally:
-                var.reset(token)
+    def bind(out: Array, arrays: Sequence[Array]) -> Callable[..., bool]:
+        template = base.copy()
+        for i, x in zip(positions, arrays, strict=True):
+            template[i] = x
+        if arrays_only:
+            # The common repeat: array inputs only, stored as computed. One call, quietly.
+            assert var is not None
+            bound = tuple(template)
+
+            def run_arrays() -> bool:
+                token = var.set(state)
+                try:
+                    bare(*bound, out=out, dtype=compute)
+                finally:
+                    var.reset(token)
+                return True
+
+            return run_arrays
+        if floats:
+            # Python floats computed in float64 need no conversion (the ufunc's dtype= makes
+            # the same float64 of them that python_scalar_to would): ``x + 1.0`` in a loop.
+            assert var is not None
+
+            def run_floats(*scalars: Any) -> bool:
+                args = template.copy()
+                for i, x in zip(scalar_positions, scalars, strict=True):
+                    args[i] = x
+                token = var.set(state)
+                try:
+                    bare(*args, out=out, dtype=compute)
+                finally:
+                    var.reset(token)
+                return True
+
+            return run_floats
+
+        def run(*scalars: Any) -> bool:
+            args = with_scalars(template, converters, scalars)
+            if args is None:
+                return False
+            if plain:
+                kernel(*args, out=out, dtype=compute)
+                return True
+            result = np.empty(out.shape, dtype=compute)
+            kernel(*args, out=result, dtype=compute)
+            _promotion.store_cast(result, store, out=out)
             return True
 
-        return run_arrays
-    if (plain and _ERRSTATE is not None and compute == np.float64
-            and all(type(inputs[i]) is float for i, _ in converters)):
-        # Python floats computed in float64 need no conversion (the ufunc's dtype= makes
-        # the same float64 of them that python_scalar_to would): ``x + 1.0`` in a loop.
-        var, state = _ERRSTATE, _IGNORE
-        positions = tuple(i for i, _ in converters)
+        return run
 
-        def run_floats(*scalars: Any) -> bool:
-            args = template.copy()
-            for i, x in zip(positions, scalars, strict=True):
-                args[i] = x
-            token = var.set(state)
-            try:
-                bare(*args, out=out, dtype=compute)
-            finally:
-                var.reset(token)
-            return True
-
-        return run_floats
-
-    def run(*scalars: Any) -> bool:
-        args = with_scalars(template, converters, scalars)
-        if args is None:
-            return False
-        if plain:
-            kernel(*args, out=out, dtype=compute)
-            return True
-        result = np.empty(out.shape, dtype=compute)
-        kernel(*args, out=result, dtype=compute)
-        _promotion.store_cast(result, store, out=out)
-        return True
-
-    return run
+    return bind
 
 
 # ---------------------------------------------------------------------------------------
@@ -366,4 +392,4 @@ def _checked(fn: Callable[..., Any]) -> Callable[[list[PythonScalar], Any], Pyth
     return apply
 
 
-__all__ = ["execute", "execute_reference", "needs_staging", "prepare_execute"]
+__all__ = ["execute", "execute_form", "execute_reference", "needs_staging", "prepare_execute"]

@@ -63,7 +63,7 @@ from uni._probe import Decline
 from uni.backends._geometry import plan_gemm, plan_gemv
 
 __all__ = ["Library", "available", "gemm", "gemm_batched", "gemv", "gemv_batched", "library",
-           "prepare_gemm", "prepare_gemv"]
+           "gemm_form", "gemv_form", "prepare_gemm", "prepare_gemv"]
 
 Array: TypeAlias = npt.NDArray[Any]
 Scalar: TypeAlias = "int | float | complex | np.number[Any]"
@@ -690,6 +690,19 @@ def prepare_gemm(
     scalars it cannot express): the caller then takes the general path. None when the views
     are not a plain, non-empty, BLAS-addressable product.
     """
+    bind = gemm_form(a, b, c, conj_a=conj_a, conj_b=conj_b)
+    if bind is None or _overlaps(c, a) or _overlaps(c, b):
+        return None
+    return bind(_data(a), _data(b), _data(c))
+
+
+def gemm_form(
+    a: Array, b: Array, c: Array, *, conj_a: bool = False, conj_b: bool = False,
+) -> Callable[[int, int, int], Callable[[Scalar, Scalar], bool] | None] | None:
+    """``prepare_gemm`` for any memory laid out as these views: ``bind(da, db, dc)`` (the
+    addresses of the operands' first elements, which the caller knows not to overlap) makes
+    the run, or None when an address is misaligned. Everything but the addresses (the plan,
+    the packed scalars) is worked out here, once."""
     kinds = _kinds if _kinds is not None else _load()
     if not kinds or not all(isinstance(x, np.ndarray) and x.ndim == 2 for x in (a, b, c)):
         return None
@@ -704,67 +717,78 @@ def prepare_gemm(
                       conj_a, conj_b)
     if isinstance(plan, Decline):
         return None
-    # The plan's ints array owns the memory pm..plc point into: keep it alive in the closure.
+    # The plan's ints array owns the memory pm..plc point into: the closures keep it alive.
     fn, swap, t1, t2, ints, pm, pn, pk, pl1, pl2, plc, _sa, _sb, _sc = plan
-    da, db, dc = _data(a), _data(b), _data(c)
-    if (da | db | dc) & kind.align_mask or _overlaps(c, a) or _overlaps(c, b):
-        return None
-    first, second = (db, da) if swap else (da, db)
     direct_beta0 = _beta_zero_ignores_c(kind)
+    mask = kind.align_mask
+    raw = _raw_gemm(fn)
+    address = _address(fn)
+    # Per (alpha, beta): the scalars' buffer and its two addresses, or None (not covered),
+    # shared by every binding of this form.
+    scalar_cache: dict[object, tuple[ctypes.Array[Any], int, int] | None] = {}
 
     def scalars_for(alpha: Scalar, beta: Scalar) -> tuple[ctypes.Array[Any], int, int] | None:
+        key = (type(alpha), alpha, type(beta), beta)
+        try:
+            return scalar_cache[key]
+        except KeyError:
+            pass
+        except TypeError:
+            return None
+        found: tuple[ctypes.Array[Any], int, int] | None
         entry = _make_scalars(kind, alpha, beta)
         if entry is None or entry[3] == 0:
-            return None  # alpha == 0 never reads a or b: the general path handles it
-        if entry[4] == 0 and direct_beta0:
+            found = None  # alpha == 0 never reads a or b: the general path handles it
+        elif entry[4] == 0 and direct_beta0:
             # This BLAS is known (checked once per dtype) to overwrite c when beta == 0.
             al = entry[3]
             buf = (kind.scalars(al.real, al.imag, 0.0, 0.0) if kind.is_complex
                    else kind.scalars(al.real, 0.0))
-            address = ctypes.addressof(buf)
-            return buf, address, address + ctypes.sizeof(buf) // 2
-        if entry[4] == 0:
+            addr = ctypes.addressof(buf)
+            found = buf, addr, addr + ctypes.sizeof(buf) // 2
+        elif entry[4] == 0:
+            found = None
+        else:
+            found = entry[0], entry[1], entry[2]
+        if len(scalar_cache) > 64:
+            scalar_cache.clear()
+        scalar_cache[key] = found
+        return found
+
+    def bind(da: int, db: int, dc: int) -> Callable[[Scalar, Scalar], bool] | None:
+        if (da | db | dc) & mask:
             return None
-        return entry[0], entry[1], entry[2]
+        first, second = (db, da) if swap else (da, db)
+        # Per scalars buffer (its address), the packed arguments, kept with that buffer: a
+        # buffer the form's cache let go stays alive here, so no address is reused under a
+        # pack.
+        packs: dict[int, tuple[tuple[int, ...], bytes, object]] = {}
 
-    # Every argument but the two scalar addresses is fixed: per (alpha, beta) pair the whole
-    # argument tuple is made once, of c_void_p objects, for the routine's address called
-    # without argtypes (ctypes passes c_void_p objects as they are: no conversion of 13
-    # Python ints per call), with the scalars' buffer kept beside it.
-    raw = _raw_gemm(fn)
-    address = _address(fn)
-    fixed = tuple(_VP(v) for v in (t1, t2, pm, pn, pk))
-    mid = tuple(_VP(v) for v in (first, pl1, second, pl2))
-    tail = (_VP(dc), _VP(plc))
-    calls: dict[object, tuple[tuple[Any, ...], object, bytes] | None] = {}
-
-    # Default argument: the closure owns the plan's ints. It holds no view of the operands:
-    # its caller runs it only on the live storages it was prepared for (their buffers stay
-    # alive with them), so a cache of prepared calls never keeps memory alive by itself.
-    def run(alpha: Scalar, beta: Scalar, _keep: object = ints) -> bool:
-        key = (alpha, beta)
-        try:
-            call = calls[key]
-        except KeyError:
+        # Default argument: the closure owns the plan's ints. It holds no view of the
+        # operands: its caller runs it only on the live storages it was bound to (their
+        # buffers stay alive with them), so a cache of prepared calls never keeps memory
+        # alive by itself.
+        def run(alpha: Scalar, beta: Scalar, _keep: object = ints) -> bool:
             scalars = scalars_for(alpha, beta)
             if scalars is None:
-                call = calls[key] = None
+                return False
+            pack = packs.get(scalars[1])
+            if pack is None:
+                pointers = (t1, t2, pm, pn, pk, scalars[1], first, pl1, second, pl2,
+                            scalars[2], dc, plc)
+                if len(packs) > 64:
+                    packs.clear()
+                pack = packs[scalars[1]] = (pointers, _pack(*pointers), scalars[0])
+            if call_packed is None:
+                # ctypes passes c_void_p objects as they are (no argtypes): no conversion.
+                raw(*(_VP(v) for v in pack[0]))
             else:
-                args = (*fixed, _VP(scalars[1]), *mid, _VP(scalars[2]), *tail)
-                call = calls[key] = (args, scalars[0], _pack(*(a.value for a in args)))
-            if len(calls) > 64:
-                calls.clear()
-        except TypeError:
-            return False
-        if call is None:
-            return False
-        if call_packed is None:
-            raw(*call[0])
-        else:
-            call_packed(address, call[2])
-        return True
+                call_packed(address, pack[1])
+            return True
 
-    return run
+        return run
+
+    return bind
 
 
 _RAW_GEMM: dict[int, Any] = {}
@@ -981,8 +1005,19 @@ def prepare_gemv(a: Array, x: Array, y: Array) -> Callable[[Scalar, Scalar], boo
     touched nothing, for alpha == 0 and scalars BLAS cannot express. It keeps a view of
     ``y`` (beta == 0 zero-fills it first, as the general path does: BLAS builds differ on
     whether a zero beta reads y), so its owner must drop it when the operands go
-    (``uni._prepared`` does).
+    (``uni._operation_plan`` does).
     """
+    bind = gemv_form(a, x, y)
+    if bind is None or _overlaps(y, a) or _overlaps(y, x):
+        return None
+    return bind(_data(a), _data(x), _data(y), y)
+
+
+def gemv_form(a: Array, x: Array, y: Array
+              ) -> Callable[[int, int, int, Array], Callable[[Scalar, Scalar], bool] | None] | None:
+    """``prepare_gemv`` for any memory laid out as these views: ``bind(da, dx, dy, y)``
+    (addresses of the first elements, and the output's view) makes the run, or None when an
+    address is misaligned (see ``gemm_form``)."""
     kinds = _kinds if _kinds is not None else _load()
     if not kinds or not all(isinstance(v, np.ndarray) for v in (a, x, y)):
         return None
@@ -998,37 +1033,42 @@ def prepare_gemv(a: Array, x: Array, y: Array) -> Callable[[Scalar, Scalar], boo
     if isinstance(plan, Decline):
         return None
     fn, trans, ints, pm, pn, plda, pincx, pincy, x_off, y_off, _sa, _sx, _sy = plan
-    da, dx, dy = _data(a), _data(x), _data(y)
-    if (da | dx | dy) & kind.align_mask or _overlaps(y, a) or _overlaps(y, x):
-        return None
-    xp, yp = dx + x_off, dy + y_off
     address = _address(fn)
-    # Packed arguments per scalars buffer (its address), each kept with its buffer: a buffer
-    # the kind's cache let go stays alive here, so no address is ever reused under a pack.
-    packs: dict[int, tuple[bytes, object]] = {}
+    mask = kind.align_mask
 
-    def run(alpha: Scalar, beta: Scalar, _keep: object = ints, y: Array = y) -> bool:
-        scalars = _scalar_entry(kind, alpha, beta)
-        if scalars is None:
-            return False
-        if scalars[3] == 0:
-            return False  # alpha == 0 never reads a or x: the general path handles it
-        if scalars[4] == 0:
-            y.fill(0)
-        if call_packed is None:
-            fn(trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy)
+    def bind(da: int, dx: int, dy: int, y: Array) -> Callable[[Scalar, Scalar], bool] | None:
+        if (da | dx | dy) & mask:
+            return None
+        xp, yp = dx + x_off, dy + y_off
+        # Packed arguments per scalars buffer (its address), each kept with its buffer: a
+        # buffer the kind's cache let go stays alive here, so no address is ever reused
+        # under a pack.
+        packs: dict[int, tuple[bytes, object]] = {}
+
+        def run(alpha: Scalar, beta: Scalar, _keep: object = ints, y: Array = y) -> bool:
+            scalars = _scalar_entry(kind, alpha, beta)
+            if scalars is None:
+                return False
+            if scalars[3] == 0:
+                return False  # alpha == 0 never reads a or x: the general path handles it
+            if scalars[4] == 0:
+                y.fill(0)
+            if call_packed is None:
+                fn(trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy)
+                return True
+            pack = packs.get(scalars[1])
+            if pack is None:
+                if len(packs) > 64:
+                    packs.clear()
+                pack = packs[scalars[1]] = (_pack(
+                    trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy),
+                    scalars[0])
+            call_packed(address, pack[0])
             return True
-        pack = packs.get(scalars[1])
-        if pack is None:
-            if len(packs) > 64:
-                packs.clear()
-            pack = packs[scalars[1]] = (_pack(
-                trans, pm, pn, scalars[1], da, plda, xp, pincx, scalars[2], yp, pincy),
-                scalars[0])
-        call_packed(address, pack[0])
-        return True
 
-    return run
+        return run
+
+    return bind
 
 
 def gemv_batched(

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from uni._errors import CudaError, DomainError
-from uni.cuda import _nvrtc, _real
-from uni.cuda._codegen import KernelSource
+from uni.cuda import _real
+from uni.cuda._jit import KernelSource, cubin_arch
 from uni.cuda._seam import Copy2D, DeviceFacts
 from uni.cuda._sim import _blas, _twin
 from uni.cuda._sim._memory import Allocation, Memory, Region, _invalid
@@ -437,7 +437,7 @@ class Simulator:
     def module_load(self, cubin: bytes, kernels: Sequence[KernelSource]) -> int:
         call = "cuLibraryLoadData"
         device = self._current(call)
-        sm = _nvrtc.cubin_arch(bytes(cubin))
+        sm = cubin_arch(bytes(cubin))
         if sm is None:
             raise CudaError(f"{call}: CUDA_ERROR_INVALID_IMAGE: not a cubin ({len(cubin)} B)",
                             call=call, name="CUDA_ERROR_INVALID_IMAGE", code=200)

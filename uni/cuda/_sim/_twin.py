@@ -1,6 +1,6 @@
 """Kernels on the simulated device: the generated source compiled by the host C++ compiler.
 
-A generated kernel (``uni.cuda._codegen``) compiles unchanged under :data:`HOST_PRELUDE`,
+A generated kernel (``uni.cuda._jit``) compiles unchanged under :data:`HOST_PRELUDE`,
 which emulates the launch grid: ``blockIdx``/``threadIdx``/``blockDim``/``gridDim`` are
 thread-local globals, ``UNI_KERNEL`` is a plain ``extern "C"`` function, ``UNI_SHARED`` is
 ``static`` (one block runs at a time) and ``UNI_SYNC()`` a barrier. Kernels without barriers
@@ -9,7 +9,7 @@ thread per CUDA thread of the block, so a barrier some threads miss hangs, as on
 
 Each kernel gets a launcher ``twin_<name>(void** params, const unsigned* geometry)`` that
 reads its arguments from an array of pointers to their values: ``cuLaunchKernel``'s
-``kernelParams``. This is the approach of the tests' host twins (``tests/cuda_host_twin.py``,
+``kernelParams``. This is the approach of the tests' host twins (``tests/support/cuda_host_twin.py``,
 whose prelude is the same text), packaged for the simulator: one small library per loaded
 module, cached on disk by the hash of its source, compiler and flags.
 """
@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from uni._errors import CudaError
-from uni.cuda._codegen import KernelSource, translation_unit
-from uni.cuda._nvrtc import kernel_cache_dir
+from uni.cuda._jit import KernelSource, kernel_cache_dir, translation_unit
 
 CXX_ENV = "CXX"
 FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-ffp-contract=off",

@@ -10,15 +10,17 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy
 import scipy.linalg.blas  # loads scipy's BLAS (the blas backend's fallback) so threadpoolctl lists it
 import threadpoolctl
 
-from uni import cuda
-from uni.backends.blas import _kernels
+from uni import KernelDispatchError, backends, cuda
+
+if TYPE_CHECKING:
+    from uni.backends.blas import Blas  # annotations only: the backend loads by name, on first use
 
 
 def cpu_model() -> str:
@@ -49,15 +51,30 @@ def _loaded_by(filepath: str) -> str:
     return "system"
 
 
+def blas_backend() -> Blas | None:
+    """The ``blas`` backend (by name, as the walk finds it), or None where it cannot load."""
+    try:
+        backend: Blas = backends.get("blas")
+    except KernelDispatchError:
+        return None
+    return backend
+
+
+def blas_library() -> Any:
+    """The BLAS library the ``blas`` backend calls (its ``package``, ...), or None."""
+    backend = blas_backend()
+    return None if backend is None else backend.library()
+
+
 def blas() -> list[dict[str, Any]]:
     """Every BLAS library loaded in this process: name, version, threads, the package that
     shipped it (``used_by``: "numpy", "scipy" or "system") and whether it is the one uni's
     ``blas`` backend calls (``blas_backend``).
 
     That is numpy's own OpenBLAS where numpy ships one (the library ``numpy.matmul`` calls),
-    else scipy's; ``uni.backends.blas._kernels.library()`` says which.
+    else scipy's; the backend's ``library()`` says which.
     """
-    used = _kernels.library()
+    used = blas_library()
     out = []
     for info in threadpoolctl.threadpool_info():
         if info.get("user_api") != "blas":

@@ -18,7 +18,7 @@ accessor and ``scale`` factors, alpha and beta.
 
 How arguments travel (CUDA.md §9): every layout number is a separate ``i64`` kernel
 parameter (extents, then strides operand by operand; output first), never a struct, so a
-launch (``uni.cuda._launch_plan`` builds them) is ``cuda.core.launch(stream,
+launch (``uni.cuda._jit._launch_plan`` builds them) is ``cuda.core.launch(stream,
 LaunchConfig(grid, block), kernel, *launch.args)``:
 pointers are Python ints (cuda.core passes an int as a pointer), everything else a numpy
 scalar of the parameter's exact type (``np.int64`` for layout numbers; factors and scalars
@@ -63,7 +63,7 @@ from uni._dtypes import as_dtype
 from uni._errors import DTypeError
 from uni._probe import Decline
 from uni._promotion import Category, DType
-from uni.cuda._cxx import (
+from uni.cuda._jit._cxx import (
     CUDA_TYPES,
     PRELUDE,
     check_op_dtype,
@@ -71,8 +71,8 @@ from uni.cuda._cxx import (
     cuda_literal,
     parameter_count,
 )
-from uni.cuda._cxx import arity as op_arity
-from uni.cuda._cxx import op_name as _op_name
+from uni.cuda._jit._cxx import arity as op_arity
+from uni.cuda._jit._cxx import op_name as _op_name
 from uni.ops import is_element_op
 
 MAX_RANK = 8

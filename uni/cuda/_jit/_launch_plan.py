@@ -3,12 +3,12 @@
 ``plan_elementwise``, ``plan_gemm`` and ``plan_gemv`` take :class:`Operand` values (a pointer
 to element 0 of a buffer, an accessor, a strided layout), build the iteration plan (batch
 axes for gemm/gemv), choose the index width, lower the accessors, and return a
-:class:`Launch`: the generated kernel (``uni.cuda._codegen``), its arguments in parameter
+:class:`Launch`: the generated kernel (``uni.cuda._jit._codegen``), its arguments in parameter
 order and a grid and block. The CUDA backend launches it with
 ``cuda.core.launch(stream, LaunchConfig(grid=launch.grid, block=launch.block), kernel,
 *launch.args)``; the tests' host twin runs the same launch on host memory.
 
-Arguments (see ``uni.cuda._codegen``): pointers are Python ints, every other value a numpy
+Arguments (see ``uni.cuda._jit._codegen``): pointers are Python ints, every other value a numpy
 scalar of its parameter's exact type. Operands must not overlap the output except an input
 read at exactly the output's layout (elementwise, in place): the backend stages any other
 overlap first.
@@ -27,7 +27,7 @@ from uni._dtypes import as_dtype
 from uni._errors import LayoutError
 from uni._probe import Decline
 from uni._promotion import DType
-from uni.cuda._codegen import (
+from uni.cuda._jit._codegen import (
     MAX_RANK,
     ElementwiseSpec,
     GemmSpec,
@@ -42,8 +42,8 @@ from uni.cuda._codegen import (
     lower_output,
     width_of,
 )
-from uni.cuda._cxx import ALIGNMENT
-from uni.cuda._cxx import op_name as _op_name
+from uni.cuda._jit._cxx import ALIGNMENT
+from uni.cuda._jit._cxx import op_name as _op_name
 from uni.ops import ElementOp
 from uni.plan import IterationPlan, iteration_plan
 from uni.specialize import index_width as _index_width

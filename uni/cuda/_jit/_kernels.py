@@ -1,6 +1,6 @@
 """Launching uni's generated kernels on a stream: compile (cached), load, launch.
 
-``launch(stream, launch)`` takes a :class:`uni.cuda._launch_plan.Launch` (the kernel's spec,
+``launch(stream, launch)`` takes a :class:`uni.cuda._jit._launch_plan.Launch` (the kernel's spec,
 its arguments in parameter order and the geometry), gets the cubin for the device's arch
 from the kernel cache (compiling it on first use: this blocks the calling thread, which is
 therefore never an event loop's), loads it once per device and launches it with
@@ -18,8 +18,8 @@ import threading
 from typing import Any
 
 from uni.cuda._driver import seam, use_device
-from uni.cuda._launch_plan import Launch, Operand, plan_elementwise
-from uni.cuda._nvrtc import cache_for
+from uni.cuda._jit._launch_plan import Launch, Operand, plan_elementwise
+from uni.cuda._jit._nvrtc import cache_for
 
 _archs: dict[int, str] = {}
 _loaded: dict[tuple[int, str], int] = {}

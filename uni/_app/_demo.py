@@ -4,11 +4,11 @@ A matrix of a few hundred MiB is written to a file in a temporary directory, the
 through ``MappedFileStorage`` in row blocks: read a block into host staging, multiply it by a
 weight matrix (``uni.gemm_async``), add a bias and apply an activation-like op
 (``uni.transform_async``), write the result to a second mapped file. Leases do all the
-ordering (``uni._pipeline`` explains how). The pipeline runs twice, serially (every operation
+ordering (``uni._app._pipeline`` explains how). The pipeline runs twice, serially (every operation
 awaited before the next is issued) and overlapped (everything issued at once), each into a
 fresh output file; both outputs are checked against numpy on a sample of blocks, read back
 from disk. With CUDA (``--device cuda``, and ``auto`` where CUDA and NVRTC are usable) the
-same pipeline runs on two CUDA streams with pinned staging (``uni._cuda_pipeline``). Exit
+same pipeline runs on two CUDA streams with pinned staging (``uni._app._cuda_pipeline``). Exit
 status: 0 when every check passed, 1 when a result was wrong or an operation failed, 2 when
 the options cannot run here.
 """
@@ -33,10 +33,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from uni import _cuda_pipeline, _machine, _timeline, cuda
-from uni._cuda_pipeline import CudaStages
-from uni._errors import ShapeError
-from uni._pipeline import (
+from uni import ShapeError, cuda
+from uni._app import _cuda_pipeline, _machine, _timeline
+from uni._app._cuda_pipeline import CudaStages
+from uni._app._pipeline import (
     CORRUPT_ENV,
     HOST_OPERATIONS,
     SLOTS,
@@ -362,7 +362,7 @@ def measurement_json(m: Measurement, requested: str | None = None) -> dict[str, 
     ``wall_s``, ``throughput_mib_s``, ``stage_s`` and ``step_s``, seconds summed over
     blocks), ``steps`` (the step names, in order, with their stage), ``backends`` (per
     step, from the overlapped run), ``checks`` (per run: block, error, tolerance, ok),
-    ``load_average``, ``cores``, and ``cuda_plan`` (``uni._cuda_pipeline.plan_json``: each
+    ``load_average``, ``cores``, and ``cuda_plan`` (``uni._app._cuda_pipeline.plan_json``: each
     step's stream, each buffer's memory and bytes; None in host mode).
     """
     shape = m.shape

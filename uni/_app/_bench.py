@@ -41,7 +41,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from uni import __version__, _machine
+from uni import __version__
+from uni._app import _machine
 
 SCHEMA = "uni-bench"
 SCHEMA_VERSION = 1
@@ -96,7 +97,7 @@ def extra_for(import_name: str | None) -> str | None:
 
 def find_suite(explicit: str | None) -> Path:
     """The benchmarks directory (see the module docstring for the order of the search)."""
-    package_root = Path(__file__).resolve().parent.parent
+    package_root = Path(__file__).resolve().parents[2]  # uni/_app/_bench.py: the checkout
     candidates = [Path(explicit)] if explicit else [Path.cwd() / "benchmarks",
                                                     package_root / "benchmarks"]
     for candidate in candidates:

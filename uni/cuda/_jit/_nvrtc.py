@@ -1,12 +1,12 @@
 """NVRTC compilation of generated kernels to cubin, cached in memory and on disk.
 
-One compile per specialization: the key is a spec from ``uni.cuda._codegen`` (op, operand
+One compile per specialization: the key is a spec from ``uni.cuda._jit._codegen`` (op, operand
 dtypes, computing dtype, accessor chain, rank, index width), built once per process through
 a :class:`uni.specialize.Specializer` and kept on disk across processes.
 
 The runtime calls, from a worker thread (the one that launches)::
 
-    compiled = uni.cuda._nvrtc.kernel_for(launch.kernel.spec)     # -> CompiledKernel
+    compiled = uni.cuda._jit._nvrtc.kernel_for(launch.kernel.spec)  # -> CompiledKernel
 
 or from trio, ``await kernel_for_async(spec)``, which compiles in a worker thread
 (``trio.to_thread``) so the loop never blocks on NVRTC. ``kernel_for`` on the trio thread
@@ -44,7 +44,7 @@ import trio
 
 from uni._errors import CudaError
 from uni.cuda import _real
-from uni.cuda._codegen import Spec, generate
+from uni.cuda._jit._codegen import Spec, generate
 from uni.specialize import Specializer
 
 #: The arch kernels compile for when none is given: the H200 (compute capability 9.0).

@@ -1,6 +1,6 @@
 """The CUDA stages of ``uni demo``: the streaming pipeline on two CUDA streams, pinned staging.
 
-The same job as the host stages (``uni._pipeline``): ``y = square(x @ w + bias)``, streamed
+The same job as the host stages (``uni._app._pipeline``): ``y = square(x @ w + bias)``, streamed
 from one mapped file to another in row blocks, double-buffered (block ``i`` uses slot
 ``i % SLOTS``). On a GPU each block takes seven steps, one uni operation each (``PLAN``)::
 
@@ -79,14 +79,21 @@ import attrs
 import numpy as np
 import trio
 
-from uni import ops
-from uni._dispatch import DispatchRecord, dispatch_diagnostics
-from uni._errors import ShapeError
-from uni._executor import OpFuture
-from uni._factories import from_numpy
-from uni._mapping import layout_right
-from uni._operations import copy, copy_async, gemm_async, transform_async
-from uni._pipeline import (
+from uni import (
+    DispatchRecord,
+    OpFuture,
+    ShapeError,
+    Tensor,
+    copy,
+    copy_async,
+    dispatch_diagnostics,
+    from_numpy,
+    gemm_async,
+    layout_right,
+    ops,
+    transform_async,
+)
+from uni._app._pipeline import (
     SLOTS,
     Problem,
     Span,
@@ -96,8 +103,7 @@ from uni._pipeline import (
     WriteHook,
     WriteHooked,
 )
-from uni._tensor import Tensor
-from uni.backends import cuda_reference as _cuda_reference
+from uni.backends import cuda_reference
 from uni.cuda import CudaStorage, PinnedStorage, Stream
 
 #: Where a step runs.
@@ -116,7 +122,7 @@ def unavailable_reason() -> str | None:
     """Why the CUDA stages cannot run here (None when they can): CUDA itself, or NVRTC,
     which compiles the bias and activation kernels (cuBLAS is optional: without it the gemm
     runs on uni's own kernel, and the table says so)."""
-    return _cuda_reference.unavailable_reason()
+    return cuda_reference.unavailable_reason()
 
 
 # -- the plan: a value ------------------------------------------------------------------
@@ -483,7 +489,7 @@ class CudaPlacement:
 
 # -- the stages ----------------------------------------------------------------------------
 class CudaStages:
-    """``PLAN`` on two CUDA streams: a ``uni._pipeline.Stages`` for ``uni demo --device cuda``."""
+    """``PLAN`` on two CUDA streams: a ``uni._app._pipeline.Stages`` for ``uni demo --device cuda``."""
 
     device = "cuda"
     plan = PLAN

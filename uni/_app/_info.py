@@ -9,12 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from uni import __version__, _machine, backends, cuda
-from uni._dtypes import SUPPORTED_DTYPES
-from uni._errors import KernelDispatchError
-from uni._lease import FASTLEASE
-from uni._tensor import FASTVIEW
-from uni.backends.blas import _kernels as blas_kernels
+from uni import SUPPORTED_DTYPES, KernelDispatchError, __version__, backends, cuda, implementations
+from uni._app import _machine
 from uni.storage import HostStorage, MappedFileStorage
 
 
@@ -88,8 +84,9 @@ def run() -> int:
                  for b in walk]
         print(f"  {name:<22} {' -> '.join(marks)}")
     libraries = _machine.blas()
-    print(f"leases:   uncontended host leases in {FASTLEASE}")
-    print(f"views:    vector slices (t[i:j]) in {FASTVIEW}")
+    running = implementations()
+    print(f"leases:   uncontended host leases in {running['leases']}")
+    print(f"views:    vector slices (t[i:j]) in {running['views']}")
     print("blas:")
     if not libraries:
         print("  (no BLAS library found loaded by threadpoolctl)")
@@ -99,8 +96,9 @@ def run() -> int:
               + (", called by the blas backend" if lib["blas_backend"] else ""))
     gpu = _machine.gpu()
     cores = _machine.cores()
-    if blas_kernels.available():
-        packed = "packed, in C" if blas_kernels.call_packed is not None else (
+    blas = _machine.blas_backend()
+    if blas is not None and blas.available():
+        packed = "packed, in C" if blas.packed_calls() else (
             "through ctypes (uni.backends.blas._blascall is not built)")
         print(f"  the blas backend's prepared repeats call it {packed}")
     print(f"cpu:      {_machine.cpu_model()}, {cores['usable']} of {cores['logical']} cores usable")

@@ -17,7 +17,7 @@ at once: the read of block i+1 (staging slot 1) does not conflict with the gemm 
 reading slot 0. The serial run makes the very same calls, awaiting each before the next.
 
 Where the stages run is a ``Stages`` object. ``HostStages`` keeps the buffers in host memory
-and runs on uni's worker threads. ``uni._cuda_pipeline.CudaStages`` is the CUDA mode: pinned
+and runs on uni's worker threads. ``uni._app._cuda_pipeline.CudaStages`` is the CUDA mode: pinned
 staging for the file side, device buffers for the inputs, accumulators and weights, the
 host<->device copies on one stream and the compute on another. Each ``Stages`` names its
 steps and the stage each belongs to (``step_stages``), so a mode may split a stage into
@@ -42,17 +42,20 @@ import attrs
 import numpy as np
 import trio
 
-from uni import ops
-from uni._dispatch import DispatchRecord, dispatch_diagnostics
-from uni._errors import ShapeError
-from uni._executor import OpFuture
-from uni._factories import from_numpy
-from uni._mapping import layout_right
-from uni._operations import copy_async, gemm_async, transform_async
-from uni._tensor import Tensor
-from uni.storage._protocol import Region
-from uni.storage.host import HostStorage
-from uni.storage.mapped import MappedFileStorage
+from uni import (
+    DispatchRecord,
+    OpFuture,
+    ShapeError,
+    Tensor,
+    copy_async,
+    dispatch_diagnostics,
+    from_numpy,
+    gemm_async,
+    layout_right,
+    ops,
+    transform_async,
+)
+from uni.storage import HostStorage, MappedFileStorage, Region
 
 #: Environment variable naming one block whose result the pipeline deliberately gets wrong
 #: (for the test that proves ``uni demo`` notices a wrong answer).

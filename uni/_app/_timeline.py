@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 
-from uni._pipeline import STAGES, RunResult
+from uni._app._pipeline import STAGES, RunResult
 
 COLOURS = {"read": "#4c72b0", "compute": "#dd8452", "write": "#55a868"}
 

@@ -1,0 +1,164 @@
+"""What an async operation hands back: :class:`OpFuture` over an executor's completion.
+
+A :class:`Completion` is what an executor gives back for a dispatched job; :class:`OpFuture`
+wraps it for users (``await`` in trio or asyncio, ``.result()`` in a thread).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from uni._core import running_library, unsupported_loop, wait_callback_async
+from uni._errors import LeaseConflictError, LeaseTimeoutError
+
+if TYPE_CHECKING:
+    from uni._executor import Job  # annotations only: the executor imports this module
+
+__all__ = ["Completion", "Finished", "OpFuture", "done_future", "failed_future"]
+
+
+class Completion(Protocol):
+    """What an executor hands back for a dispatched job."""
+
+    def done(self) -> bool: ...
+
+    def result(self, timeout: float | None = None) -> Any: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+
+class OpFuture:
+    """A dispatched async operation: ``await`` it (in a trio or an asyncio task), or
+    ``.result()`` in a thread.
+
+    ``done()`` says whether it has finished (successfully or not) without waiting.
+    Awaiting returns what ``result()`` returns (the name of the backend that ran it) and
+    re-raises its error; the completion wakes the task from the worker that finished the
+    operation, with no thread per wait. Cancelling the task that awaits stops the waiting,
+    not the operation: it is already ordered, and its outputs stay ordered after it.
+    Awaited outside trio and asyncio, it raises EventLoopError (the work goes on).
+    """
+
+    __slots__ = ("_completion", "_job", "_what", "op")
+
+    def __init__(self, op: str, completion: Completion, what: str = "", job: Job | None = None
+                 ) -> None:
+        self.op = op
+        self._completion = completion
+        self._what = what  # the operation in words; built from the job only when needed
+        self._job = job
+
+    @property
+    def _described(self) -> str:
+        if not self._what:
+            self._what = self._job.describe() if self._job is not None else self.op
+        return self._what
+
+    def done(self) -> bool:
+        """True once the operation has finished, successfully or not."""
+        return self._completion.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Block this thread until the operation finished; re-raise its error.
+
+        Raises LeaseTimeoutError (a TimeoutError naming the operation, the lease it waits
+        for and who holds the data) when ``timeout`` seconds pass while it waits for a lease,
+        TimeoutError when it is running still, and LeaseConflictError when the operation
+        waits for a lease this very thread holds (it could never finish while this thread
+        waits for it).
+        """
+        job = self._job
+        if job is not None and not self._completion.done():
+            blocker = job.access.owned_blocker()
+            if blocker is not None:
+                raise LeaseConflictError(
+                    f"uni.{self.op}_async ({self._described}) can never finish while this thread "
+                    f"waits for it: it waits for {blocker.holder}, which this thread holds; "
+                    "release that first")
+        try:
+            return self._completion.result(timeout)
+        except concurrent.futures.TimeoutError:
+            pass
+        waiting = None if job is None else next(
+            (a for a in job.access._accesses() if not a.request.granted
+             and not a.request.released), None)
+        if waiting is None:
+            raise TimeoutError(
+                f"uni.{self.op}_async did not finish within {timeout} s: {self._described} is still "
+                "waiting for its leases or running") from None
+        raise LeaseTimeoutError(
+            f"uni.{self.op}_async did not finish within {timeout} s: {self._described} is still "
+            f"waiting for its leases: its {waiting.spec} waits for what is "
+            f"{waiting.queue.waits_for(waiting.request)}") from None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        completion = self._completion
+        if type(completion) is Finished:
+            # Run here already (a prepared repeat, a small inline job): no coroutine of our
+            # own in between, only trio's checkpoint (one on every await, as trio's rule is).
+            library = running_library()
+            if library == "trio":
+                yield from trio.lowlevel.checkpoint().__await__()
+            elif library is None:
+                raise unsupported_loop(f"uni.{self.op}_async(...)")
+            return completion.result()
+        return (yield from _await_completion(completion, self.op).__await__())
+
+    def __repr__(self) -> str:
+        state = "done" if self._completion.done() else "running"
+        return f"<uni.OpFuture {self.op} {state}>"
+
+
+async def _await_completion(completion: Completion, op: str) -> Any:
+    library = running_library()
+    if library is None:
+        raise unsupported_loop(f"uni.{op}_async(...)")
+    if completion.done():
+        if library == "trio":
+            await trio.lowlevel.checkpoint()
+        # Note: under asyncio a finished operation is returned without yielding, as awaiting
+        # a finished asyncio future does; trio's rule is a checkpoint on every await.
+        return completion.result()
+
+    def arm(wake: Callable[[], None]) -> None:
+        completion.add_done_callback(lambda _: wake())
+
+    await wait_callback_async(arm, completion.done, library=library)
+    return completion.result()
+
+
+class Finished:
+    """The completion of an operation that is over already (nothing to do, or run in the
+    calling thread): ``result()`` returns or raises at once."""
+
+    __slots__ = ("_error", "_value")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value = value
+        self._error = error
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        fn(self)
+
+
+def done_future(op: str, result: Any = None) -> OpFuture:
+    """An OpFuture that has already succeeded (nothing to do, or run here already):
+    ``result`` is what it returns (the name of the backend that ran it, if one did)."""
+    return OpFuture(op, Finished(result))
+
+
+def failed_future(op: str, error: BaseException) -> OpFuture:
+    """An OpFuture that has already failed with ``error`` (its outputs are poisoned)."""
+    return OpFuture(op, Finished(None, error))

@@ -1,0 +1,122 @@
+"""The uncontended host lease: what every lease of one mode on a tensor view works out once.
+
+A :class:`LeasePlan` is kept on a tensor view by its first lease of each mode: the checked
+spec and, on plain host memory, the uncontended lease in one step (``open_lease``: granted at
+once through the queue's one grant, ``AccessQueue.try_grant``, or not at all, so anything in
+the way -- a conflict, a fence, poison, a retired queue -- takes the general path,
+``Access(spec)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from uni._access import _OPEN, Access, _Opened
+from uni._core import (
+    CURRENT_THREAD,
+    AccessQueue,
+    Mode,
+)
+from uni._handle import HOST
+from uni._spec import AccessSpec, queue_range
+from uni.storage.host import HostStorage
+
+__all__ = ["LeasePlan", "open_lease", "plain_storage"]
+
+
+_plain_types: dict[type, bool] = {}
+_HOOK_NAMES: Final = frozenset(
+    {"acquire_read", "acquire_write", "handle", "release_read", "release_write"})
+
+
+def plain_storage(storage: Any) -> bool:
+    """Plain host memory: its acquire hooks return ``handle(region.offset)`` and its release
+    hooks do nothing, as :class:`~uni.storage.HostStorage`'s own do (a subclass that overrides
+    any of them, or an instance that does, is not plain)."""
+    cls = type(storage)
+    known = _plain_types.get(cls)
+    if known is None:
+        known = _plain_types[cls] = bool(
+            getattr(cls, "immediate", False) and getattr(cls, "release_is_noop", False)
+            and issubclass(cls, HostStorage)
+            and cls.acquire_read is _PLAIN_HOOKS[0] and cls.acquire_write is _PLAIN_HOOKS[1]
+            and cls.handle is _PLAIN_HOOKS[2])
+    # An instance that patched a hook is not plain (isdisjoint: no set built per call).
+    return known and storage.domain is HOST and vars(storage).keys().isdisjoint(_HOOK_NAMES)
+
+
+#: HostStorage's hooks as defined (a class-level patch of HostStorage makes nothing plain).
+_PLAIN_HOOKS: Final = (HostStorage.acquire_read, HostStorage.acquire_write, HostStorage.handle)
+
+
+class LeasePlan:
+    """What every lease of one mode on one tensor view works out once, kept on the view.
+
+    ``spec`` is the view's checked :class:`AccessSpec` (domain, accessor, writability: a view
+    and its storage never change, so neither do the answers). On plain host memory
+    (:func:`plain_storage`, a non-empty view, no overwrite promise) :func:`open_lease` also
+    makes the uncontended lease itself: a request granted at once, with the calling thread
+    as its owner, and the storage's handle, which its acquire hook would have returned.
+    ``lease`` is the lease type to wrap the access in (the layer above chooses it).
+    """
+
+    __slots__ = ("handle", "lease", "mode", "spec", "where", "write")
+
+    def __init__(self, spec: AccessSpec, lease: Any) -> None:
+        self.spec = spec
+        self.mode: Mode = spec.mode
+        self.write = spec.mode == "write"
+        self.lease = lease
+        storage = spec.storage
+        plain = spec.lo <= spec.hi and not spec.overwrite and plain_storage(storage)
+        self.handle: Any = storage.handle(spec.offset) if plain else None
+        # (queue, lo, hi): the range in the queue it was last worked out for, in one
+        # tuple so that a thread never sees one queue's range with another queue.
+        self.where: tuple[AccessQueue, int, int] | None = None
+
+    def where_for(self, queue: AccessQueue) -> tuple[AccessQueue, int, int]:
+        """``(queue, lo, hi)``: the view's range in ``queue``'s units, worked out and kept."""
+        spec = self.spec
+        where = self.where = (queue, *queue_range(spec.storage, spec.lo, spec.hi, queue))
+        return where
+
+
+_new = object.__new__
+
+
+def open_lease(plan: LeasePlan) -> Any:
+    """The uncontended lease: a ``plan.lease`` over an opened :class:`Access`, if one can be had
+    at once with nothing to check; else None, with nothing registered (the caller takes the
+    general path, which waits, or raises, as it must).
+
+    Exactly what ``Access(spec)``, ``check_poison`` and ``open`` do when the request is
+    granted at once: nothing conflicting is queued before it, no fence and no poison
+    anywhere in the queue, the queue not retired (``AccessQueue.try_grant``, the queue's one
+    grant, decides that under the queue's lock), and the storage's hook would return its
+    handle.
+    """
+    handle = plan.handle
+    if handle is None:
+        return None
+    spec = plan.spec
+    queue: AccessQueue = spec.storage.access_queue  # the queue first, then the offset
+    where = plan.where
+    if where is None or where[0] is not queue:
+        where = plan.where_for(queue)
+    access: Access = _Opened()
+    if queue.try_grant(plan.mode, plan.write, where[1], where[2], spec, CURRENT_THREAD,
+                       access) is None:
+        return None
+    # Access.__init__'s state for an opened access, without its registration loop.
+    access.spec = spec
+    access.poison_range = None
+    access.written = spec
+    access.handle = handle
+    access._state = _OPEN
+    access._primary_done = False
+    access.unclaimed = False
+    access._lock = None
+    access.error = None
+    lease = _new(plan.lease)  # _Lease.__init__, inline
+    lease._access = access
+    return lease
