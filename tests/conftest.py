@@ -1,7 +1,9 @@
 """Shared pytest setup: hypothesis profiles (shared strategies live in tests/support/strategies.py) and
 the ``cuda`` marker's skip where no CUDA device is usable."""
 
+import gc
 import os
+import sys
 
 import pytest
 from hypothesis import settings
@@ -16,6 +18,27 @@ settings.register_profile("ci", deadline=None, derandomize=True, database=None)
 # CI (CI=true) gets the reproducible profile: a red run must mean a real, repeatable failure.
 _default = "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "uni"
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default))
+
+
+#: How many modules were loaded when the collector last stopped looking at what was alive.
+_modules_at_freeze = 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """After a large import (torch, distributed, matplotlib: each loads hundreds of modules and
+    some 100,000 objects), what is alive moves out of the collector's sight.
+
+    The lease, export and import tests call ``gc.collect()`` to run finalizers on cue; over
+    torch's heap one full collection took 0.5 s, so those tests spent more than three minutes
+    of the suite's ten in the collector. This runs before a test's fixtures, once the previous
+    test's teardown has collected: objects a test makes are collected as before; only the
+    imported modules and what the earlier tests kept alive are never scanned again."""
+    global _modules_at_freeze
+    if len(sys.modules) - _modules_at_freeze > 100:
+        gc.collect()
+        gc.freeze()
+        _modules_at_freeze = len(sys.modules)
 
 
 def pytest_collection_modifyitems(config: object, items: list[pytest.Item]) -> None:

@@ -1025,14 +1025,25 @@ def test_wait_sync_bounds_the_grant_and_the_fences_by_one_timeout() -> None:
     q = AccessQueue("q")
     w = q.register("write", 0, 9, holder="writer", owner_thread=None)
     r = q.register("read", 0, 9, holder="reader")
-    fence = HostFence("writer's work")
+    asked: list[float | None] = []
+
+    class Recording(HostFence):  # a test double: says how long the fence was waited for
+        def wait(self, timeout: float | None = None) -> bool:
+            asked.append(timeout)
+            return super().wait(timeout)
+
+    fence = Recording("writer's work")
     timer = threading.Timer(0.4, lambda: q.release(w, fence))  # grant at 0.4 s, work runs on
+    started = time.monotonic()
     timer.start()
-    start = time.monotonic()
     try:
+        called = time.monotonic()
         with pytest.raises(LeaseTimeoutError, match="writer's work"):
             q.wait_sync(r, timeout=0.6)
-        assert time.monotonic() - start < 0.95  # one deadline, not 0.6 s for each part
+        # One deadline, not 0.6 s for each part: the grant came no sooner than 0.4 s after the
+        # timer started, so the fences get at most what was left of the call's 0.6 s.
+        assert asked and asked[0] is not None
+        assert asked[0] <= 0.6 - 0.4 + (called - started) + 1e-3
     finally:
         timer.join(10)
         fence.set()
