@@ -1,18 +1,27 @@
 """Benchmark: tiled float64 gemm from Zarr to Zarr on a LocalCluster, uni.dask against dask.
 
-Run:  .venv/bin/python benchmarks/bench_dask.py [--quick] [--costs]
+Run:  .venv/bin/python benchmarks/bench_dask.py [--quick] [--costs] [--sizes 4096,8192]
+          [--codecs raw,zstd] [--reps 5] [--no-matmul] [--budget SECONDS] [--markdown]
 
 C = A @ B with A, B, C Zarr v3 arrays of float64 chunks of 1024 x 1024, N = 4096 and
-8192 (``--quick``: N = 2048 only), raw chunks and, at the smaller N, zstd-compressed ones
-(zarr's default codec, and dask's ``to_zarr``'s: all three stores compressed, for both
-contenders), on a LocalCluster of 2 worker processes x 1 thread with
+8192 (``--quick``: N = 2048 only), raw chunks and zstd-compressed ones (zarr's default
+codec, and dask's ``to_zarr``'s: all three stores compressed, for every contender), on a
+LocalCluster of 2 worker processes x 1 thread with
 1 GiB of memory each (distributed pins BLAS to one thread per worker). Every run gets a fresh
 cluster; the input files sit in the page cache (they were just written).
 
 - uni.dask: ``uni.dask.gemm(a, b, c)``: one task per C tile, k accumulated in place through
   uni's BLAS walk, input panels read through the workers' read caches, C committed per tile.
 - reference: dask's own matmul, ``(da.from_zarr(A) @ da.from_zarr(B)).to_zarr(C2)`` into a
-  raw-chunk store like C.
+  store like C.
+- uni.dask.matmul (the functional layer): ``ud.matmul(da.from_zarr(A), da.from_zarr(B))``
+  ``.to_zarr(C3)``: dask's graph with uni's kernel per block (``--no-matmul`` leaves it out).
+
+The contenders run in turn, the order rotated every repetition; each case reports medians,
+the paired ratios (dask / uni per repetition), the 1-minute load average, and the CPU
+seconds of the workers and of this process (client and scheduler): on a shared machine the
+wall time stretches with the load, the CPU seconds much less. ``--markdown`` prints the
+table of all cases. ``UNI_DASK_PANELS=0`` runs uni.dask.gemm without its panel placement.
 
 Reported beside the medians: bytes read from the store (uni's cache counters: chunk bytes
 mapped, as uni reads chunk files through memory maps; and ``rchar`` of /proc/<pid>/io for
@@ -112,10 +121,18 @@ def _cluster() -> LocalCluster:
                                           "dashboard_address": "127.0.0.1:0"})
 
 
-def _counters(client: Client) -> tuple[int, int]:
+def _cpu() -> float:
+    return time.process_time()
+
+
+def _counters(client: Client) -> tuple[int, int, float]:
+    """Bytes read (rchar), bytes moved between workers, and CPU seconds of the workers and
+    of this process (the client and, in a LocalCluster, the scheduler): the work a run
+    costs, which a loaded machine stretches less than the wall time."""
     rchar = sum(client.run(_rchar).values())
     moved = sum(client.run(_transfers).values())
-    return rchar, moved
+    cpu = sum(client.run(_cpu).values()) + time.process_time()
+    return rchar, moved, cpu
 
 
 def _check(path: str, a_path: str, b_path: str) -> float:
@@ -149,7 +166,8 @@ def run_uni(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
     shutil.rmtree(c_path)
     return {"s": seconds, "read": sum(s["bytes_read"] for s in stats.values()),
             "hit": sum(s["bytes_hit"] for s in stats.values()),
-            "rchar": after[0] - before[0], "moved": after[1] - before[1], "error": error}
+            "rchar": after[0] - before[0], "moved": after[1] - before[1],
+            "cpu": after[2] - before[2], "error": error}
 
 
 def run_dask(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
@@ -167,62 +185,134 @@ def run_dask(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
     error = _check(c_path, a_path, b_path)
     shutil.rmtree(c_path)
     return {"s": seconds, "rchar": after[0] - before[0], "moved": after[1] - before[1],
-            "error": error}
+            "cpu": after[2] - before[2], "error": error}
+
+
+def run_matmul(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
+               ) -> dict[str, Any]:
+    """The functional layer: ``uni.dask.matmul`` over ``dask.array`` (dask's graph, uni's
+    kernel per block), into a store like dask's."""
+    c_path = os.path.join(workdir, f"m{n}.zarr")
+    target = _array(c_path, n, codec)
+    with _cluster() as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        client.run(_warm_uni)
+        before = _counters(client)
+        start = time.perf_counter()
+        ud.matmul(da.from_zarr(a_path), da.from_zarr(b_path)).to_zarr(target)
+        seconds = time.perf_counter() - start
+        after = _counters(client)
+    error = _check(c_path, a_path, b_path)
+    shutil.rmtree(c_path)
+    return {"s": seconds, "rchar": after[0] - before[0], "moved": after[1] - before[1],
+            "cpu": after[2] - before[2], "error": error}
 
 
 def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.0f} MiB"
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
-    cases = ([(2048, "raw"), (2048, "zstd")] if quick
-             else [(4096, "raw"), (8192, "raw"), (4096, "zstd")])
+def run(quick: bool = False, *, sizes: tuple[int, ...] = (4096, 8192),
+        codecs: tuple[str, ...] = ("raw", "zstd"), reps: int = 5, matmul: bool = True,
+        budget_s: float | None = None, report: Any = None) -> list[dict[str, Any]]:
+    """Alternating runs per case: uni.dask.gemm, dask's matmul and (``matmul``)
+    uni.dask.matmul, the order rotated every repetition (drift of a shared machine hits all
+    alike). ``budget_s`` stops a case's repetitions (never before two) once the whole run has
+    taken that long; ``report(row)`` is called as each case ends."""
+    if quick:
+        sizes = (2048,)
+    cases = [(n, codec) for n in sizes for codec in codecs]
     rows = []
+    began = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="bench_dask_")
     try:
         for n, codec in cases:
-            reps = 5 if n <= 4096 else 3
             a_path, b_path = _inputs(workdir, n, codec)
-            ours: list[dict[str, Any]] = []
-            theirs: list[dict[str, Any]] = []
+            runners = {"uni": run_uni, "dask": run_dask}
+            if matmul:
+                runners["matmul"] = run_matmul
+            results: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
+            loads = []
+            names = list(runners)
             for rep in range(reps):
-                # Alternate who goes first: drift of a shared machine hits both alike.
-                if rep % 2 == 0:
-                    ours.append(run_uni(workdir, a_path, b_path, n, codec))
-                    theirs.append(run_dask(workdir, a_path, b_path, n, codec))
-                else:
-                    theirs.append(run_dask(workdir, a_path, b_path, n, codec))
-                    ours.append(run_uni(workdir, a_path, b_path, n, codec))
-            uni_s = statistics.median(r["s"] for r in ours)
-            ref_s = statistics.median(r["s"] for r in theirs)
+                if rep >= 2 and budget_s is not None and time.perf_counter() - began > budget_s:
+                    break
+                loads.append(os.getloadavg()[0])
+                order = names[rep % len(names):] + names[:rep % len(names)]
+                for name in order:
+                    results[name].append(runners[name](workdir, a_path, b_path, n, codec))
+            ours, theirs = results["uni"], results["dask"]
+            med = {name: statistics.median(r["s"] for r in rs) for name, rs in results.items()}
+            paired = [round(t["s"] / o["s"], 2) for o, t in zip(ours, theirs, strict=True)]
+            row: dict[str, Any] = {
+                "case": f"gemm f64 N={n} tile {TILE} Zarr->Zarr, {codec} chunks",
+                "n": n, "codec": codec, "reps": len(ours),
+                "uni_s": med["uni"],
+                "reference": "(da.from_zarr(A) @ da.from_zarr(B)).to_zarr(C), same cluster shape",
+                "reference_s": med["dask"],
+                "paired": paired,
+                "bytes": int(statistics.median(r["read"] for r in ours)),
+                "hit_bytes": int(statistics.median(r["hit"] for r in ours)),
+                "load": (min(loads), max(loads)),
+                "cpu": {name: statistics.median(r["cpu"] for r in rs)
+                        for name, rs in results.items()},
+            }
             no_cache = (n // TILE) ** 3 * 2 * TILE * TILE * 8
             notes = (
-                f"{reps} reps, fresh cluster each, 2 workers x 1 thread, {WORKER_MEMORY} each; "
-                f"uni times {[round(r['s'], 2) for r in ours]}, dask "
-                f"{[round(r['s'], 2) for r in theirs]} (paired ratios "
-                f"{[round(t['s'] / o['s'], 2) for o, t in zip(ours, theirs, strict=True)]}); "
-                f"store bytes read: uni "
-                f"{_mib(statistics.median(r['read'] for r in ours))} (cache hits "
-                f"{_mib(statistics.median(r['hit'] for r in ours))}; {_mib(no_cache)} without "
-                f"a cache), rchar uni {_mib(statistics.median(r['rchar'] for r in ours))} / dask "
+                f"{len(ours)} reps, fresh cluster each, 2 workers x 1 thread, {WORKER_MEMORY} "
+                f"each; uni times {[round(r['s'], 2) for r in ours]}, dask "
+                f"{[round(r['s'], 2) for r in theirs]} (paired ratios {paired}); "
+                f"store bytes read: uni {_mib(row['bytes'])} (cache hits "
+                f"{_mib(row['hit_bytes'])}; {_mib(no_cache)} without a cache), rchar uni "
+                f"{_mib(statistics.median(r['rchar'] for r in ours))} / dask "
                 f"{_mib(statistics.median(r['rchar'] for r in theirs))}; worker-to-worker: uni "
                 f"{_mib(statistics.median(r['moved'] for r in ours))} / dask "
                 f"{_mib(statistics.median(r['moved'] for r in theirs))}; max rel. error vs numpy "
-                f"{max(r['error'] for r in ours + theirs):.1e}"
+                f"{max(r['error'] for rs in results.values() for r in rs):.1e}; "
+                f"1-min load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores; "
+                f"CPU s (workers + client/scheduler, medians): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in row["cpu"].items())
             )
-            rows.append({
-                "case": f"gemm f64 N={n} tile {TILE} Zarr->Zarr, {codec} chunks",
-                "uni_s": uni_s,
-                "reference": "(da.from_zarr(A) @ da.from_zarr(B)).to_zarr(C), same cluster shape",
-                "reference_s": ref_s,
-                "bytes": int(statistics.median(r["read"] for r in ours)),
-                "notes": notes,
-            })
+            if matmul:
+                mine = results["matmul"]
+                row["matmul_s"] = med["matmul"]
+                row["matmul_paired"] = [round(t["s"] / m["s"], 2)
+                                        for m, t in zip(mine, theirs, strict=True)]
+                notes += (f"; uni.dask.matmul times {[round(r['s'], 2) for r in mine]} "
+                          f"(paired ratios {row['matmul_paired']})")
+            row["notes"] = notes
+            rows.append(row)
+            if report is not None:
+                report(row)
             for path in (a_path, b_path):
                 shutil.rmtree(path)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The speed table of issue 25's item 5, in markdown (ratio = dask / contender)."""
+    lines = ["| N | chunks | reps | uni.dask.gemm s | dask matmul s | ratio (paired) "
+             "| uni.dask.matmul s | ratio (paired) | CPU s uni / dask / matmul "
+             "| uni reads / cache hits | 1-min load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ratio = row["reference_s"] / row["uni_s"]
+        paired = ", ".join(f"{p:.2f}" for p in row["paired"])
+        if "matmul_s" in row:
+            m_ratio = row["reference_s"] / row["matmul_s"]
+            m_paired = ", ".join(f"{p:.2f}" for p in row["matmul_paired"])
+            m_cells = f"{row['matmul_s']:.2f} | {m_ratio:.2f}x ({m_paired})"
+        else:
+            m_cells = "- | -"
+        lines.append(
+            f"| {row['n']} | {row['codec']} | {row['reps']} | {row['uni_s']:.2f} | "
+            f"{row['reference_s']:.2f} | {ratio:.2f}x ({paired}) | {m_cells} | "
+            f"{' / '.join(f'{v:.1f}' for v in row['cpu'].values())} | "
+            f"{_mib(row['bytes'])} / {_mib(row['hit_bytes'])} | "
+            f"{row['load'][0]:.1f}-{row['load'][1]:.1f} |")
+    return "\n".join(lines)
 
 
 # -- per-tile costs (--costs): the inputs of docs/scale-out.md's "Scale on paper" -----------
@@ -332,6 +422,14 @@ def run_costs() -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="N = 2048 only")
+    parser.add_argument("--sizes", default="4096,8192", help="N values (comma-separated)")
+    parser.add_argument("--codecs", default="raw,zstd", help="chunk codecs: raw, zstd")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per case (>= 5)")
+    parser.add_argument("--no-matmul", action="store_true",
+                        help="leave out uni.dask.matmul (the functional layer)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds: after this, cases run 2 repetitions only")
+    parser.add_argument("--markdown", action="store_true", help="also print a markdown table")
     parser.add_argument("--costs", action="store_true",
                         help="per-tile and per-task costs (docs/scale-out.md, Scale on paper)")
     args = parser.parse_args()
@@ -342,13 +440,19 @@ def main() -> None:
             shown = f"{value / 2**20:.2f} MiB" if "bytes" in name else f"{value * 1e3:.3f} ms"
             print(f"{name}: {shown}")
         return
-    with dask.config.set({"distributed.logging.distributed": "error"}):
-        rows = run(quick=args.quick)
-    for row in rows:
+
+    def report(row: dict[str, Any]) -> None:
         ratio = row["reference_s"] / row["uni_s"]
         print(f"{row['case']}: uni.dask {row['uni_s']:.2f} s, dask {row['reference_s']:.2f} s, "
-              f"ratio {ratio:.2f}x")
-        print(f"    {row['notes']}")
+              f"ratio {ratio:.2f}x", flush=True)
+        print(f"    {row['notes']}", flush=True)
+
+    with dask.config.set({"distributed.logging.distributed": "error"}):
+        rows = run(quick=args.quick, sizes=tuple(int(n) for n in args.sizes.split(",")),
+                   codecs=tuple(args.codecs.split(",")), reps=args.reps,
+                   matmul=not args.no_matmul, budget_s=args.budget, report=report)
+    if args.markdown:
+        print(markdown(rows))
 
 
 if __name__ == "__main__":

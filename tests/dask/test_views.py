@@ -9,7 +9,6 @@ the whole array and the other way round; poison follows the chunk, whichever ten
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ zarr = pytest.importorskip("zarr")
 import dask.array as da  # noqa: E402
 from distributed import Client  # noqa: E402
 from support.dask_cluster import process_client  # noqa: E402
+from support.dask_kernels import FailOn, Slow, add_one  # noqa: E402
 
 import uni  # noqa: E402
 import uni.dask as ud  # noqa: E402
@@ -66,26 +66,6 @@ def make(tmp_path: Any, kind: str, array: np.ndarray[Any, Any], chunks: Any
     t = ud.empty(fresh(tmp_path, "s"), array.shape, chunks, array.dtype,
                  compressors=STORES[kind])
     return put(t, array)
-
-
-# -- tile kernels for map_tiles (module level: workers import them by name) -----------------
-def add_one(out_tile: uni.Tensor, in_tile: uni.Tensor) -> None:
-    with (uni.acquire_host_write_access_sync(out_tile, overwrite=True) as out,
-          uni.acquire_host_read_access_sync(in_tile) as src):
-        np.asarray(out.mdspan())[...] = np.asarray(src.mdspan()) + 1
-
-
-def write_value(out_tile: uni.Tensor, *, value: float, sleep: float = 0.0) -> None:
-    time.sleep(sleep)  # later registrations must wait for this writer, not overtake it
-    with uni.acquire_host_write_access_sync(out_tile, overwrite=True) as lease:
-        np.asarray(lease.mdspan())[...] = value
-
-
-def fail_on(out_tile: uni.Tensor, *, bad: tuple[int, ...], value: float) -> None:
-    with uni.acquire_host_write_access_sync(out_tile, overwrite=True) as lease:
-        np.asarray(lease.mdspan())[...] = value
-        if out_tile.storage.index == bad:  # the whole array's index of the chunk
-            raise ValueError("sensor unplugged")
 
 
 # -- no cluster: what a slice is ------------------------------------------------------------
@@ -152,7 +132,7 @@ def test_views_are_operands_of_every_operation_bit_for_bit(client: Client, tmp_p
     c = make(tmp_path, kind, cn, (2, 2))
     yn = ints((6,), 7)
     y = make(tmp_path, kind, yn, (2,))
-    with ud.session(client):
+    with ud.session(client, close_timeout=T):
         # gemm: views in, a view out (edge tiles included: 7 is no multiple of 2).
         ud.gemm(a[2:, 3:], b[3:, 2:], c[:4, 2:], alpha=2, beta=1)
         cn[:4, 2:] = 2 * (an[2:, 3:] @ bn[3:, 2:]) + cn[:4, 2:]
@@ -164,13 +144,14 @@ def test_views_are_operands_of_every_operation_bit_for_bit(client: Client, tmp_p
         e = make(tmp_path, kind, np.zeros((6, 9)), (2, 3))
         ud.copy(d, e[2:, 3:])
         # Disjoint views of one store: one the input, the other the output.
-        ud.copy(a[0:2, 0:3], a[4:6, 6:9])
+        ud.copy(a[0:2, 0:3], a[4:6, 6:9])  # after the copies above read those chunks
+        before = an.copy()
         an[4:6, 6:9] = an[0:2, 0:3]
         # transform in place through a view, and from a view into a view.
         ud.transform(c[:4, 2:], uni.ops.negate, c[:4, 2:])
         cn[:4, 2:] = -cn[:4, 2:]
-        ud.transform(c[4:], uni.ops.add, c[4:], b[:2, :])
-        cn[4:] = cn[4:] + bn[:2, :]
+        ud.transform(c[4:], uni.ops.add, c[4:], c[:2])  # and a disjoint view of its store
+        cn[4:] = cn[4:] + cn[:2]
         # map_tiles and rechunk.
         f = ud.zeros(fresh(tmp_path, "f"), (6, 9), (2, 3), compressors=STORES[kind])
         ud.map_tiles(add_one, f[:, 3:], a[:, :6], overwrite=True)
@@ -178,9 +159,9 @@ def test_views_are_operands_of_every_operation_bit_for_bit(client: Client, tmp_p
     np.testing.assert_array_equal(c.compute(), cn)
     np.testing.assert_array_equal(stored(c), cn)
     np.testing.assert_array_equal(y.compute(), yn)
-    np.testing.assert_array_equal(stored(d), an[2:, 3:])
+    np.testing.assert_array_equal(stored(d), before[2:, 3:])  # program order
     expected_e = np.zeros((6, 9))
-    expected_e[2:, 3:] = an[2:, 3:]
+    expected_e[2:, 3:] = before[2:, 3:]
     np.testing.assert_array_equal(stored(e), expected_e)
     np.testing.assert_array_equal(stored(a), an)
     expected_f = np.zeros((6, 9))
@@ -196,12 +177,12 @@ def test_a_write_through_a_view_orders_with_reads_of_the_whole_and_back(
     t = make(tmp_path, kind, np.zeros((4, 6)), (2, 3))
     out1 = ud.empty(fresh(tmp_path, "o"), (4, 6), (2, 2))
     out2 = ud.empty(fresh(tmp_path, "o"), (2, 3), (2, 3))
-    with ud.session(client):
+    with ud.session(client, close_timeout=T):
         # The slow writer goes through a view; the reader names the whole: it must wait.
-        writer = ud.map_tiles(_slow(5.0), t[2:, 3:], overwrite=True)
+        writer = ud.map_tiles(Slow(5.0), t[2:, 3:], overwrite=True)
         read_whole = ud.copy(t, out1)
         # ... and back: a slow write of the whole, then a reader through a view.
-        ud.map_tiles(_slow(7.0), t, overwrite=True)
+        ud.map_tiles(Slow(7.0), t, overwrite=True)
         read_view = ud.copy(t[2:, 3:], out2)
         t_done = t.whole  # the whole waits for what was written through any view of it
     writer.result(timeout=T)
@@ -214,24 +195,14 @@ def test_a_write_through_a_view_orders_with_reads_of_the_whole_and_back(
     np.testing.assert_array_equal(t_done.compute(), np.full((4, 6), 7.0))
 
 
-class _slow:
-    """A picklable kernel: write ``value`` after a pause (later registrations must wait)."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def __call__(self, out_tile: uni.Tensor) -> None:
-        write_value(out_tile, value=self.value, sleep=0.5)
-
-
 @pytest.mark.parametrize("kind", ["raw", "zstd"])
 def test_poison_through_a_view_is_the_chunks_for_every_tensor(client: Client, tmp_path: Any,
                                                               kind: str) -> None:
     t = make(tmp_path, kind, np.ones((4, 6)), (2, 3))
     v = t[2:, :]
     out = ud.empty(fresh(tmp_path, "o"), (2, 3), (2, 3))
-    with ud.session(client):
-        failed = ud.map_tiles(_failing((1, 1)), v, overwrite=True)
+    with ud.session(client, close_timeout=T):
+        failed = ud.map_tiles(FailOn((1, 1)), v, overwrite=True)
         read = ud.copy(t[2:, 3:], out)  # reads the poisoned chunk, named through another view
         with pytest.raises(ValueError, match="sensor unplugged"):
             failed.result(timeout=T)
@@ -245,7 +216,7 @@ def test_poison_through_a_view_is_the_chunks_for_every_tensor(client: Client, tm
         np.testing.assert_array_equal(t[:2].compute(), np.ones((2, 6)))
         np.testing.assert_array_equal(t[2:, :3].compute(), np.full((2, 3), 3.0))
         # A whole-tile overwrite through yet another view clears it for all.
-        ud.map_tiles(_slow(4.0), t[:, 3:][1:], overwrite=True).result(timeout=T)
+        ud.map_tiles(Slow(4.0), t[:, 3:][2:], overwrite=True).result(timeout=T)
         assert t.poisoned() == () and v.poisoned() == ()
     expected = np.ones((4, 6))
     expected[2:, :3] = 3.0
@@ -255,13 +226,3 @@ def test_poison_through_a_view_is_the_chunks_for_every_tensor(client: Client, tm
     # The marker is gone from the store: no session sees poison there any more.
     poison = os.path.join(t.path, ".uni", "poison")
     assert not os.path.isdir(poison) or not os.listdir(poison)
-
-
-class _failing:
-    """A picklable kernel: write 3.0, and fail inside the write lease on chunk ``bad``."""
-
-    def __init__(self, bad: tuple[int, ...]) -> None:
-        self.bad = bad
-
-    def __call__(self, out_tile: uni.Tensor) -> None:
-        fail_on(out_tile, bad=self.bad, value=3.0)

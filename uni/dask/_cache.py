@@ -107,13 +107,18 @@ class ReadCache:
             self.bytes_hit += found.nbytes
             return found
 
-    def put(self, key: Any, value: np.ndarray[Any, Any]) -> None:
+    def put(self, key: Any, value: np.ndarray[Any, Any], *, recent: bool = True) -> None:
+        """Keep ``value``; ``recent=False`` keeps it as the least recently used entry, the
+        first out (a tile just committed: maybe read again by a later operation, whereas
+        the input panels in the cache are read again by this operation's next tiles)."""
         value.flags.writeable = False
         budget = self.budget
         with self._lock:
             if value.nbytes > budget or key in self._entries:
                 return
             self._entries[key] = value
+            if not recent:
+                self._entries.move_to_end(key, last=False)
             self._held += value.nbytes
             self._evict()
 

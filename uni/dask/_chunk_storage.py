@@ -337,7 +337,7 @@ class ChunkStorage(StorageBase):
                 st = os.stat(os.path.join(_layout.versions_dir(store, self.index), str(epoch)))
             except FileNotFoundError:
                 return committed
-            CACHE.put(self._cache_key(epoch, st), buffer)
+            CACHE.put(self._cache_key(epoch, st), buffer, recent=False)
         elif committed and epoch is not None:
             # Write-through: readers of this version on this worker need not open the file
             # again. What is kept is a map of the file just written (its page-cache pages),
@@ -353,7 +353,7 @@ class ChunkStorage(StorageBase):
             finally:
                 os.close(fd)
             if mapped is not None:
-                CACHE.put(self._cache_key(epoch, st), mapped)
+                CACHE.put(self._cache_key(epoch, st), mapped, recent=False)
         return committed
 
     # Fault-injection points (tests replace them on workers to kill a commit halfway).
@@ -376,7 +376,10 @@ def _registry_key(tiled: TiledTensor, index: Index) -> tuple[Any, ...]:
 
 
 def chunk_storage(tiled: TiledTensor, index: Index) -> ChunkStorage:
-    """This process's storage of one chunk (created on first use)."""
+    """This process's storage of one chunk (created on first use); of a view's tile ``index``,
+    the whole array's storage of that chunk (one access queue per chunk, however reached)."""
+    if tiled.origin:
+        tiled, index = tiled.whole, tiled.whole_index(index)
     key = _registry_key(tiled, index)
     with _storages_lock:
         found = _storages.get(key)
@@ -391,5 +394,7 @@ def chunk_storage(tiled: TiledTensor, index: Index) -> ChunkStorage:
 
 def retire(tiled: TiledTensor, index: Index) -> None:
     """Forget this process's storage of a chunk (its local poison ends with a failed task)."""
+    if tiled.origin:
+        tiled, index = tiled.whole, tiled.whole_index(index)
     with _storages_lock:
         _storages.pop(_registry_key(tiled, index), None)

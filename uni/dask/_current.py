@@ -61,7 +61,7 @@ def current() -> SessionLike | None:
 def poisoned_error(tiled: TiledTensor, index: Index, marker: dict[str, Any]) -> uni.PoisonedError:
     """The error for a chunk that a marker (an earlier session's failure) says is poisoned."""
     err = uni.PoisonedError(
-        f"chunk {index} of {tiled.path} was left poisoned by a failed writer (epoch "
+        f"chunk {tiled.whole_index(index)} of {tiled.path} was left poisoned by a failed writer (epoch "
         f"{marker['epoch']}, recorded in the store); overwrite the whole chunk to clear it"
     )
     err.__cause__ = RuntimeError(f"{marker['type']}: {marker['message']}")
@@ -73,7 +73,7 @@ def wait_tensor(tiled: TiledTensor, timeout: float | None) -> None:
     if session is not None:
         session.wait_tensor(tiled, timeout)
         return
-    found = _layout.markers(tiled.path)
+    found = _own_markers(tiled)
     if found:
         index = min(found)
         raise poisoned_error(tiled, index, found[index])
@@ -83,7 +83,18 @@ def poisoned_chunks(tiled: TiledTensor) -> tuple[Index, ...]:
     session = current()
     if session is not None:
         return session.poisoned_chunks(tiled)
-    return tuple(sorted(_layout.markers(tiled.path)))
+    return tuple(sorted(_own_markers(tiled)))
+
+
+def _own_markers(tiled: TiledTensor) -> dict[Index, dict[str, Any]]:
+    """The store's poison markers of ``tiled``'s own tiles, by its own index (of a view: the
+    view's)."""
+    found = {}
+    for whole_index, marker in _layout.markers(tiled.path).items():
+        own = tiled.own_index(whole_index)
+        if own is not None:
+            found[own] = marker
+    return found
 
 
 def forget_store(path: str) -> None:

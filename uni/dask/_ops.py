@@ -17,6 +17,7 @@ import numpy as np
 import uni
 from uni.dask import _tiled
 from uni.dask._grid import Index, broadcast_box, covering, tile_box
+from uni.dask._placement import panel_workers, placement_ready, serpentine
 from uni.dask._sequencer import TiledFuture, TileItem, current_session
 from uni.dask._tasks import (
     CopyBody,
@@ -34,6 +35,15 @@ DOMAIN_RESOURCES: dict[uni.Domain, dict[str, float] | None] = {uni.HOST: None,
 
 
 def _tiled_arg(what: str, name: str, x: Any) -> TiledTensor:
+    if isinstance(x, da.Array):
+        # What t[key] gives for a region not of whole tiles: say why it is no view.
+        raise uni.LayoutError(
+            f"{what}: {name!r} must be a uni.dask.TiledTensor, got a dask array of shape "
+            f"{x.shape} in chunks {x.chunksize}; a TiledTensor slice is a TiledTensor view only "
+            "over whole tiles (each start a multiple of the chunk extent, each stop one or the "
+            "axis's end, step 1; t.view(key) says what is not so), any other slice is a lazy "
+            "dask array: store it first with uni.dask.from_dask, or slice on tile boundaries"
+        )
     if not isinstance(x, TiledTensor):
         raise TypeError(
             f"{what}: {name!r} must be a uni.dask.TiledTensor, got {type(x).__name__}; store "
@@ -61,10 +71,11 @@ def _one_domain(what: str, **tensors: TiledTensor) -> uni.Domain:
 
 def _apart(what: str, out_name: str, out: TiledTensor, **inputs: TiledTensor) -> None:
     for name, t in inputs.items():
-        if t.path == out.path:
+        if t.overlaps(out):
             raise uni.LayoutError(
-                f"{what}: {out_name!r} and {name!r} are the same store ({out.path}); the output "
-                "must not alias an input"
+                f"{what}: {out_name!r} and {name!r} share chunks of one store ({out.path}); the "
+                "output must not alias an input (views of one store are fine where their tiles "
+                "are disjoint)"
             )
 
 
@@ -123,10 +134,26 @@ def gemm(a: TiledTensor, b: TiledTensor, c: TiledTensor, *, alpha: Any = 1,
                               _ones((1, 1), c.dtype), alpha=alpha, beta=beta))
     ktiles = a.grid[1]
     body = GemmBody(a, b, alpha, beta)
+    session = current_session(what)
+    place = _placement(session, c.grid)
     items = [TileItem((i, j), tuple((a, (i, kk)) for kk in range(ktiles)) +
-                      tuple((b, (kk, j)) for kk in range(ktiles)), beta == 0, body)
-             for i, j in c.tiles()]
-    return current_session(what).register(what, c, items, resources=DOMAIN_RESOURCES[domain])
+                      tuple((b, (kk, j)) for kk in range(ktiles)), beta == 0, body,
+                      place.get((i, j)))
+             for i, j in serpentine(c.grid)]
+    return session.register(what, c, items, resources=DOMAIN_RESOURCES[domain])
+
+
+#: Place gemm's output tiles in panel blocks per worker (uni.dask._placement); off: Dask
+#: gives each tile to whichever worker frees first.
+PANEL_PLACEMENT = os.environ.get("UNI_DASK_PANELS", "1") != "0"
+
+
+def _placement(session: Any, grid: Index) -> dict[Index, str]:
+    if not PANEL_PLACEMENT or len(grid) != 2 or grid[0] * grid[1] < 2:
+        return {}
+    if not placement_ready(session.client):
+        return {}
+    return panel_workers(grid, session.workers())
 
 
 def gemv(a: TiledTensor, x: TiledTensor, y: TiledTensor, *, alpha: Any = 1,
@@ -224,9 +251,10 @@ def transform(out: TiledTensor, op: Any, *inputs: TiledTensor) -> TiledFuture:
         raise TypeError(f"{what}: op must be a uni.ops element op or a callable, got {op!r}")
     for n, t in enumerate(ins):
         _broadcasts(what, f"input {n}", t, out.shape)
-        if t.path == out.path and t != out:
-            raise uni.LayoutError(f"{what}: input {n} shares the output's store ({out.path}) "
-                                  "with a different layout; in place means the same tensor")
+        if t != out and t.overlaps(out):
+            raise uni.LayoutError(f"{what}: input {n} shares chunks of the output's store "
+                                  f"({out.path}) with a different layout; in place means the "
+                                  "same tensor (or view)")
     domain = _one_domain(what, out=out, **{f"input{n}": t for n, t in enumerate(ins)})
     _dry_run(lambda: uni.transform(_ones((1,) * out.ndim, out.dtype), op,
                                    *[_ones((1,) * t.ndim, t.dtype) for t in ins]))
@@ -265,9 +293,9 @@ def map_tiles(fn: Callable[..., Any], out: TiledTensor, *ins: TiledTensor,
                 f"{what}: input {n} has shape {t.shape} in chunks {t.chunks}; every input "
                 f"needs the output's shape {out.shape} and chunks {out.chunks}"
             )
-        if t.path == out.path and t != out:
-            raise uni.LayoutError(f"{what}: input {n} shares the output's store ({out.path}) "
-                                  "as a different tensor")
+        if t != out and t.overlaps(out):
+            raise uni.LayoutError(f"{what}: input {n} shares chunks of the output's store "
+                                  f"({out.path}) as a different tensor")
     domain = _one_domain(what, out=out, **{f"input{n}": t for n, t in enumerate(ins)})
     body = MapBody(fn, ins)
     items = [TileItem(index, tuple((t, index) for t in ins if t != out), bool(overwrite), body)

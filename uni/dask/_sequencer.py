@@ -116,6 +116,9 @@ class TileItem:
     reads: tuple[tuple[TiledTensor, Index], ...]
     overwrite: bool
     body: Any
+    #: The worker this tile should run on (a preference: any other runs it if that one is
+    #: gone), or None for whichever frees first (uni.dask._placement).
+    worker: str | None = None
 
 
 def _all_done(futures: Sequence[distributed.Future],
@@ -378,13 +381,14 @@ class Session:
 
     # -- chunk state ------------------------------------------------------------------------
     def _chunk(self, tiled: TiledTensor, index: Index) -> _Chunk:
-        key = (tiled.path, index)
+        # By the whole array's index: a view and its array order on the same chunks.
+        key = tiled.chunk_id(index)
         found = self._chunks.get(key)
         if found is None:
             base = self._base.get(tiled.path)
             if base is None:
                 base = self._base[tiled.path] = _layout.scan_epochs(tiled.path)
-            found = self._chunks[key] = _Chunk(base.get(index, 0))
+            found = self._chunks[key] = _Chunk(base.get(key[1], 0))
         return found
 
     def forget_store(self, path: str) -> None:
@@ -425,6 +429,10 @@ class Session:
         return not any(self._doomed(d) for d in task.deps)
 
     # -- registration -------------------------------------------------------------------
+    def workers(self) -> list[str]:
+        """The addresses of the cluster's workers now, sorted (for placing tiles)."""
+        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+
     def register(self, what: str, out: TiledTensor, items: Sequence[TileItem], *,
                  resources: dict[str, float] | None = None) -> TiledFuture:
         """Register one task per item now, in program order, and submit them to Dask."""
@@ -455,7 +463,7 @@ class Session:
             if writer is not None:
                 read_deps.append(writer)
             reads.append((tiled, index, chunk.epoch if self.ordered else None))
-            read_ids.append((tiled.path, index))
+            read_ids.append(tiled.chunk_id(index))
         writer = out_chunk.last_writer()
         write_deps = ([writer] if writer is not None else []) + out_chunk.readers_since()
         if item.overwrite:
@@ -469,16 +477,18 @@ class Session:
                 if d not in deps and d.status != "finished":
                     deps.append(d)
         epoch = out_chunk.epoch + 1 if self.ordered else None
-        task = _Task(key, what, (out.path, item.index), epoch, tuple(read_ids), tuple(deps))
+        task = _Task(key, what, out.chunk_id(item.index), epoch, tuple(read_ids), tuple(deps))
         spec = TileTask(what, key, out, item.index, epoch, tuple(reads), item.overwrite,
                         item.body, self.cache_bytes, self.diagnostics)
-        # Note: no worker restrictions. Tiles submitted in row-major order go to whichever
-        # worker frees first, so each worker keeps about the same share of the columns and
-        # its read cache serves them; restrictions would also leave tasks stuck in Dask's
-        # "no-worker" state when every worker died at once (loose ones included).
+        # Note: a placed tile (item.worker, gemm's panel blocks) is a loose restriction: any
+        # worker runs it while its own is gone, and uni.dask._placement's scheduler plugin
+        # frees it from Dask's "no-worker" state when every worker died at once. Unplaced
+        # tiles go to whichever worker frees first.
         task.future = self.client.submit(
             run_tile_task, spec, [d.future for d in deps], key=key, pure=False,
             resources=resources, retries=0,
+            workers=None if item.worker is None else [item.worker],
+            allow_other_workers=item.worker is not None,
         )
         for d in deps:
             d.dependents.append(task)
@@ -576,10 +586,11 @@ class Session:
     def _writers(self, tiled: TiledTensor) -> dict[Index, _Task]:
         with self._lock:
             found = {}
-            for (path, index), chunk in self._chunks.items():
+            for (path, whole_index), chunk in self._chunks.items():
                 if path == tiled.path:
+                    index = tiled.own_index(whole_index)  # None: outside a view
                     writer = chunk.last_writer()
-                    if writer is not None:
+                    if writer is not None and index is not None:
                         found[index] = writer
             return found
 
@@ -609,18 +620,21 @@ class Session:
                 cause = writer.future.exception() if writer.status == "error" and \
                     writer.future is not None else None
                 err = uni.PoisonedError(
-                    f"chunk {index} of {tiled.path} is poisoned: its last writer "
+                    f"chunk {tiled.whole_index(index)} of {tiled.path} is poisoned: its last writer "
                     f"({writer.what}, epoch {writer.epoch}) failed; overwrite the whole chunk "
                     "to clear it"
                 )
                 err.__cause__ = cause
                 found.append((index, err))
         known = {i for i, _ in found}
-        for index, marker in _layout.markers(tiled.path).items():
-            last = writers.get(index)
-            if index in known or (last is not None and last.status != "finished"):
+        for whole_index, marker in _layout.markers(tiled.path).items():
+            own = tiled.own_index(whole_index)
+            if own is None:
+                continue  # outside the view
+            last = writers.get(own)
+            if own in known or (last is not None and last.status != "finished"):
                 continue
-            found.append((index, _current.poisoned_error(tiled, index, marker)))
+            found.append((own, _current.poisoned_error(tiled, own, marker)))
         found.sort(key=lambda item: item[0])
         return found
 

@@ -78,16 +78,18 @@ def run_tile_task(task: TileTask, deps: Any = None) -> Token:
     CACHE.configure(task.cache_bytes)
     out, index, epoch = task.out, task.index, task.epoch
     out.check_store()
-    out_key = (out.path, index)
+    # Chunks by their whole array's index: a view's tile is its whole array's chunk.
+    out_key = out.chunk_id(index)
+    chunk = out_key[1]
     if epoch is not None:
-        latest = _layout.latest_version(out.path, index)
+        latest = _layout.latest_version(out.path, chunk)
         if latest >= epoch:
             # An earlier run of this very task committed (the worker died after the commit
             # point): running it again would apply a read-modify-write twice.
             if latest == epoch:
-                _layout.ensure_published(out.path, index, out.chunk_path(index), epoch)
+                _layout.ensure_published(out.path, chunk, out.chunk_path(index), epoch)
             return ("skipped", index, epoch, ())
-    reads = {(t.path, i): v for t, i, v in task.reads}
+    reads = {t.chunk_id(i): v for t, i, v in task.reads}
     ctx = TaskContext({out_key: epoch}, reads, task.what)
     token = enter_task(ctx)
     records: list[Any] = []
@@ -116,7 +118,7 @@ def run_tile_task(task: TileTask, deps: Any = None) -> Token:
         retire(out, index)
         if epoch is not None:
             with contextlib.suppress(OSError):
-                _layout.write_marker(out.path, index, epoch, err)
+                _layout.write_marker(out.path, chunk, epoch, err)
         _tag(err, task.key)
         raise
     finally:

@@ -103,6 +103,95 @@ class TiledTensor:
     codecs: str = _codec.RAW
     #: 3, or 2 for a Zarr v2 array (``.zarray``).
     zarr_format: int = attrs.field(default=3, validator=attrs.validators.in_((2, 3)))
+    #: Of a view (``t[tile-aligned slices]``): the tile of the whole array that is the view's
+    #: tile 0, and the whole array's shape. ``()`` and ``()`` for a whole array.
+    origin: tuple[int, ...] = attrs.field(default=(), converter=_ints)
+    whole_shape: tuple[int, ...] = attrs.field(default=(), converter=_ints)
+
+    def __attrs_post_init__(self) -> None:
+        if bool(self.origin) != bool(self.whole_shape) or (self.origin and not (
+                len(self.origin) == len(self.whole_shape) == len(self.shape))):
+            raise uni.ShapeError(
+                f"a view needs one origin tile and one whole extent per axis of {self.shape}; "
+                f"got origin {self.origin} of a whole shape {self.whole_shape}")
+        for o, s, w, c in zip(self.origin, self.shape, self.whole_shape, self.chunks,
+                              strict=False):
+            stop = o * c + s
+            if o < 0 or stop > w or (stop % c and stop != w):
+                raise uni.ShapeError(
+                    f"a view of whole tiles: origin tile {self.origin} and shape {self.shape} "
+                    f"in chunks {self.chunks} do not end on a tile boundary or the end of the "
+                    f"whole shape {self.whole_shape}")
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def is_view(self) -> bool:
+        """Whether this describes a tile-aligned region of its array (``t[0:1024]``)."""
+        return bool(self.origin)
+
+    @property
+    def whole(self) -> TiledTensor:
+        """The whole array this tensor is (or is a view of)."""
+        if not self.origin:
+            return self
+        return attrs.evolve(self, shape=self.whole_shape, origin=(), whole_shape=())
+
+    def whole_index(self, index: Sequence[int]) -> Index:
+        """The whole array's index of this tensor's tile ``index``."""
+        if not self.origin:
+            return tuple(index)
+        return tuple(i + o for i, o in zip(index, self.origin, strict=True))
+
+    def own_index(self, whole_index: Sequence[int]) -> Index | None:
+        """This tensor's index of the whole array's tile ``whole_index`` (None: outside)."""
+        if not self.origin:
+            return tuple(whole_index)
+        own = tuple(i - o for i, o in zip(whole_index, self.origin, strict=True))
+        grid = self.grid
+        if any(not 0 <= i < g for i, g in zip(own, grid, strict=True)):
+            return None
+        return own
+
+    def chunk_id(self, index: Sequence[int]) -> tuple[str, Index]:
+        """Which chunk tile ``index`` is, whatever the view: (store, whole array's index).
+        The sequencer orders, and workers open, chunks by it."""
+        return (self.path, self.whole_index(index))
+
+    def whole_tiles(self) -> frozenset[Index]:
+        """The whole array's indices of this tensor's tiles."""
+        return frozenset(self.whole_index(i) for i in self.tiles())
+
+    def overlaps(self, other: TiledTensor) -> bool:
+        """Whether the two share a chunk (the same store, and a tile in common)."""
+        if self.path != other.path:
+            return False
+        if not (self.origin or other.origin):
+            return True
+        return bool(self.whole_tiles() & other.whole_tiles())
+
+    def view(self, key: Any) -> TiledTensor:
+        """``key``'s region as a ``TiledTensor`` view over the same chunks, usable as an
+        operand (input or output) of every operation; ``t[key]`` returns this when it can.
+
+        ``key`` takes slices and ``...``: each start on a tile boundary (a multiple of the
+        chunk extent), each stop on one or at the end of the axis, step 1, and the region not
+        empty. Raises ``uni.LayoutError`` naming what is not so.
+        """
+        found = _aligned_region(self, key)
+        if isinstance(found, str):
+            raise uni.LayoutError(
+                f"{self!r}[{_show_key(key)}] is no view of whole tiles: {found}; a view "
+                "needs slices that start on a tile boundary (a multiple of the chunks "
+                f"{self.chunks}), stop on one or at the axis's end, with step 1 (t[key] is "
+                "then a TiledTensor; otherwise it is the lazy dask array t.to_dask()[key])")
+        starts, stops = found
+        if all(a == 0 for a in starts) and stops == self.shape:
+            return self
+        whole_shape = self.whole_shape or self.shape
+        origin = tuple(o + a // c for o, a, c in zip(self.origin or (0,) * self.ndim, starts,
+                                                     self.chunks, strict=True))
+        shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
+        return attrs.evolve(self, shape=shape, origin=origin, whole_shape=whole_shape)
 
     # -- metadata --------------------------------------------------------------------
     @property
@@ -156,7 +245,7 @@ class TiledTensor:
 
     def chunk_key(self, index: Index) -> str:
         """The Zarr key of one chunk (``c/1/2``): its path relative to the store."""
-        parts = [str(i) for i in index]
+        parts = [str(i) for i in self.whole_index(index)]
         if self.key_encoding == "default":
             return self.key_separator.join(["c", *parts])
         return self.key_separator.join(parts) or "0"
@@ -165,7 +254,7 @@ class TiledTensor:
         return os.path.join(self.path, *self.chunk_key(index).split("/"))
 
     def chunk_name(self, index: Index) -> str:
-        return chunk_name(index)
+        return chunk_name(self.whole_index(index))
 
     # -- data, on a worker ------------------------------------------------------------
     def tile(self, index: Sequence[int]) -> uni.Tensor:
@@ -176,7 +265,7 @@ class TiledTensor:
         """
         idx = self.check_index(index)
         self.check_store()
-        storage = chunk_storage(self, idx)
+        storage = chunk_storage(self.whole, self.whole_index(idx))  # a view's: the whole's
         return uni.Tensor.from_storage(
             storage, uni.layout_stride(tile_extent(idx, self.shape, self.chunks),
                                        storage.chunk_strides))
@@ -189,10 +278,11 @@ class TiledTensor:
         the tensor was made would otherwise read as fill values, and a write would create a
         directory that is no Zarr array. ``tile()`` and every task check it.
         """
-        key = _store_key(self)
+        whole = self.whole
+        key = _store_key(whole)
         if key in _checked:
             return
-        problem = _mismatch(self)
+        problem = _mismatch(whole)
         if problem is not None:
             raise TileAccessError(
                 f"{self.path}: {problem}; a tile access must find the array its TiledTensor "
@@ -220,7 +310,11 @@ class TiledTensor:
         """A plain ``dask.array`` over the same Zarr store (``wait``: first ``self.wait()``)."""
         if wait:
             self.wait()
-        return da.from_zarr(self.path)
+        array = da.from_zarr(self.path)
+        if self.origin:
+            array = array[tuple(slice(o * c, o * c + s) for o, c, s in
+                                zip(self.origin, self.chunks, self.shape, strict=True))]
+        return array
 
     # -- dask-shaped results --------------------------------------------------------------
     def compute(self, timeout: float | None = None) -> np.ndarray[Any, Any]:
@@ -247,8 +341,13 @@ class TiledTensor:
         return data if dtype is None else data.astype(dtype, copy=False)
 
     def __getitem__(self, key: Any) -> Any:
-        """``t[...]`` with basic indexing: a lazy ``dask.array`` of that region
-        (``t.to_dask()[key]``, so it first waits for the tensor's writers)."""
+        """``t[...]`` with basic indexing.
+
+        Slices of whole tiles (``t.view(key)``'s rule: starts on tile boundaries, stops on
+        one or at the end, step 1) give a ``TiledTensor`` view, an operand like any other,
+        ordered with ``t`` chunk by chunk. Any other basic index gives a lazy ``dask.array``
+        of that region (``t.to_dask()[key]``, so it first waits for the tensor's writers).
+        """
         parts = key if isinstance(key, tuple) else (key,)
         for part in parts:
             if not (part is None or part is Ellipsis or isinstance(part, slice | int | np.integer)
@@ -257,6 +356,8 @@ class TiledTensor:
                     f"TiledTensor[...] takes basic indexing (integers, slices, ..., None), got "
                     f"{type(part).__name__} in {key!r}; for other indexing use "
                     "t.to_dask()[...]")
+        if not isinstance(_aligned_region(self, key), str):
+            return self.view(key)
         return self.to_dask()[key]
 
     def __len__(self) -> int:
@@ -267,8 +368,58 @@ class TiledTensor:
                         f"indices), or over t.to_dask() or t.compute() ({self!r})")
 
     def __repr__(self) -> str:
-        return (f"TiledTensor({self.path!r}, shape={self.shape}, chunks={self.chunks}, "
+        region = ""
+        if self.origin:
+            box = ", ".join(f"{o * c}:{o * c + s}" for o, c, s in
+                            zip(self.origin, self.chunks, self.shape, strict=True))
+            region = f"[{box}] of {self.whole_shape}"
+        return (f"TiledTensor({self.path!r}{region}, shape={self.shape}, chunks={self.chunks}, "
                 f"dtype={self.dtype.name}, domain={self.domain!r})")
+
+
+def _show_key(key: Any) -> str:
+    parts = key if isinstance(key, tuple) else (key,)
+
+    def show(part: Any) -> str:
+        if isinstance(part, slice):
+            text = f"{'' if part.start is None else part.start}:"
+            text += "" if part.stop is None else str(part.stop)
+            return text + ("" if part.step is None else f":{part.step}")
+        return "..." if part is Ellipsis else repr(part)
+
+    return ", ".join(show(p) for p in parts)
+
+
+def _aligned_region(t: TiledTensor, key: Any) -> tuple[Index, Index] | str:
+    """The (starts, stops) of ``key`` when it selects whole tiles of ``t``, else why not."""
+    parts = list(key) if isinstance(key, tuple) else [key]
+    if sum(p is Ellipsis for p in parts) > 1:
+        return "more than one ..."
+    if Ellipsis in parts:
+        at = parts.index(Ellipsis)
+        parts[at:at + 1] = [slice(None)] * (t.ndim - len(parts) + 1)
+    if len(parts) > t.ndim:
+        return f"{len(parts)} indices for {t.ndim} axes"
+    parts += [slice(None)] * (t.ndim - len(parts))
+    starts, stops = [], []
+    for axis, (part, extent, chunk) in enumerate(zip(parts, t.shape, t.chunks, strict=True)):
+        if not isinstance(part, slice):
+            what = "None (a new axis)" if part is None else f"the integer {part!r}"
+            return f"axis {axis} takes {what}, which changes the rank; a view keeps it"
+        start, stop, step = part.indices(extent)
+        if step != 1:
+            return f"axis {axis} has step {step}, expected 1"
+        if stop <= start:
+            return f"axis {axis} selects nothing ({start}:{stop})"
+        if start % chunk:
+            return (f"axis {axis} starts at {start}, expected a multiple of its chunk extent "
+                    f"{chunk}")
+        if stop % chunk and stop != extent:
+            return (f"axis {axis} stops at {stop}, expected a multiple of its chunk extent "
+                    f"{chunk} or its end {extent}")
+        starts.append(start)
+        stops.append(stop)
+    return tuple(starts), tuple(stops)
 
 
 # -- checking that a store is the array described ------------------------------------------
