@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from uni._address import data_address
 from uni._errors import AllocationError, LayoutError
 from uni._handle import HostHandle
 from uni.storage import _memory
@@ -28,7 +29,7 @@ def aligned_empty(size: int, dtype: np.dtype[Any], alignment: int = ALIGNMENT) -
         raise AllocationError(
             f"could not allocate {size} elements of {dtype.name} ({_bytes(nbytes)}) of host "
             f"memory: {err}") from None
-    shift = (-raw.ctypes.data) % alignment
+    shift = (-data_address(raw)) % alignment
     return raw[shift : shift + nbytes].view(dtype)
 
 
@@ -71,7 +72,7 @@ class HostStorage(StorageBase):
             self.buffer = buffer
         self._handles = {}
         # The buffer never changes: operand signatures read alignment from its address.
-        self.base_address = int(self.buffer.__array_interface__["data"][0])
+        self.base_address = data_address(self.buffer)
         # One memory, one queue: this buffer joins the queue of any memory uni already
         # orders that it overlaps, whichever way that memory came in.
         self.access_queue, self.queue_offset = _memory.register(
@@ -154,7 +155,8 @@ def storage_for_array(array: np.ndarray[Any, Any]) -> tuple[HostStorage, int]:
     exactly the elements they reach.
     """
     itemsize = array.itemsize
-    if any(s % itemsize for s in array.strides):
+    # A contiguous array's strides are whole elements by construction: no per-axis check.
+    if not array.flags.c_contiguous and any(s % itemsize for s in array.strides):
         raise LayoutError(
             f"numpy strides {array.strides} are not multiples of the item size {itemsize}; "
             "uni strides are in elements: pass copy=True"
@@ -162,8 +164,7 @@ def storage_for_array(array: np.ndarray[Any, Any]) -> tuple[HostStorage, int]:
     readonly = not array.flags.writeable
     root = _root_of(array)
     if root is not None and array.size > 0:
-        base_ptr = root.ctypes.data
-        delta = array.ctypes.data - base_ptr
+        delta = 0 if array is root else data_address(array) - data_address(root)
         # A view with another dtype than its allocation (``buf.view(np.float64)`` of a byte
         # buffer) shares a storage with the other views of that dtype, keyed by both: were
         # each wrapped alone, two views of the same memory would take unordered leases and an

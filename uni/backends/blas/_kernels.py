@@ -58,6 +58,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from uni._address import data_address
 from uni._mapping import nests, reach
 from uni._probe import Decline
 from uni.backends._geometry import plan_gemm, plan_gemv
@@ -105,38 +106,6 @@ class Library:
     def _fits(self, _attribute: object, value: int) -> None:
         if value >= 2 ** (self.int_bits - 1):
             raise ValueError(f"int_max {value} does not fit {self.int_bits}-bit integers")
-
-
-class _ArrayInterface(ctypes.Structure):
-    """numpy's C array interface (``__array_struct__``), used only to read the data pointer.
-
-    ``x.ctypes.data`` and ``x.__array_interface__`` cost about 1 µs each because they build
-    Python objects; the capsule from ``__array_struct__`` is cheap and holds the same pointer.
-    """
-
-    _fields_ = [
-        ("two", ctypes.c_int),
-        ("nd", ctypes.c_int),
-        ("typekind", ctypes.c_char),
-        ("itemsize", ctypes.c_int),
-        ("flags", ctypes.c_int),
-        ("shape", ctypes.c_void_p),
-        ("strides", ctypes.c_void_p),
-        ("data", ctypes.c_void_p),
-        ("descr", ctypes.c_void_p),
-    ]
-
-
-_DATA_SLOT: Final = _ArrayInterface.data.offset // ctypes.sizeof(ctypes.c_void_p)
-_capsule_words: Final = ctypes.PYFUNCTYPE(
-    ctypes.POINTER(ctypes.c_void_p), ctypes.py_object, ctypes.c_char_p
-)(("PyCapsule_GetPointer", ctypes.pythonapi))
-
-
-def _data(x: Array) -> int:
-    """Address of ``x``'s first element (``x[0, ..., 0]``), without building Python objects."""
-    addr: int | None = _capsule_words(x.__array_struct__, None)[_DATA_SLOT]
-    return addr or 0
 
 
 def _address(fn: Any) -> int:
@@ -641,11 +610,11 @@ def _gemm(
     _, p_alpha, p_beta, al, be = scalars
     fn, swap, t1, t2, _, pm, pn, pk, pl1, pl2, plc, span_a, span_b, span_c = plan
     mask = kind.align_mask
-    dc = _data(c)
+    dc = data_address(c)
     if k == 0 or al == 0:
         return _scale_only(c, dc, mask, be)
-    da = _data(a)
-    db = _data(b)
+    da = data_address(a)
+    db = data_address(b)
     if (da | db | dc) & mask:
         return Decline.UNSUPPORTED_LAYOUT
     # Byte ranges first (cheap); the exact test only when they intersect.
@@ -673,8 +642,8 @@ def _beta_zero_ignores_c(kind: _Kind) -> bool:
         _, i1, i2, i3, _, _ = kind.int_offsets
         one = kind.scalars(*([1.0, 0.0, 0.0, 0.0] if kind.is_complex else [1.0, 0.0]))
         p_one = ctypes.addressof(one)
-        kind.gemm(_N, _N, base, base + i1, base + i2, p_one, _data(a), base + i3, _data(a),
-                  base + i3, p_one + ctypes.sizeof(one) // 2, _data(c), base + i3)
+        kind.gemm(_N, _N, base, base + i1, base + i2, p_one, data_address(a), base + i3, data_address(a),
+                  base + i3, p_one + ctypes.sizeof(one) // 2, data_address(c), base + i3)
         known = kind.beta_zero_ignores_c = bool(np.all(c == 3))
     return known
 
@@ -693,7 +662,7 @@ def prepare_gemm(
     bind = gemm_form(a, b, c, conj_a=conj_a, conj_b=conj_b)
     if bind is None or _overlaps(c, a) or _overlaps(c, b):
         return None
-    return bind(_data(a), _data(b), _data(c))
+    return bind(data_address(a), data_address(b), data_address(c))
 
 
 def gemm_form(
@@ -887,7 +856,7 @@ def gemm_batched(
     if be == 0:
         c.fill(0)
     x1, x2 = (b, a) if swap else (a, b)
-    base1, base2, base_c = _data(x1), _data(x2), _data(c)
+    base1, base2, base_c = data_address(x1), data_address(x2), data_address(c)
     offs1 = _batch_offsets(batch, x1.strides[:-2])
     offs2 = _batch_offsets(batch, x2.strides[:-2])
     offs_c = _batch_offsets(batch, c.strides[:-2])
@@ -979,11 +948,11 @@ def _gemv(
     _, p_alpha, p_beta, al, be = scalars
     fn, trans, _, pm, pn, plda, pincx, pincy, x_off, y_off, span_a, span_x, span_y = plan
     mask = kind.align_mask
-    dy = _data(y)
+    dy = data_address(y)
     if n == 0 or al == 0:
         return _scale_only(y, dy, mask, be)
-    da = _data(a)
-    dx = _data(x)
+    da = data_address(a)
+    dx = data_address(x)
     if (da | dx | dy) & mask:
         return Decline.UNSUPPORTED_LAYOUT
     xp = dx + x_off
@@ -1010,7 +979,7 @@ def prepare_gemv(a: Array, x: Array, y: Array) -> Callable[[Scalar, Scalar], boo
     bind = gemv_form(a, x, y)
     if bind is None or _overlaps(y, a) or _overlaps(y, x):
         return None
-    return bind(_data(a), _data(x), _data(y), y)
+    return bind(data_address(a), data_address(x), data_address(y), y)
 
 
 def gemv_form(a: Array, x: Array, y: Array
@@ -1123,9 +1092,9 @@ def gemv_batched(
         return Decline.UNSUPPORTED_INSTANCE
     if be == 0:
         y.fill(0)
-    base_a = _data(a)
-    base_x = _data(x) + x_off
-    base_y = _data(y) + y_off
+    base_a = data_address(a)
+    base_x = data_address(x) + x_off
+    base_y = data_address(y) + y_off
     offs_a = _batch_offsets(batch, a.strides[:-2])
     offs_x = _batch_offsets(batch, x.strides[:-1])
     offs_y = _batch_offsets(batch, y.strides[:-1])
