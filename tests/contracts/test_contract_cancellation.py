@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.contracts import ASYNC_WAYS, BOUND, Combo, Loop, Subject, assert_idle, grid
-
-import uni
+from support.contracts import ASYNC_WAYS, Combo, Loop, Subject, assert_idle, grid
 
 HELD = 2.0
 CANCELLED = 4.0  # what the cancelled writer would write
@@ -22,8 +20,7 @@ def test_cancelling_a_waiting_task(combo: Combo, subject: Subject) -> None:
     withdrawn = way.kind == "lease"
 
     async def body(loop: Loop) -> None:
-        blocker = uni.acquire_host_write_access_sync(subject.view("a"), timeout=BOUND)
-        np.asarray(blocker.mdspan())[...] = HELD
+        blocker = await subject.hold(loop, "a", HELD)
 
         victim = loop.start("victim", lambda: way.write(subject, "a", CANCELLED))
         await loop.until(lambda: queue.pending_count() == 1, "the victim queued")

@@ -12,9 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.contracts import ALL_WAYS, BOUND, Combo, Loop, Subject, assert_idle, grid
-
-import uni
+from support.contracts import ALL_WAYS, Combo, Loop, Subject, assert_idle, grid
 
 HELD = 2.0  # what the blocking writer leaves in "a"
 WRITTEN = 3.0  # what the queued writer W writes into "a"
@@ -48,9 +46,8 @@ def test_fifo_epoch_ordering(combo: Combo, subject: Subject) -> None:
             await way.write(subject, "a", WRITTEN)
             log.append(("W", None))
 
-        # A blocking writer holds "a" (a plain sync lease: uncontended, fine in any loop).
-        blocker = uni.acquire_host_write_access_sync(subject.view("a"), timeout=BOUND)
-        np.asarray(blocker.mdspan())[...] = HELD
+        # A blocking writer holds "a" (uncontended: granted at once).
+        blocker = await subject.hold(loop, "a", HELD)
         tasks = []
         for expected, (tag, fn) in enumerate(
                 [("R1", lambda: reader("R1", 0)), ("R2", lambda: reader("R2", 1)),

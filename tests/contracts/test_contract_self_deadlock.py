@@ -20,12 +20,16 @@ from support.contracts import ASYNC_WAYS, BOUND, LEASE_WAYS, Combo, Loop, Subjec
 
 import uni
 
-ASYNC_VARIANT = {
-    "sync-read-lease": "acquire_host_read_access_async",
-    "sync-write-lease": "acquire_host_write_access_async",
-    "sync-op-read": "uni.copy_async",
-    "sync-op-write": "uni.copy_async",
-}
+ASKS = ("sync-read-lease", "sync-write-lease", "sync-op-read", "sync-op-write")
+
+
+def async_variant(subject: Subject, what: str) -> str:
+    """The awaited form a refusal of the sync request ``what`` names."""
+    if what.endswith("-lease"):
+        return subject.lease_function(what.split("-")[1], "async")
+    return "uni.copy_async"
+
+
 LOOP_WORDS = {"trio": "running trio task", "asyncio": "asyncio event loop"}
 
 
@@ -35,8 +39,8 @@ def ask(subject: Subject, what: str, name: str) -> Callable[[], Any]:
     _, src = subject.sources[name]
     _, out = subject.scratch[name, 0]
     return {
-        "sync-read-lease": lambda: uni.acquire_host_read_access_sync(view, timeout=BOUND),
-        "sync-write-lease": lambda: uni.acquire_host_write_access_sync(view, timeout=BOUND),
+        "sync-read-lease": lambda: subject.acquire_sync("read", name, timeout=BOUND),
+        "sync-write-lease": lambda: subject.acquire_sync("write", name, timeout=BOUND),
         "sync-op-read": lambda: uni.copy(view, out),
         "sync-op-write": lambda: uni.copy(src, view),
     }[what]
@@ -69,20 +73,20 @@ def test_a_write_asked_while_holding_a_read_is_refused(combo: Combo, subject: Su
             assert f"read {subject.label('a')}" in message, message  # the held lease
             if loop.is_async:
                 assert type(info.value) is uni.WouldBlockError
-                assert ASYNC_VARIANT[asked] in message and LOOP_WORDS[loop.name] in message
+                assert async_variant(subject, asked) in message and LOOP_WORDS[loop.name] in message
             else:
                 assert type(info.value) is uni.LeaseConflictError
                 assert "this thread holds" in message
             assert queue.pending_count() == 0 and queue.active_count() == 1
             # Data this thread does not hold is granted at once.
-            uni.acquire_host_write_access_sync(subject.view("d"), timeout=0).release()
+            subject.acquire_sync("write", "d", timeout=0).release()
 
     way.run(subject, body)
     assert_idle(subject)
 
 
 @pytest.mark.parametrize("combo", grid([w for w in ASYNC_WAYS if w.kind == "lease"],
-                                       extras=tuple(ASYNC_VARIANT)))
+                                       extras=ASKS))
 def test_a_sync_request_that_would_wait_inside_a_loop_raises(combo: Combo, subject: Subject) -> None:
     way, asked = combo.way, combo.extra
     queue = subject.queue
@@ -104,7 +108,7 @@ def test_a_sync_request_that_would_wait_inside_a_loop_raises(combo: Combo, subje
             with pytest.raises(uni.WouldBlockError) as info:
                 ask(subject, asked, name)()
             message = str(info.value)
-            assert ASYNC_VARIANT[asked] in message and LOOP_WORDS[loop.name] in message, message
+            assert async_variant(subject, asked) in message and LOOP_WORDS[loop.name] in message, message
             assert f"write {subject.label('a')}" in message, message  # what it would wait for
             assert queue.pending_count() == 0
         # What the holder does not hold: the same sync request is fine inside the loop.

@@ -10,6 +10,7 @@ loop), and its concurrency is threads where trio's and asyncio's is tasks.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ import pytest
 import uni
 from support.loops import BOUND, LOOPS, Body, Loop
 from uni import _operation_plan as _plan
+
+# The driver seam moves values in and out of a CUDA lease's device memory: a CUDA lease
+# gives a device pointer (its mdspan's CudaHandle), which only the driver can read or write.
+from uni.cuda import _driver as _cuda_driver
 from uni.storage import MappedFileStorage, Region, StorageBase
 
 SHAPE = (4, 3)
@@ -75,6 +80,60 @@ def make_tensor(storage: str, tmp_path: Any) -> uni.Tensor:
     if storage == "cuda":
         return uni.zeros(SHAPE, device="cuda")
     raise AssertionError(f"unknown storage {storage!r}")
+
+
+def lease_function(host: bool, mode: str, form: str) -> str:
+    """The name of the lease form for data of the domain: ``acquire_host_read_access_sync``
+    on host data, ``acquire_cuda_read_access_sync`` on CUDA data."""
+    return f"acquire_{'host' if host else 'cuda'}_{mode}_access_{form}"
+
+
+# -- values in and out of a CUDA lease ------------------------------------------------------------
+_STREAMS: list[uni.cuda.Stream] = []
+_NEXT_STREAM = itertools.count()
+_STREAMS_LOCK = threading.Lock()
+
+
+def _stream() -> uni.cuda.Stream:
+    """A stream for a CUDA lease of the contracts, from a pool made once per process and
+    never closed. Why not a stream per lease: the simulator starts a stream's worker thread
+    on its first operation while it holds its scheduler lock, and a garbage collection in
+    that thread's start that frees an earlier subject's CUDA memory takes the same lock: a
+    deadlock of uni.cuda._sim (hit in the self-deadlock contract), not of the contracts."""
+    with _STREAMS_LOCK:
+        if len(_STREAMS) < 4:
+            _STREAMS.append(uni.cuda.Stream())
+        return _STREAMS[next(_NEXT_STREAM) % len(_STREAMS)]
+
+
+def _device_extent(lease: Any) -> tuple[int, int, tuple[int, ...]]:
+    """(address, bytes, shape) of a CUDA lease's view; the subject's views are all C-contiguous
+    rows of the tensor, so one linear copy covers each."""
+    span = lease.mdspan()
+    shape = tuple(span.shape)
+    itemsize = np.dtype(np.float64).itemsize
+    expected = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
+    assert tuple(span.strides) == expected, f"a contract view must be contiguous: {span.strides}"
+    count = int(np.prod(shape, dtype=np.int64))
+    return span.data_handle.address(itemsize), count * itemsize, shape
+
+
+def _device_to_host(lease: Any, stream: uni.cuda.Stream) -> np.ndarray[Any, Any]:
+    """Queue the copy of the lease's values into a new host array on ``stream``."""
+    address, nbytes, shape = _device_extent(lease)
+    out = np.empty(shape, np.float64)
+    _cuda_driver.use_device(stream.device)
+    _cuda_driver.seam().memcpy_async(out.ctypes.data, address, nbytes, int(stream.handle))
+    return out
+
+
+def _host_to_device(values: np.ndarray[Any, Any], lease: Any, stream: uni.cuda.Stream) -> None:
+    """Queue the copy of ``values`` into the lease's device memory on ``stream`` (``values``
+    must live until the stream has run it)."""
+    address, nbytes, shape = _device_extent(lease)
+    assert values.shape == shape and values.flags.c_contiguous and values.dtype == np.float64
+    _cuda_driver.use_device(stream.device)
+    _cuda_driver.seam().memcpy_async(address, values.ctypes.data, nbytes, int(stream.handle))
 
 
 class Failing:
@@ -147,9 +206,58 @@ class Subject:
     def host(self) -> bool:
         return self.storage != "cuda"
 
+    def lease_function(self, mode: str, form: str) -> str:
+        """The name of the lease form for this subject's data (``mode`` read/write, ``form``
+        sync/async): the host forms, or the CUDA forms on CUDA data."""
+        return lease_function(self.host, mode, form)
+
+    def acquire_sync(self, mode: str, name: str, **options: Any) -> Any:
+        """A sync lease on view ``name`` by the form for this subject's data."""
+        return getattr(uni, self.lease_function(mode, "sync"))(self.view(name), **options)
+
+    async def hold(self, loop: Loop, name: str, value: float) -> Any:
+        """A blocker: a write lease on view ``name`` that has written ``value``; the caller
+        releases it (``release()``). Nothing else is queued when it is asked, so it is granted
+        at once: a plain sync lease on host data (fine in any loop); on CUDA data, where the
+        device work of earlier accesses may still run, the form of ``loop`` (inside a loop a
+        sync CUDA lease would wait for it on the host: WouldBlockError)."""
+        if self.host:
+            lease = self.acquire_sync("write", name, timeout=BOUND)
+            np.asarray(lease.mdspan())[...] = value
+            return lease
+        values = np.full(self.view(name).shape, value)
+        stream = _stream()
+        if loop.is_async:
+            lease = await uni.acquire_cuda_write_access_async(self.view(name), stream)
+        else:
+            lease = self.acquire_sync("write", name, timeout=BOUND)
+        try:
+            _host_to_device(values, lease, stream)
+            if loop.is_async:
+                await stream.synchronize_async()
+            else:
+                stream.synchronize()  # its work is over: a plain release() says so
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
     def label(self, name: str) -> str:
         """How uni names a lease on view ``name`` in messages."""
         return f"lease on Tensor(shape={self.view(name).shape}, dtype=float64)"
+
+    async def settled(self, loop: Loop) -> None:
+        """Wait until the device work of every earlier access is over (the fill's copy, the
+        cached plan state's operations): a contract starts from data nobody uses, so a sync
+        request it expects granted at once is not refused for device work still running
+        (inside a loop that would be a WouldBlockError, rightly). Host data has none."""
+        queue = self.queue
+        if loop.is_async:
+            await loop.until(lambda: all(f.done() for f in queue.outstanding_fences()),
+                             "the device work of earlier accesses")
+        else:
+            for fence in queue.outstanding_fences():
+                fence.wait()
 
     async def warm(self, way: Way) -> None:
         """The cached plan state: run the way's reads and writes on these very views often
@@ -177,16 +285,16 @@ def assert_idle(subject: Subject) -> None:
     for fence in queue.outstanding_fences():
         fence.wait()
     assert queue.busy_reason() is None, queue.busy_reason()
-    if subject.host:
-        uni.acquire_host_write_access_sync(subject.t, timeout=0).release()
+    subject.acquire_sync("write", "all", timeout=0).release()
 
 
 # -- ways in ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Way:
-    """One way in: ``kind`` is ``lease`` (acquire_host_*_access) or ``op`` (uni.copy as the
-    writer and the reader), run by ``loop`` (sync forms under ``sync``, awaited ``_async``
-    forms under trio or asyncio)."""
+    """One way in: ``kind`` is ``lease`` (acquire_host_*_access, or on CUDA data
+    acquire_cuda_*_access with a stream of its own) or ``op`` (uni.copy as the writer and the
+    reader), run by ``loop`` (sync forms under ``sync``, awaited ``_async`` forms under trio
+    or asyncio)."""
 
     kind: str
     loop: Loop
@@ -207,21 +315,54 @@ class Way:
         async def main(loop: Loop) -> Any:
             if subject.plan == "cached":
                 await subject.warm(self)
+            await subject.settled(loop)
             return await body(loop)
 
         return self.loop.run(main)
 
-    # A lease on CUDA data is a CUDA lease, with a stream: not these host forms.
-    def _host_only(self, subject: Subject) -> None:
-        if self.kind == "lease" and not subject.host:
-            raise AssertionError("host lease ways do not apply to CUDA data")
+    # -- a lease on CUDA data: a CUDA lease with a stream of its own --------------------------
+    @contextlib.asynccontextmanager
+    async def _cuda_lease(self, subject: Subject, name: str, mode: str,
+                          **options: Any) -> AsyncIterator[tuple[Any, uni.cuda.Stream]]:
+        """The CUDA lease of this way's loop on view ``name`` and the stream (of a pool)
+        its work runs on: the stream-ordered ``_async`` form under trio or asyncio (the stream waits for
+        earlier writers on the device), the ``_sync`` form under ``sync`` (the host waited;
+        the block synchronizes its stream before the release, so a plain release is right)."""
+        view = subject.view(name)
+        stream = _stream()
+        if self.loop.is_async:
+            pending = getattr(uni, lease_function(False, mode, "async"))(view, stream, **options)
+            async with pending as lease:
+                yield lease, stream
+        else:
+            with getattr(uni, lease_function(False, mode, "sync"))(
+                    view, timeout=BOUND, **options) as lease:
+                yield lease, stream
+
+    async def _synchronize(self, stream: uni.cuda.Stream) -> None:
+        if self.loop.is_async:
+            await stream.synchronize_async()
+        else:
+            stream.synchronize()
 
     @contextlib.asynccontextmanager
     async def writing(self, subject: Subject, name: str, *,
                       overwrite: bool = False) -> AsyncIterator[np.ndarray[Any, Any]]:
-        """A write lease on view ``name``: the writable numpy view of its data."""
-        self._host_only(subject)
+        """A write lease on view ``name``: the writable numpy view of its data (on CUDA data,
+        a host copy of it, copied back under the lease when the block succeeds)."""
         view = subject.view(name)
+        if not subject.host:
+            async with self._cuda_lease(subject, name, "write", overwrite=overwrite) as (
+                    lease, stream):
+                if overwrite:
+                    data = np.zeros(view.shape)
+                else:
+                    data = _device_to_host(lease, stream)
+                    await self._synchronize(stream)
+                yield data
+                _host_to_device(data, lease, stream)
+                await self._synchronize(stream)  # ``data`` is read until the copy ran
+            return
         if self.loop.is_async:
             async with uni.acquire_host_write_access_async(view, overwrite=overwrite) as lease:
                 yield np.asarray(lease.mdspan())
@@ -246,7 +387,13 @@ class Way:
             return
         # allow_poisoned is a lease option (operations have none): op ways read anyway
         # through the lease form of their loop.
-        self._host_only(subject)
+        if not subject.host:
+            async with self._cuda_lease(subject, name, "read",
+                                        allow_poisoned=allow_poisoned) as (lease, stream):
+                values = _device_to_host(lease, stream)
+                await self._synchronize(stream)
+                yield values
+            return
         if self.loop.is_async:
             async with uni.acquire_host_read_access_async(view, allow_poisoned=allow_poisoned) as lease:
                 yield np.array(lease.mdspan(), copy=True)
@@ -314,14 +461,14 @@ class Combo:
         return "/".join([*parts, self.extra] if self.extra else parts)
 
 
-def grid(ways: Iterable[Way], extras: Iterable[str] = ("",), cuda: bool = False,
+def grid(ways: Iterable[Way], extras: Iterable[str] = ("",), cuda: bool = True,
          known: Callable[[Combo], str | None] | None = None) -> list[Any]:
     """pytest params over ways x storages x plans (x extras), ids naming the combination.
     ``known(combo)`` names the uni defect a combination shows: it is marked
     ``xfail(strict=True, raises=AssertionError)``, so the day the defect is fixed it fails and
-    the entry must go. CUDA combinations run only where
-    a device is usable (the ``subject`` fixture skips with the reason) and only for contracts
-    that say ``cuda=True`` with op ways: the host lease forms do not apply to CUDA data."""
+    the entry must go. CUDA combinations run only where a device is usable, the simulated one
+    included (the ``subject`` fixture skips with the reason); ``cuda=False`` skips them for a
+    contract not written for CUDA data yet."""
     params = []
     for w in ways:
         for storage in STORAGES:
@@ -331,9 +478,9 @@ def grid(ways: Iterable[Way], extras: Iterable[str] = ("",), cuda: bool = False,
                     marks: list[Any] = []
                     if storage == "cuda":
                         marks.append(pytest.mark.cuda)
-                        if not cuda or w.kind == "lease":
+                        if not cuda:
                             marks.append(pytest.mark.skip(reason=CUDA_NOT_WRITTEN))
-                    reason = None if known is None or storage == "cuda" else known(combo)
+                    reason = None if known is None else known(combo)
                     if reason is not None:
                         marks.append(pytest.mark.xfail(strict=True, raises=AssertionError,
                                                        reason=reason))
@@ -341,5 +488,4 @@ def grid(ways: Iterable[Way], extras: Iterable[str] = ("",), cuda: bool = False,
     return params
 
 
-CUDA_NOT_WRITTEN = ("needs host leases on the data (a blocker, a holder or the way in itself); "
-                    "CUDA leases take a stream (acquire_cuda_*): not written for CUDA yet")
+CUDA_NOT_WRITTEN = "this contract is not written for CUDA data yet"
