@@ -39,6 +39,7 @@ uni.dask's task (tiny tiles, so that data costs nothing).
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import shutil
 import statistics
@@ -170,42 +171,36 @@ def run_uni(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
             "cpu": after[2] - before[2], "error": error}
 
 
-def run_dask(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
-             ) -> dict[str, Any]:
-    c_path = os.path.join(workdir, f"d{n}.zarr")
+def _run_graph(workdir: str, a_path: str, b_path: str, n: int, codec: str, name: str,
+               warm: Any, matmul: Any) -> dict[str, Any]:
+    """One run of a dask-graph contender: ``matmul(A, B).to_zarr(C)`` over ``dask.array``."""
+    c_path = os.path.join(workdir, f"{name}{n}.zarr")
     target = _array(c_path, n, codec)
     with _cluster() as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
-        client.run(_warm_dask)
+        client.run(warm)
         before = _counters(client)
         start = time.perf_counter()
-        (da.from_zarr(a_path) @ da.from_zarr(b_path)).to_zarr(target)
+        matmul(da.from_zarr(a_path), da.from_zarr(b_path)).to_zarr(target)
         seconds = time.perf_counter() - start
         after = _counters(client)
     error = _check(c_path, a_path, b_path)
     shutil.rmtree(c_path)
     return {"s": seconds, "rchar": after[0] - before[0], "moved": after[1] - before[1],
             "cpu": after[2] - before[2], "error": error}
+
+
+def run_dask(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
+             ) -> dict[str, Any]:
+    """dask's own matmul on the same cluster and stores."""
+    return _run_graph(workdir, a_path, b_path, n, codec, "d", _warm_dask, operator.matmul)
 
 
 def run_matmul(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
                ) -> dict[str, Any]:
     """The functional layer: ``uni.dask.matmul`` over ``dask.array`` (dask's graph, uni's
     kernel per block), into a store like dask's."""
-    c_path = os.path.join(workdir, f"m{n}.zarr")
-    target = _array(c_path, n, codec)
-    with _cluster() as cluster, Client(cluster) as client:
-        client.wait_for_workers(2)
-        client.run(_warm_uni)
-        before = _counters(client)
-        start = time.perf_counter()
-        ud.matmul(da.from_zarr(a_path), da.from_zarr(b_path)).to_zarr(target)
-        seconds = time.perf_counter() - start
-        after = _counters(client)
-    error = _check(c_path, a_path, b_path)
-    shutil.rmtree(c_path)
-    return {"s": seconds, "rchar": after[0] - before[0], "moved": after[1] - before[1],
-            "cpu": after[2] - before[2], "error": error}
+    return _run_graph(workdir, a_path, b_path, n, codec, "m", _warm_uni, ud.matmul)
 
 
 def _mib(nbytes: float) -> str:

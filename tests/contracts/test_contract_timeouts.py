@@ -16,21 +16,8 @@ import uni
 ASKS = ("sync-read-lease", "sync-write-lease", "op-future-result")
 
 def known(check: str, combo: Combo) -> str | None:
-    if combo.storage == "cuda" and combo.extra == "op-future-result":
-        # uni/cuda/_executor.py makes the OpFuture of a CUDA operation without its job, so
-        # OpFuture.result(timeout) (uni/_future.py) cannot find the access still waiting and
-        # raises a plain TimeoutError ("still waiting for its leases or running") instead of
-        # a LeaseTimeoutError naming the held lease and its holder.
-        return ("defect: OpFuture.result(timeout) of a CUDA operation waiting for a lease "
-                "raises a plain TimeoutError, not LeaseTimeoutError naming the held lease "
-                "(uni/cuda/_executor.py builds the OpFuture without its job)")
-    if check == "holder" and combo.storage == "cuda" and combo.way.loop.is_async:
-        # uni/_acquire.py's host path sets ``owner_thread = TaskOwner(library)`` once an
-        # awaited lease is granted (SPEC §4: a time-out names who holds it);
-        # PendingCudaAcquisition._acquire (uni/cuda/_lease.py) does not.
-        return ("defect: a stream-ordered CUDA lease held by a trio/asyncio task is not named "
-                "by its holder in a time-out (PendingCudaAcquisition._acquire in "
-                "uni/cuda/_lease.py never sets the request's owner_thread to the task)")
+    # Every combination holds (the two CUDA defects this named are fixed: a CUDA operation's
+    # OpFuture now has its job, a task-held CUDA lease names its task).
     return None
 
 

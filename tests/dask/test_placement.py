@@ -20,8 +20,8 @@ zarr = pytest.importorskip("zarr")
 
 from distributed import Client  # noqa: E402
 from support.dask_cluster import process_client  # noqa: E402
+from support.tiled import ints, put  # noqa: E402
 
-import uni  # noqa: E402
 import uni.dask as ud  # noqa: E402
 from uni.dask import _ops  # noqa: E402
 from uni.dask._cache import ReadCache  # noqa: E402
@@ -69,15 +69,6 @@ def client() -> Iterator[Client]:
         yield c
 
 
-def ints(shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(seed).integers(-9, 10, size=shape).astype(np.float64)
-
-
-def put(t: ud.TiledTensor, array: np.ndarray[Any, Any]) -> ud.TiledTensor:
-    for index in t.tiles():
-        with uni.acquire_host_write_access_sync(t.tile(index), overwrite=True) as lease:
-            np.asarray(lease.mdspan())[...] = array[t.tile_slices(index)]
-    return t
 
 
 def _restrictions(keys: list[Any], dask_scheduler: Any = None) -> dict[Any, Any]:

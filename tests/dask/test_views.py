@@ -22,6 +22,7 @@ import dask.array as da  # noqa: E402
 from distributed import Client  # noqa: E402
 from support.dask_cluster import process_client  # noqa: E402
 from support.dask_kernels import FailOn, Slow, add_one  # noqa: E402
+from support.tiled import ints, put  # noqa: E402
 
 import uni  # noqa: E402
 import uni.dask as ud  # noqa: E402
@@ -47,18 +48,6 @@ def fresh(tmp_path: Any, stem: str) -> str:
 def stored(t: ud.TiledTensor) -> np.ndarray[Any, Any]:
     """What Zarr itself reads from the whole store (not through uni.dask)."""
     return np.asarray(zarr.open_array(t.path, mode="r")[...])
-
-
-def ints(shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(seed).integers(-9, 10, size=shape).astype(np.float64)
-
-
-def put(t: ud.TiledTensor, array: np.ndarray[Any, Any]) -> ud.TiledTensor:
-    """Write ``array`` into every tile of ``t`` here, through write leases."""
-    for index in t.tiles():
-        with uni.acquire_host_write_access_sync(t.tile(index), overwrite=True) as lease:
-            np.asarray(lease.mdspan())[...] = array[t.tile_slices(index)]
-    return t
 
 
 def make(tmp_path: Any, kind: str, array: np.ndarray[Any, Any], chunks: Any

@@ -6,7 +6,8 @@ import asyncio
 import contextvars
 import enum
 import threading
-from typing import Final
+import weakref
+from typing import Any, Final
 
 import trio
 
@@ -63,22 +64,26 @@ class TaskOwner(Owner):
         self.library = library
         self.thread = threading.current_thread()
         try:
-            self.task: object = (trio.lowlevel.current_task() if library == "trio"
-                                 else asyncio.current_task())
+            task: object = (trio.lowlevel.current_task() if library == "trio"
+                            else asyncio.current_task())
         except RuntimeError:  # not inside a task after all
-            self.task = None
+            task = None
+        # Weakly: a task that finished holds its result, perhaps the very lease whose request
+        # holds this owner, and the queue holds the request: a strong reference would keep a
+        # dropped lease alive (never finalized, never released) for as long as its storage.
+        self.task: weakref.ref[Any] | None = None if task is None else weakref.ref(task)
 
     def __repr__(self) -> str:
         return f"<uni owner: {self.describe()}>"
 
     def describe(self) -> str:
-        task = self.task
+        task = None if self.task is None else self.task()
         if task is None:
-            label = "?"
+            label = "(finished)"
         elif self.library == "trio":
             label = getattr(task, "name", "?")
         else:
-            label = task.get_name()  # type: ignore[attr-defined]
+            label = task.get_name()
         return f"{self.library} task {label!r} in thread {self.thread.name!r}"
 
 

@@ -171,7 +171,9 @@ class CudaExecutor:
             run_soon(lambda: context.run(launch))
         for item in items:
             item.access.wait_with(StreamWaiter(stream, granted))
-        return OpFuture(job.op, future, job.describe())
+        # With its job: result(timeout) names the lease it still waits for, and refuses a
+        # wait on a lease this very thread holds, as a host operation's does.
+        return OpFuture(job.op, future, job.describe(), job)
 
 
 def _complete(future: concurrent.futures.Future[Any], fence: Any, backend: Any) -> None:

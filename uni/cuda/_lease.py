@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 from uni._access import Access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._acquire import PendingAcquisition, spec_of
-from uni._core import wait_fences_async
+from uni._core import running_library, wait_fences_async
+from uni._core._owners import TaskOwner
 from uni._dlpack import kDLCUDA
 from uni._errors import DomainError, LeaseError, LeaseReleasedError
 from uni._handle import CUDA
@@ -364,6 +365,11 @@ class PendingCudaAcquisition(PendingAcquisition[CL], Generic[CL]):
         self._state = "awaiting"
         access = self._access
         await access.wait_grant_async()
+        # Granted: from now on a time-out behind it names this task (SPEC §4: who holds it),
+        # as the host path does (uni/_acquire.py).
+        library = running_library()
+        if library is not None:
+            access.request.owner_thread = TaskOwner(library)
         stream = self._stream
         if access.request.fences:
             device, host = split_fences(access.request.fences)
