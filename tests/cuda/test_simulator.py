@@ -408,6 +408,7 @@ def test_two_d_copies_move_rows_between_pitches(sim: Simulator) -> None:
     host = np.arange(24, dtype=np.uint8).reshape(4, 6)
     buf = sim.mem_alloc(4 * 8)
     sim.memset(buf, 0, 1, 32)
+    release = gate(sim, s)  # the copy below stays pending until released: no timing involved
     sim.memcpy_2d_async(Copy2D(host.ctypes.data + 1, 6, False, buf, 8, True, 3, 4), s)
     back = np.zeros((4, 3), np.uint8)
     read_back = Copy2D(buf, 8, True, back.ctypes.data, 3, False, 3, 4)
@@ -415,6 +416,7 @@ def test_two_d_copies_move_rows_between_pitches(sim: Simulator) -> None:
     # work does not order: a race until that work is done.
     with pytest.raises(HazardError):
         sim.memcpy_2d(read_back)
+    release()
     sim.stream_synchronize(s)
     sim.memcpy_2d(read_back)
     assert (back == host[:, 1:4]).all()
@@ -777,3 +779,25 @@ def test_pinned_views_are_plain_host_memory(sim: Simulator) -> None:
     ptr, view = pinned(sim, 16, np.float64)
     view[:] = [1.5, 2.5]
     assert ctypes.c_double.from_address(ptr).value == 1.5
+
+
+def test_a_streams_worker_starts_outside_the_schedulers_lock(sim: Simulator,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    # A thread's start-up may run a garbage collection whose finalizers free CUDA memory,
+    # which enqueues and so takes the scheduler's lock: a worker started under that lock
+    # would wait for its starter, which waits for it (a hang the contracts once met).
+    held: list[bool] = []
+    start = threading.Thread.start
+
+    def watched(thread: threading.Thread) -> None:
+        if thread.name.startswith("uni-sim-"):
+            held.append(sim.scheduler.lock._is_owned())  # type: ignore[attr-defined]
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", watched)
+    s = sim.stream_create()
+    buf = sim.mem_alloc(32)
+    sim.memset_async(buf, 0, 1, 32, s)
+    sim.stream_synchronize(s)
+    assert held == [False]

@@ -96,10 +96,10 @@ _STREAMS_LOCK = threading.Lock()
 
 def _stream() -> uni.cuda.Stream:
     """A stream for a CUDA lease of the contracts, from a pool made once per process and
-    never closed. Why not a stream per lease: the simulator starts a stream's worker thread
-    on its first operation while it holds its scheduler lock, and a garbage collection in
-    that thread's start that frees an earlier subject's CUDA memory takes the same lock: a
-    deadlock of uni.cuda._sim (hit in the self-deadlock contract), not of the contracts."""
+    never closed (a stream per lease would cost a worker thread each on the simulated device).
+    The pool also kept the contracts clear of a simulator hang they found, since fixed: a
+    stream's worker thread was started under the scheduler's lock, which a finalizer run in
+    that thread's start-up needs (tests/cuda/test_simulator.py pins the fix)."""
     with _STREAMS_LOCK:
         if len(_STREAMS) < 4:
             _STREAMS.append(uni.cuda.Stream())

@@ -92,14 +92,19 @@ class SimStream:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def push(self, op: Op) -> None:
+    def push(self, op: Op) -> threading.Thread | None:
+        """Queue ``op``; the stream's worker thread when it is new: the caller starts it once
+        it holds no lock. A thread's start-up may run a garbage collection whose finalizers
+        (a CUDA buffer freeing its memory) enqueue, which takes the scheduler's lock: started
+        under it, the new thread would wait for the starter, which waits for the thread."""
         with self._cond:
             self._queue.append(op)
+            new = None
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, daemon=True,
-                                                name=f"uni-sim-{self.label}")
-                self._thread.start()
+                new = self._thread = threading.Thread(target=self._work, daemon=True,
+                                                      name=f"uni-sim-{self.label}")
             self._cond.notify()
+        return new
 
     def close(self) -> None:
         with self._cond:
@@ -108,7 +113,7 @@ class SimStream:
 
     def join(self, timeout: float) -> None:
         thread = self._thread
-        if thread is not None:
+        if thread is not None and thread.ident is not None:  # made and started (see push)
             thread.join(timeout)
 
     def _work(self) -> None:
@@ -276,8 +281,10 @@ class Scheduler:
             if self.jitter:
                 op.delay = self.jitter * jitter_unit(self.seed, stream.number, op.seq)
             stream.tail = op
-            stream.push(op)
-            return op
+            worker = stream.push(op)
+        if worker is not None:
+            worker.start()  # outside every lock (see SimStream.push)
+        return op
 
     def _implicit(self, stream: SimStream) -> list[SimStream]:
         """The streams CUDA's legacy-stream rule orders ``stream``'s next operation after."""
