@@ -347,13 +347,28 @@ def test_awaiting_a_device_operation_in_trio_keeps_the_loop_responsive() -> None
 
         with uni.cuda.Stream() as s, Gate(s) as gate:
             future = uni.transform_async(y, uni.ops.add, x, 1.0, stream=s)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(ticker)
-                await trio.sleep(0.05)
-                assert not future.done()
+            pending: list[bool] = []
+
+            async def opener() -> None:
+                # Order, not durations: the gate opens once the ticker ran 20 times while
+                # main awaits the pending operation (an await that blocked the loop would let
+                # neither run: the timer below then opens it, and too few ticks fail the test).
+                while ticks < 20:
+                    await trio.sleep(0.001)
+                pending.append(not future.done())
                 gate.open()
-                await future
-                nursery.cancel_scope.cancel()
+
+            rescue = threading.Timer(60, gate.open)
+            rescue.start()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(ticker)
+                    nursery.start_soon(opener)
+                    await future
+                    nursery.cancel_scope.cancel()
+            finally:
+                rescue.cancel()
+            assert pending == [True]
         assert ticks >= 20
 
     trio.run(main)

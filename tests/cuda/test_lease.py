@@ -550,11 +550,25 @@ def test_an_awaited_event_wakes_trio_while_the_loop_stays_responsive() -> None:
 
         with uni.cuda.Stream() as s, Gate(s) as gate:
             event = s.record()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(ticker)
-                threading.Timer(0.05, gate.open).start()
-                await event
-                nursery.cancel_scope.cancel()
+
+            async def opener() -> None:
+                # Order, not durations: the gate opens once the ticker ran 20 times while
+                # main awaits the event (a blocking await would let neither run: the timer
+                # below then opens it, and too few ticks fail the test).
+                while ticks < 20:
+                    await trio.sleep(0.001)
+                gate.open()
+
+            rescue = threading.Timer(60, gate.open)
+            rescue.start()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(ticker)
+                    nursery.start_soon(opener)
+                    await event
+                    nursery.cancel_scope.cancel()
+            finally:
+                rescue.cancel()
         assert ticks >= 20
 
     with warnings.catch_warnings():
