@@ -327,8 +327,17 @@ async def test_waiting_does_not_block_the_event_loop_nor_poll(loop: Loop) -> Non
     t = uni.zeros((3,))
     holder = write_sync(t)
     np.asarray(holder.mdspan())[...] = 5.0
-    timer = threading.Timer(0.2, holder.release)  # released from another thread
     ticks = 0
+    beaten = threading.Event()
+
+    def release_once_ticked() -> None:
+        # Released from another thread, once the ticker ran 5 times beside the parked waiter
+        # (order, not durations; a loop blocked by the waiter never ticks: released after 60 s
+        # anyway, the tick count then fails the test).
+        beaten.wait(60)
+        holder.release()
+
+    timer = threading.Thread(target=release_once_ticked)
     got: list[np.ndarray[Any, Any]] = []
     waiter_task: list[trio.lowlevel.Task] = []
     counter = StepCounter()
@@ -345,6 +354,8 @@ async def test_waiting_does_not_block_the_event_loop_nor_poll(loop: Loop) -> Non
         nonlocal ticks
         while not got:
             ticks += 1
+            if ticks >= 5 and not got:
+                beaten.set()
             await loop.sleep(0.01)
 
     try:

@@ -200,17 +200,26 @@ def test_asyncio_polls_with_a_back_off_and_keeps_the_loop_running() -> None:
             return flag.is_set()
 
         async def ticker() -> None:
+            # Order, not durations: the flag is set once the loop ticked 50 times beside the
+            # poll (a poll that blocked the loop would let it never tick: set after 60 s
+            # anyway, the counts then fail the test).
             nonlocal ticks
             while not flag.is_set():
                 ticks += 1
+                if ticks >= 50:
+                    flag.set()
                 await asyncio.sleep(0.001)
 
         tick = asyncio.ensure_future(ticker())
-        threading.Timer(0.1, flag.set).start()
+        rescue = threading.Timer(60, flag.set)
+        rescue.start()
         await poll_until_async(done)
+        rescue.cancel()
         await tick
-        assert ticks > 10  # the loop ran on while the poll waited
-        assert 5 < asks < 80  # backed off: 50 us doubling to 5 ms, ~25 asks in 0.1 s
+        assert ticks >= 50  # the loop ran on while the poll waited
+        # Backed off (50 us doubling to 5 ms): asked fewer times than a 1 ms ticker ticked,
+        # yet more than once or twice; a poll at a fixed short interval would ask more.
+        assert 5 < asks < ticks
 
     run(main)
 

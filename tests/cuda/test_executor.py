@@ -192,14 +192,20 @@ def test_awaiting_in_trio_keeps_the_loop_responsive() -> None:
         future = transform_async(out, a, stream=stream, backend=RecordingBackend())
         ticks = 0
 
+        beaten = threading.Event()
+
         async def ticker() -> None:
             nonlocal ticks
             while True:
                 ticks += 1
+                if ticks >= 5:
+                    beaten.set()
                 await trio.sleep(0.001)
 
         def complete_later() -> None:
-            time.sleep(0.05)
+            # Order, not durations: the device "finishes" once the loop ticked 5 times beside
+            # the await (after 60 s anyway if the await blocked it; the count then fails).
+            beaten.wait(60)
             stream.events[0].complete()
 
         async with trio.open_nursery() as nursery:

@@ -165,15 +165,25 @@ def test_host_fences_of_a_stream_lease_are_awaited_without_blocking_the_loop() -
     async def main() -> None:
         ticks = 0
 
+        beaten = threading.Event()
+
         async def ticker() -> None:
             nonlocal ticks
             while True:
                 ticks += 1
+                if ticks >= 5:
+                    beaten.set()
                 await trio.sleep(0.001)
+
+        def finish_host_work() -> None:
+            # Order, not durations: the host fence is done once the loop ticked 5 times beside
+            # the waiting acquisition (set after 60 s anyway if the loop was blocked).
+            beaten.wait(60)
+            host.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ticker)
-            threading.Timer(0.05, host.set).start()
+            threading.Thread(target=finish_host_work).start()
             async with uni.acquire_cuda_read_access_async(t, s):
                 assert host.done()
             nursery.cancel_scope.cancel()

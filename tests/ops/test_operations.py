@@ -704,13 +704,19 @@ async def test_two_big_gemms_in_parallel_complete(loop: Loop) -> None:
 
 @each_loop
 async def test_the_event_loop_keeps_running_while_an_operation_runs(loop: Loop) -> None:
-    slow = Gate(f"test-ops-slow-{loop}", delay=0.3)
+    # Order, not durations: the kernel finishes only once the heartbeat beat 5 times while
+    # the operation ran (an await that blocked the loop would let it never beat: the gate's
+    # own 10 s bound then fails the test).
+    beaten = threading.Event()
+    slow = Gate(f"test-ops-slow-{loop}", event=beaten)
     ticks = 0
 
     async def heartbeat() -> None:
         nonlocal ticks
         while True:
             ticks += 1
+            if ticks >= 5:
+                beaten.set()
             await loop.sleep(0.01)
 
     c = uni.zeros((2, 2))
