@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import trio
 from support.cuda_doubles import FakeEvent, RecordingBackend, RecordingStream, fake_cuda, requests
+from support.ticking import await_beside_ticker
 
 import uni
 from uni._core import HostFence
@@ -190,31 +191,9 @@ def test_awaiting_in_trio_keeps_the_loop_responsive() -> None:
 
     async def main() -> None:
         future = transform_async(out, a, stream=stream, backend=RecordingBackend())
-        ticks = 0
-
-        beaten = threading.Event()
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                if ticks >= 5:
-                    beaten.set()
-                await trio.sleep(0.001)
-
-        def complete_later() -> None:
-            # Order, not durations: the device "finishes" once the loop ticked 5 times beside
-            # the await (after 60 s anyway if the await blocked it; the count then fails).
-            beaten.wait(60)
-            stream.events[0].complete()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
-            thread = threading.Thread(target=complete_later)
-            thread.start()
-            assert await future == "recording"
-            nursery.cancel_scope.cancel()
-        thread.join()
+        # (the event is recorded once the operation is submitted: looked up when released)
+        result, ticks = await await_beside_ticker(future, lambda: stream.events[0].complete(), 5)
+        assert result == "recording"
         assert ticks >= 5  # the loop ran while the device "worked"
 
     trio.run(main)
@@ -343,37 +322,15 @@ def test_awaiting_a_device_operation_in_trio_keeps_the_loop_responsive() -> None
     y = uni.zeros((1 << 16,), device="cuda")
 
     async def main() -> None:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await trio.sleep(0.001)
-
         with uni.cuda.Stream() as s, Gate(s) as gate:
             future = uni.transform_async(y, uni.ops.add, x, 1.0, stream=s)
             pending: list[bool] = []
 
-            async def opener() -> None:
-                # Order, not durations: the gate opens once the ticker ran 20 times while
-                # main awaits the pending operation (an await that blocked the loop would let
-                # neither run: the timer below then opens it, and too few ticks fail the test).
-                while ticks < 20:
-                    await trio.sleep(0.001)
+            def release() -> None:
                 pending.append(not future.done())
                 gate.open()
 
-            rescue = threading.Timer(60, gate.open)
-            rescue.start()
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(ticker)
-                    nursery.start_soon(opener)
-                    await future
-                    nursery.cancel_scope.cancel()
-            finally:
-                rescue.cancel()
+            _, ticks = await await_beside_ticker(future, release, 20)
             assert pending == [True]
         assert ticks >= 20
 

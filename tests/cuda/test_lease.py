@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import trio
 from support.cuda_doubles import FAKE_PTR, FakeEvent, RecordingStream, fake_cuda, requests
+from support.ticking import await_beside_ticker
 
 import uni
 from uni._core import HostFence
@@ -163,30 +164,10 @@ def test_host_fences_of_a_stream_lease_are_awaited_without_blocking_the_loop() -
     s = RecordingStream()
 
     async def main() -> None:
-        ticks = 0
-
-        beaten = threading.Event()
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                if ticks >= 5:
-                    beaten.set()
-                await trio.sleep(0.001)
-
-        def finish_host_work() -> None:
-            # Order, not durations: the host fence is done once the loop ticked 5 times beside
-            # the waiting acquisition (set after 60 s anyway if the loop was blocked).
-            beaten.wait(60)
-            host.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
-            threading.Thread(target=finish_host_work).start()
-            async with uni.acquire_cuda_read_access_async(t, s):
-                assert host.done()
-            nursery.cancel_scope.cancel()
+        lease, ticks = await await_beside_ticker(uni.acquire_cuda_read_access_async(t, s),
+                                                 host.set, 5)
+        assert host.done()
+        lease.release()
         assert ticks >= 5
         # The device fence was waited for on the stream (through the combined fence).
         (waited,) = s.waited_for()
@@ -550,35 +531,8 @@ def test_an_awaited_event_wakes_trio_while_the_loop_stays_responsive() -> None:
     from support.cuda_gate import Gate
 
     async def main() -> None:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await trio.sleep(0.001)
-
         with uni.cuda.Stream() as s, Gate(s) as gate:
-            event = s.record()
-
-            async def opener() -> None:
-                # Order, not durations: the gate opens once the ticker ran 20 times while
-                # main awaits the event (a blocking await would let neither run: the timer
-                # below then opens it, and too few ticks fail the test).
-                while ticks < 20:
-                    await trio.sleep(0.001)
-                gate.open()
-
-            rescue = threading.Timer(60, gate.open)
-            rescue.start()
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(ticker)
-                    nursery.start_soon(opener)
-                    await event
-                    nursery.cancel_scope.cancel()
-            finally:
-                rescue.cancel()
+            _, ticks = await await_beside_ticker(s.record(), gate.open, 20)
         assert ticks >= 20
 
     with warnings.catch_warnings():
