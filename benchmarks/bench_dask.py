@@ -15,7 +15,11 @@ cluster; the input files sit in the page cache (they were just written).
 - reference: dask's own matmul, ``(da.from_zarr(A) @ da.from_zarr(B)).to_zarr(C2)`` into a
   store like C.
 - uni.dask.matmul (the functional layer): ``ud.matmul(da.from_zarr(A), da.from_zarr(B))``
-  ``.to_zarr(C3)``: dask's graph with uni's kernel per block (``--no-matmul`` leaves it out).
+  ``.to_zarr(C3)`` (``--no-matmul`` leaves it out). Its operands are plain from_zarr reads,
+  so each output block's task reads its panels from the stores, placed as gemm's tiles;
+  ``UNI_DASK_ROUTE_ZARR=0`` runs it as dask's graph with uni's kernel per block instead.
+  Like dask's own, its result goes through ``to_zarr`` into an existing array, which dask
+  rechunks to its "auto" chunks (128 MiB: one block at N = 4096) before storing.
 
 The contenders run in turn, the order rotated every repetition; each case reports medians,
 the paired ratios (dask / uni per repetition), the 1-minute load average, and the CPU
@@ -33,7 +37,8 @@ and uni's first-call costs are paid on the workers before the timing, for both c
 ``--costs`` measures instead the per-tile costs that docs/scale-out.md's "Scale on paper"
 model uses: reading a 1024 x 1024 float64 tile (mapped raw, decoded zstd), one k-step of
 its gemm, committing it (raw, zstd), and the overhead per task of the scheduler and of
-uni.dask's task (tiny tiles, so that data costs nothing).
+uni.dask's task (tiny tiles, so that data costs nothing), unplaced (``map_tiles``) and
+placed (``gemm``'s tiles, ``uni.dask.matmul``'s blocks over ``da.from_zarr`` reads).
 """
 
 from __future__ import annotations
@@ -198,8 +203,8 @@ def run_dask(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
 
 def run_matmul(workdir: str, a_path: str, b_path: str, n: int, codec: str = "raw"
                ) -> dict[str, Any]:
-    """The functional layer: ``uni.dask.matmul`` over ``dask.array`` (dask's graph, uni's
-    kernel per block), into a store like dask's."""
+    """The functional layer: ``uni.dask.matmul`` over ``dask.array`` reads of the stores
+    (routed to stored-panel tasks, see ``uni.dask._functional``), into a store like dask's."""
     return _run_graph(workdir, a_path, b_path, n, codec, "m", _warm_uni, ud.matmul)
 
 
@@ -378,6 +383,39 @@ def _loop_cpu() -> float:
     return time.thread_time()
 
 
+def _placed_task_costs(client: Client, workdir: str) -> dict[str, float]:
+    """Per task of the placed kinds, on 1 x 1 tiles (TINY_TASKS of them, k = 1): a
+    uni.dask.gemm tile (registered with its worker), and a block of uni.dask.matmul over
+    two da.from_zarr reads (placed by the scheduler's plugin as the graph arrives)."""
+    rows, cols = 24, TINY_TASKS // 24
+    costs: dict[str, float] = {}
+    with ud.session(client):
+        a = ud.full(os.path.join(workdir, "pa.zarr"), (rows, 1), (1, 1), 1.0)
+        b = ud.full(os.path.join(workdir, "pb.zarr"), (1, cols), (1, 1), 1.0)
+        for name in ("pwarm", "pc"):
+            c = ud.empty(os.path.join(workdir, f"{name}.zarr"), (rows, cols), (1, 1))
+            cpu0 = client.run_on_scheduler(_loop_cpu)
+            start = time.perf_counter()
+            future = ud.gemm(a, b, c)
+            registered = time.perf_counter() - start
+            future.result()
+            wall = time.perf_counter() - start
+        costs["gemm_task_register"] = registered / (rows * cols)
+        costs["gemm_task_wall"] = wall / (rows * cols)
+        costs["gemm_task_scheduler_cpu"] = (client.run_on_scheduler(_loop_cpu)
+                                            - cpu0) / (rows * cols)
+    x = da.from_zarr(os.path.join(workdir, "pa.zarr"))
+    y = da.from_zarr(os.path.join(workdir, "pb.zarr"))
+    ud.matmul(x, y).compute()  # warm
+    cpu0 = client.run_on_scheduler(_loop_cpu)
+    start = time.perf_counter()
+    ud.matmul(x, y).compute()
+    costs["matmul_block_wall"] = (time.perf_counter() - start) / (rows * cols)
+    costs["matmul_block_scheduler_cpu"] = (client.run_on_scheduler(_loop_cpu)
+                                           - cpu0) / (rows * cols)
+    return costs
+
+
 def run_costs() -> dict[str, float]:
     workdir = tempfile.mkdtemp(prefix="bench_dask_costs_")
     try:
@@ -409,6 +447,7 @@ def run_costs() -> dict[str, float]:
             costs["uni_task_wall"] = wall / TINY_TASKS
             costs["uni_task_scheduler_cpu"] = (client.run_on_scheduler(_loop_cpu)
                                                - cpu0) / TINY_TASKS
+            costs.update(_placed_task_costs(client, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return costs

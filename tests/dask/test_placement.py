@@ -126,3 +126,26 @@ def test_killing_every_worker_at_once_strands_no_placed_tile(client: Client,
         product.result(timeout=T)                   # placed tiles run on the new workers
     client.wait_for_workers(2, timeout=T)
     np.testing.assert_array_equal(c.compute(), an @ an)
+
+
+def test_gemv_tiles_are_not_placed_and_read_every_tile_once_anyway(client: Client,
+                                                                    tmp_path: Any) -> None:
+    # Each tile of y reads its own row panel of a (no other tile reads it) and all of x,
+    # which every worker reads once into its read cache: whichever worker runs a tile, a
+    # is read exactly once and x once per worker. Placement would save no read (measured
+    # at N = 8192: 512 MiB raw and 490 MiB zstd read either way), so gemv places nothing.
+    an, xn = ints((16, 12), 5), ints((12,), 6)
+    a = put(ud.empty(tmp_path / "a.zarr", an.shape, (2, 3)), an)
+    x = put(ud.empty(tmp_path / "x.zarr", xn.shape, (3,)), xn)
+    y = ud.empty(tmp_path / "y.zarr", (16,), (2,))
+    ud.store_stats(client, reset=True)
+    with ud.session(client, close_timeout=T):
+        product = ud.gemv(a, x, y)
+        product.result(timeout=T)
+        placed = client.run_on_scheduler(_restrictions, [f.key for f in product.futures])
+    np.testing.assert_array_equal(y.compute(), an @ xn)
+    assert len(placed) == 8 and all(v == ([], False) for v in placed.values())
+    stats = ud.store_stats(client)
+    a_reads = 8 * 4                                   # every tile of a, once
+    x_reads = sum(4 for s in stats.values() if s["misses"])   # x's 4 tiles per worker used
+    assert sum(s["misses"] for s in stats.values()) == a_reads + x_reads, stats

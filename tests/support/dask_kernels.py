@@ -150,3 +150,8 @@ def _dependencies(keys: list[Any], dask_scheduler: Any = None) -> list[set[Any]]
 def _restrictions(keys: list[Any], dask_scheduler: Any = None) -> list[Any]:
     return [(ts.state, ts.resource_restrictions) for key, ts in dask_scheduler.tasks.items()
             if key in keys]
+
+
+def transferred_bytes(dask_worker: Any = None) -> int:
+    """Bytes this worker has sent to other workers (``client.run``), since it started."""
+    return int(dask_worker.transfer_outgoing_bytes_total)

@@ -8,12 +8,18 @@ of its block once each (its tiles run row by row in priority order, so one row p
 its tiles one after another) and the column panels of its block once, kept in its read cache
 from one row to the next. The placement is a preference (Dask's loose restrictions): a tile
 whose worker has gone runs on any other.
+
+Two ways in: ``uni.dask.gemm`` submits each tile with its worker; ``uni.dask.matmul``'s
+stored-panel blocks are a dask graph, whose layer annotations dask.array's low-level fusion
+drops, so the scheduler's plugin places them itself when the graph arrives, from their keys:
+``(placed_name(grid, token), *index)``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import distributed
@@ -72,16 +78,80 @@ def panel_workers(grid: Sequence[int], workers: Sequence[str]) -> dict[Index, st
             for i in range(gm) for j in range(gn)}
 
 
+#: The layer names of graph blocks the scheduler's plugin places (uni.dask.matmul's).
+PLACED_PREFIX = "uni-matmul-"
+_PLACED = re.compile(re.escape(PLACED_PREFIX) + r"(\d+(?:x\d+)?)-[0-9a-f]+$")
+
+
+def placed_name(grid: Sequence[int], token: str) -> str:
+    """The name of a graph layer whose block ``index`` has key ``(name, *index)``, for the
+    plugin to place over ``grid``: ``uni-matmul-<rows>x<columns>-<token>``."""
+    return f"{PLACED_PREFIX}{'x'.join(str(int(g)) for g in grid)}-{token}"
+
+
+def placed_grid(key: Any) -> tuple[int, ...] | None:
+    """The output grid a placed block's key names, or None for any other key."""
+    if not (isinstance(key, tuple) and len(key) in (2, 3) and isinstance(key[0], str)):
+        return None
+    found = _PLACED.match(key[0])
+    if found is None:
+        return None
+    grid = tuple(int(g) for g in found.group(1).split("x"))
+    if len(grid) != len(key) - 1 or not all(isinstance(i, int) and 0 <= i < g
+                                            for i, g in zip(key[1:], grid, strict=True)):
+        return None
+    return grid
+
+
+def place_graph_blocks(tasks: Iterable[Any], workers: Sequence[str]) -> None:
+    """Place the new tasks among ``tasks`` (scheduler ``TaskState``s) that are blocks of
+    placed layers: a loose restriction to their panel block's worker, and the serpentine
+    order within each layer (the layer's own priorities, handed out again in that order, so
+    that the tasks depending on the blocks keep their place among them)."""
+    layers: dict[str, list[Any]] = {}
+    grids: dict[str, tuple[int, ...]] = {}
+    for ts in tasks:
+        grid = placed_grid(ts.key)
+        if grid is None or ts.state != "released" or ts.worker_restrictions:
+            continue
+        layers.setdefault(ts.key[0], []).append(ts)
+        grids[ts.key[0]] = grid
+    for name, members in layers.items():
+        grid = grids[name]
+        placed = panel_workers(grid, workers) if len(workers) > 1 else {}
+        order = serpentine(grid) if len(grid) == 2 else [(i,) for i in range(grid[0])]
+        rank = {index: n for n, index in enumerate(order)}
+        members.sort(key=lambda ts: rank[tuple(ts.key[1:])])
+        if all(isinstance(ts.priority, tuple) and ts.priority for ts in members):
+            for ts, priority in zip(members, sorted(ts.priority for ts in members),
+                                    strict=True):
+                ts.priority = priority
+        for ts in members:
+            worker = placed.get(tuple(ts.key[1:]))
+            if worker is not None:
+                ts.worker_restrictions = {worker}
+                ts.loose_restrictions = True
+
+
 class PlacementPlugin(SchedulerPlugin):  # type: ignore[misc]  # distributed: untyped base
     """The scheduler's side of the placement: a preference must never strand a tile.
 
     Dask runs a loosely placed task on any worker while its own is gone, except in one case:
     when every worker was gone at once, the task waits in "no-worker", and a worker joining
     later is not offered it (it is not the one named). Here a joining worker first lifts
-    the placement of every task so stranded, so that Dask then hands them to it.
+    the placement of every task so stranded, so that Dask then hands them to it. And the
+    blocks of placed graph layers are placed as their graph arrives (before any of them is
+    scheduled: ``update_graph`` runs before the graph's first transitions).
     """
 
     name = "uni-dask-placement"
+
+    def update_graph(self, scheduler: Any, *, tasks: Iterable[Any] = (), **kwargs: Any
+                     ) -> None:
+        keys = [key for key in tasks if placed_grid(key) is not None]
+        if keys:
+            place_graph_blocks((scheduler.tasks[key] for key in keys if key in scheduler.tasks),
+                               sorted(scheduler.workers))
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         for ts in list(scheduler.unrunnable):
