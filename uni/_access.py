@@ -2,15 +2,17 @@
 
 Every way into data -- a lease, an operation's operands, a DLPack capsule -- goes through
 :class:`Access` (described by a :class:`~uni._spec.AccessSpec`); the prepared repeat of a
-small operation through :mod:`uni._prepared_access`, the uncontended lease through
-:mod:`uni._lease_plan`. Nothing else talks to a storage's access queue.
+small operation through :mod:`uni._prepared_access`. Nothing else talks to a storage's
+access queue.
 
-* :class:`Access`, the resource: registered with the storage's queue when made (program
-  order is grant order), then waited for (``wait_sync``/``wait_async``/``when_ready``, fences
-  included), opened (poisoning checked, the storage's ``acquire_*`` hook called), and ended
-  exactly once by ``finish(failure, fence=None)``: the storage's ``release_*`` hook, poison
-  on failure (or cleared by a successful overwrite), the queue request released with the
-  fence where the work ends. ``share()`` gives a second holder (a DLPack consumer) its own
+* :class:`Access`, the resource, made only by :func:`register_access`: registered with the
+  storage's queue when made (program order is grant order; the uncontended lease on plain
+  memory is that maker's first step, granted and opened at once or not made), then waited
+  for (``wait_sync``/``wait_async``/``when_ready``, fences included), opened (poisoning
+  checked, the storage's ``acquire_*`` hook called), and ended exactly once by
+  ``finish(failure, fence=None)``: the storage's ``release_*`` hook, poison on failure (or
+  cleared by a successful overwrite), the queue request released with the fence where the
+  work ends. ``share()`` gives a second holder (a DLPack consumer) its own
   claim; the last holder to finish ends the access. An access is its own queue request.
 """
 
@@ -20,7 +22,7 @@ import _thread
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, overload
 
 from uni._core import (
     CURRENT_THREAD,
@@ -36,6 +38,7 @@ from uni._spec import AccessSpec, queue_range
 
 __all__ = [
     "Access",
+    "register_access",
     "AccessShare",
     "LEASE_REMEDY",
     "poison_of_view",
@@ -125,74 +128,129 @@ def _stranded(storage: Any, queue: AccessQueue) -> LeaseError:
 
 _OPEN: Final = 1
 _ENDED: Final = 2
+#: Opened by the uncontended first step on plain memory (see :func:`register_access`): no
+#: acquire hook was called and there is no release hook to call.
+_PLAIN: Final = 3
+
+@overload
+def register_access(spec: AccessSpec, queue: AccessQueue | None = None,
+                    cover: tuple[int, int] | None = None, handle: None = None,
+                    holder: object = None, owner: Any = CURRENT_THREAD,
+                    poison_range: tuple[int, int] | None = None,
+                    written: AccessSpec | None = None) -> Access: ...
+@overload
+def register_access(spec: AccessSpec, queue: AccessQueue, cover: tuple[int, int],
+                    handle: object, holder: object = None, owner: Any = CURRENT_THREAD,
+                    poison_range: tuple[int, int] | None = None,
+                    written: AccessSpec | None = None) -> Access | None: ...
+def register_access(spec: AccessSpec, queue: AccessQueue | None = None,
+                    cover: tuple[int, int] | None = None, handle: object = None,
+                    holder: object = None, owner: Any = CURRENT_THREAD,
+                    poison_range: tuple[int, int] | None = None,
+                    written: AccessSpec | None = None) -> Access | None:
+    # No keyword-only parameters here, in try_grant, finish or release: on 3.11 each one
+    # left to its default costs a dict lookup per call, on the hot path of every lease.
+    """The one maker of :class:`Access`: registered with the storage's queue now (program
+    order is grant order), pending until granted.
+
+    ``holder`` names the access in other waiters' error messages (built lazily with
+    ``str``; default: the spec). ``owner`` is the thread whose later waits count this
+    access as its own (the default, the calling thread) or None (a worker, a trio or an
+    asyncio task will hold it). ``poison_range`` is what a failure poisons, when that is
+    less than what is leased (an operation's output widened over an input it overlaps:
+    only the output's elements are ever written); ``written`` the view a failure poisons
+    and a successful overwrite clears (default: the spec). ``queue`` and ``cover``: the
+    queue and the range in its units the caller worked out (registered there or nowhere:
+    RetiredQueue, and the caller works it out again); by default the storage's current
+    queue, a retired one read again.
+
+    ``handle``: the uncontended lease on plain memory, this maker's first step. The access
+    is granted at once through the queue's one grant (``AccessQueue.try_grant``: nothing in
+    the way, no fence, no poison anywhere in the queue, the queue not retired) and opened
+    with ``handle``, the one the storage's acquire hook would return; or None, with nothing
+    registered (the caller takes the general path, which waits or raises as it must).
+    """
+    access: Access = _MadeAccess()
+    access.spec = spec
+    access.poison_range = poison_range
+    # What a failure poisons and a successful overwrite clears: the view written, which
+    # is less than what is leased for an output widened over an input it overlaps.
+    access.written = spec if written is None else written
+    access._primary_done = False
+    access.unclaimed = False  # transferred, and not used by anyone since
+    # _holders, failure and fence: set by the first share(), which makes _lock.
+    access._lock = None
+    access.error = None
+    if holder is None:
+        holder = spec
+    if handle is not None:
+        # The overloads say queue and cover come with the handle (no assert, no cast()
+        # call: this is the hot path of every lease).
+        mode = spec.mode
+        if queue.try_grant(mode, mode == "write", cover[0], cover[1],  # type: ignore[index, union-attr]
+                           holder, owner, access) is None:
+            return None
+        access.handle = handle
+        access._state = _PLAIN
+        return access
+    access.handle = None
+    access._state = 0
+    if queue is not None:
+        assert cover is not None
+        queue.register(spec.mode, *cover, holder=holder, owner_thread=owner, into=access)
+        return access
+    storage = spec.storage
+    deadline = 0.0
+    while True:
+        # The queue first, then the offset (see queue_range): a storage moved to another
+        # memory's queue meanwhile is refused by the old, retired queue.
+        queue = storage.access_queue
+        if cover is not None:
+            lo, hi = cover  # already in queue units (an operation's widened write)
+        elif queue.unit == storage.dtype.itemsize and not getattr(storage, "queue_offset", 0):
+            lo, hi = spec.lo, spec.hi  # the storage's own queue counts in its elements
+        else:
+            lo, hi = queue_range(storage, spec.lo, spec.hi, queue)
+        try:
+            queue.register(spec.mode, lo, hi, holder=holder, owner_thread=owner, into=access)
+            return access
+        except RetiredQueue:
+            if cover is not None:
+                raise
+            deadline = deadline or time.monotonic() + RETIRED_WAIT
+            if time.monotonic() > deadline:
+                raise _stranded(storage, queue) from None
+            time.sleep(0)  # the join moves the storage in a moment: let it run
 
 
 class Access(AccessRequest):
     """One access to a storage: registered now, then waited for, opened and finished once.
 
-    An access is its own queue request (``request`` is the access itself): one object less
-    to make on every acquisition.
-
-    ``holder`` names the access in other waiters' error messages (built lazily with ``str``).
-    ``owner`` is the thread whose later waits count this access as its own (the default,
-    the calling thread) or None (a worker, a trio or an asyncio task will hold it).
-    ``poison_range`` is what a failure poisons, when that is less than what is leased (an
-    operation's output widened over an input it overlaps: only the output's elements are
-    ever written).
+    Made only by :func:`register_access` (direct construction raises TypeError). An access
+    is its own queue request (``request`` is the access itself): one object less to make
+    on every acquisition.
     """
 
     __slots__ = ("__weakref__", "_holders", "_lock", "_primary_done", "_state", "error",
                  "failure", "fence", "handle", "poison_range", "spec", "unclaimed", "written")
 
-    def __init__(self, spec: AccessSpec, *, holder: object = None, owner: Any = CURRENT_THREAD,
-                 poison_range: tuple[int, int] | None = None,
-                 written: AccessSpec | None = None,
-                 cover: tuple[int, int] | None = None, queue: AccessQueue | None = None
-                 ) -> None:
-        self.spec = spec
-        storage = spec.storage
-        holder = spec if holder is None else holder
-        if queue is not None:
-            # The caller worked out the range (``cover``) in this queue's units: registered
-            # there or nowhere (RetiredQueue: the caller works it out again).
-            assert cover is not None
-            queue.register(spec.mode, *cover, holder=holder, owner_thread=owner, into=self)
-        else:
-            deadline = 0.0
-            while True:
-                # The queue first, then the offset (see queue_range): a storage moved to
-                # another memory's queue meanwhile is refused by the old, retired queue.
-                queue = storage.access_queue
-                if cover is not None:
-                    lo, hi = cover  # already in queue units (an operation's widened write)
-                elif queue.unit == storage.dtype.itemsize and not getattr(
-                        storage, "queue_offset", 0):
-                    lo, hi = spec.lo, spec.hi  # the storage's own queue counts in its elements
-                else:
-                    lo, hi = queue_range(storage, spec.lo, spec.hi, queue)
-                try:
-                    queue.register(spec.mode, lo, hi, holder=holder, owner_thread=owner,
-                                   into=self)
-                    break
-                except RetiredQueue:
-                    if cover is not None:
-                        raise
-                    deadline = deadline or time.monotonic() + RETIRED_WAIT
-                    if time.monotonic() > deadline:
-                        raise _stranded(storage, queue) from None
-                    time.sleep(0)  # the join moves the storage in a moment: let it run
-        self.queue: AccessQueue = queue
-        self.poison_range = poison_range
-        # What a failure poisons and a successful overwrite clears: the view written, which
-        # is less than what is leased for an output widened over an input it overlaps.
-        self.written = spec if written is None else written
-        self.handle: Any = None
-        self._state = 0
-        self._primary_done = False
-        self.unclaimed = False  # transferred, and not used by anyone since
-        # _holders, failure and fence: set by the first share(), which makes _lock.
-        self._lock: threading.Lock | None = None
-        self.error: BaseException | None = None
+    # Stored by the one maker, register_access.
+    spec: AccessSpec
+    queue: AccessQueue
+    poison_range: tuple[int, int] | None
+    written: AccessSpec
+    handle: Any
+    _state: int
+    _primary_done: bool
+    unclaimed: bool
+    _lock: threading.Lock | None
+    error: BaseException | None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("an Access is made by uni._access.register_access(spec, ...), which "
+                        "registers it with its queue; a lease by uni.acquire_host_read_access_"
+                        "sync, uni.acquire_host_write_access_sync or their _async and CUDA "
+                        "forms")
 
     if TYPE_CHECKING:
         _holders: int
@@ -208,7 +266,7 @@ class Access(AccessRequest):
 
     @property
     def opened(self) -> bool:
-        return self._state == _OPEN
+        return self._state == _OPEN or self._state == _PLAIN
 
     @property
     def ended(self) -> bool:
@@ -358,7 +416,7 @@ class Access(AccessRequest):
     # ------------------------------------------------------------------ ending
 
     def finish(self, failure: BaseException | None = None, fence: Fence | None = None,
-               *, poison: bool = True) -> BaseException | None:
+               poison: bool = True) -> BaseException | None:
         """End the primary holder's claim. Idempotent; never raises.
 
         ``failure`` is why the holder ended badly (None: it succeeded); a failed write poisons
@@ -370,16 +428,17 @@ class Access(AccessRequest):
         if self._primary_done:
             return None
         self._primary_done = True
-        if self._lock is not None:
-            return self._drop(failure, fence, poison, primary=True)
-        # Never shared: this holder is the last one.
-        if failure is None and type(self) is _Opened and not self.queue.has_poison:
-            # What _end does for a success of open_lease's access (opened on plain
-            # memory: no hook to call) with no poison in its queue (nothing to poison or
-            # clear), without the detour.
+        if self._state == _PLAIN and failure is None and not self.queue.has_poison:
+            # What _end does for a success of the uncontended lease's access (opened on
+            # plain memory: no hook to call; never shared, or share() would have made it
+            # _OPEN) with no poison in its queue (nothing to poison or clear), without the
+            # detour.
             self._state = _ENDED
             self.queue.release(self, fence)
             return None
+        if self._lock is not None:
+            return self._drop(failure, fence, poison, primary=True)
+        # Never shared: this holder is the last one.
         return self._end(failure, fence, poison)
 
     def share(self) -> AccessShare:
@@ -391,6 +450,8 @@ class Access(AccessRequest):
             self.failure = None
             self.fence = None
             self._lock = threading.Lock()
+            if self._state == _PLAIN:
+                self._state = _OPEN  # finish's shortcut is for an access never shared
         with self._lock:
             self._holders += 1
         return AccessShare(self)
@@ -441,7 +502,7 @@ class Access(AccessRequest):
              let_go: bool = True) -> BaseException | None:
         if self._state == _ENDED:
             return None
-        opened = self._state == _OPEN
+        opened = self._state == _OPEN or self._state == _PLAIN
         self._state = _ENDED
         spec = self.spec
         storage = spec.storage
@@ -480,8 +541,9 @@ class Access(AccessRequest):
         return f"<Access {self.spec!r} {state}>"
 
 
-class _Opened(Access):
-    """An :class:`Access` whose maker stores its state itself (no ``__init__`` call)."""
+class _MadeAccess(Access):
+    """What :func:`register_access` makes: an :class:`Access` whose maker stores its state
+    itself (a plain type call, cheaper than ``object.__new__(Access)``)."""
 
     __slots__ = ()
     __init__ = object.__init__

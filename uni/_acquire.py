@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
-from uni._access import Access, release_from_finalizer
+from uni._access import register_access, release_from_finalizer
 from uni._core import normalize_timeout, running_library, unsupported_loop
 from uni._core._owners import TaskOwner
 from uni._errors import DomainError, LeaseError
@@ -28,7 +28,7 @@ from uni._lease import (
     WriteTensorLease,
     _Lease,
     lease_for,
-    open_lease,
+    make_lease,
 )
 from uni._lease_plan import LeasePlan
 from uni._mapping import check_fits
@@ -176,7 +176,7 @@ def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float
     if timeout is not None:
         timeout = normalize_timeout(timeout)  # refused before anything is registered
     spec, is_tensor = spec_of(x, mode, domain, fn, overwrite=overwrite)
-    access = Access(spec)
+    access = register_access(spec)
     request = access.request
     if not request.granted or request.fences:
         access.wait_sync(timeout=timeout, async_hint=fn.replace("_sync", "_async"))
@@ -203,7 +203,7 @@ class PendingAcquisition(Generic[L]):
 
     def __init__(self, spec: AccessSpec, is_tensor: bool, allow_poisoned: bool) -> None:
         # No owner thread: whoever awaits holds it, and a task never deadlocks a thread.
-        self._access = Access(spec, owner=None)
+        self._access = register_access(spec, owner=None)
         self._is_tensor = is_tensor
         self._allow_poisoned = allow_poisoned
         self._state = "registered"
@@ -284,14 +284,14 @@ def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
     data poisoned (unless ``allow_poisoned``), DomainError for CUDA data.
     """
     if timeout is None:
-        # The uncontended lease on a tensor view over plain memory (see uni._lease_plan.open_lease);
+        # The uncontended lease on a tensor view over plain memory (make_lease's first step);
         # anything else, or anything in the way, takes the general path.
         try:
             plan = x._read_plan  # a tensor view's plan, once its first lease made it
         except AttributeError:
             plan = None
         if plan is not None:
-            lease = open_lease(plan)
+            lease = make_lease(plan.lease, None, plan)  # the uncontended first step
             if lease is not None:
                 return lease
     return _acquire_sync(x, "read", HOST, "acquire_host_read_access_sync", timeout=timeout,
@@ -319,7 +319,7 @@ def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
         except AttributeError:
             plan = None
         if plan is not None:
-            lease = open_lease(plan)
+            lease = make_lease(plan.lease, None, plan)  # the uncontended first step
             if lease is not None:
                 return lease
     return _acquire_sync(x, "write", HOST, "acquire_host_write_access_sync", timeout=timeout,
@@ -358,7 +358,7 @@ def try_read_values(view: Any) -> tuple[np.ndarray[Any, Any], BaseException | No
     """A copy of ``view``'s values and the failure that poisoned them (None when clean), if
     a read can be granted right now; else None (for repr, which never waits)."""
     spec, is_tensor = spec_of(view, "read", HOST, "repr")
-    access = Access(spec)
+    access = register_access(spec)
     if not access.granted or access.request.fences:
         access.withdraw()
         return None

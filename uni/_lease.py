@@ -10,29 +10,37 @@ from __future__ import annotations
 
 import warnings
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import numpy as np
 
 from uni import _registry as backends
-from uni._access import Access, release_from_finalizer
+from uni._access import Access, register_access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._errors import LeaseError, LeaseReleasedError
 from uni._export import access_array, dlpack_device_of, export_access
-from uni._lease_plan import open_lease
+from uni._lease_plan import LeasePlan
 from uni._mdspec import MdSpan
 
 __all__ = ["ReadMdspanLease", "ReadTensorLease", "WriteMdspanLease",
-           "WriteTensorLease", "lease_for", "open_lease"]
+           "WriteTensorLease", "lease_for", "make_lease"]
 
 
 class _Lease:
     __slots__ = ("__weakref__", "_access")
 
     _kind = "lease"
+    #: The functions that make this kind of lease (named when construction is refused).
+    _made_by = "uni.acquire_host_read_access_sync or uni.acquire_host_write_access_sync"
 
-    def __init__(self, access: Access) -> None:
-        self._access: Access | None = access
+    # Stored by the one maker of leases, make_lease.
+    _access: Access | None
+
+    # __new__, not __init__: refused before an object exists, so no half-made lease ever
+    # reaches __del__ (make_lease calls object.__new__ itself).
+    def __new__(cls, *args: object, **kwargs: object) -> Self:
+        raise TypeError(f"a {cls.__name__} is made by acquiring the data: "
+                        f"{cls._made_by} (or its _async form)")
 
     def _live(self) -> Access:
         access = self._access
@@ -79,7 +87,7 @@ class _Lease:
         access = self._live()
         self._access = None
         access.release_ownership()
-        return type(self)(access)
+        return make_lease(type(self), access)
 
     def __enter__(self) -> Self:
         access = self._access
@@ -108,21 +116,25 @@ class _Lease:
         access = self._access
         # access.active, read inline (see __enter__): this runs whenever a lease object goes.
         if access is not None and not access._primary_done:
-            # Nobody saw this writer finish (typically it was dropped by an exception between
-            # acquire and release): treat it as a failed writer, so its data is poisoned and
-            # nothing half-written is written back or vouched for by overwrite=True.
-            abandoned = None if access.spec.mode == "read" else LeaseError(
-                f"a {self._kind} was garbage-collected while active; its writer never "
-                "finished, so the data it covered may be half-written"
-            )
-            release_from_finalizer(lambda: access.finish(abandoned), access.queue, access)
-            warnings.warn(
-                f"an active {self._kind} was garbage-collected and released"
-                f"{'' if abandoned is None else ' (its data is now poisoned)'}; release "
-                "leases explicitly or use them in a with block",
-                ResourceWarning,
-                stacklevel=1,
-            )
+            self._abandoned(access)
+
+    def _abandoned(self, access: Access) -> None:
+        # Out of __del__: its closure's cells would be made on every call, released or not.
+        # Nobody saw this writer finish (typically it was dropped by an exception between
+        # acquire and release): treat it as a failed writer, so its data is poisoned and
+        # nothing half-written is written back or vouched for by overwrite=True.
+        abandoned = None if access.spec.mode == "read" else LeaseError(
+            f"a {self._kind} was garbage-collected while active; its writer never "
+            "finished, so the data it covered may be half-written"
+        )
+        release_from_finalizer(lambda: access.finish(abandoned), access.queue, access)
+        warnings.warn(
+            f"an active {self._kind} was garbage-collected and released"
+            f"{'' if abandoned is None else ' (its data is now poisoned)'}; release "
+            "leases explicitly or use them in a with block",
+            ResourceWarning,
+            stacklevel=2,
+        )
 
     def __repr__(self) -> str:
         state = "active" if self.active else "released"
@@ -155,6 +167,7 @@ class ReadMdspanLease(_Lease):
 
     __slots__ = ()
     _kind = "read lease"
+    _made_by = "uni.acquire_host_read_access_sync"
 
 
 class WriteMdspanLease(_Lease):
@@ -162,6 +175,7 @@ class WriteMdspanLease(_Lease):
 
     __slots__ = ()
     _kind = "write lease"
+    _made_by = "uni.acquire_host_write_access_sync"
 
 
 class _TensorLeaseMixin:
@@ -224,8 +238,44 @@ _LEASES = {
     ("write", False): WriteMdspanLease,
 }
 
+_new = object.__new__
+LeaseT = TypeVar("LeaseT", bound=_Lease)
+
+
+@overload
+def make_lease(cls: type[LeaseT], access: Access) -> LeaseT: ...
+@overload
+def make_lease(cls: type[LeaseT], access: None, plan: LeasePlan) -> LeaseT | None: ...
+def make_lease(cls: type[LeaseT], access: Access | None, plan: LeasePlan | None = None
+               ) -> LeaseT | None:
+    """The one maker of leases (their constructors refuse): a ``cls`` over the opened
+    ``access``. A CUDA lease's maker adds its stream (``uni.cuda._lease``).
+
+    ``plan`` (with no access): the uncontended lease, this maker's first step, for a tensor
+    view's :class:`~uni._lease_plan.LeasePlan` on plain memory. The access is made by the
+    first step of the one maker of accesses, :func:`~uni._access.register_access`: granted
+    and opened at once if nothing is in the way; else None, with nothing registered (the
+    caller takes the general path, which waits, or raises, as it must).
+    """
+    if access is None:
+        # The overloads say a plan comes without an access (no assert, no cast() call: this
+        # is the hot path of every lease).
+        handle = plan.handle  # type: ignore[union-attr]
+        if handle is None:
+            return None
+        spec = plan.spec  # type: ignore[union-attr]
+        queue = spec.storage.access_queue  # the queue first, then the offset
+        where = plan.where  # type: ignore[union-attr]
+        if where is None or where[0] is not queue:
+            where = plan.where_for(queue)  # type: ignore[union-attr]
+        access = register_access(spec, queue, where[1], handle)
+        if access is None:
+            return None
+    lease = _new(cls)
+    lease._access = access
+    return lease
+
 
 def lease_for(access: Access, is_tensor: bool) -> _Lease:
     """The lease of the right kind over an opened access."""
-    return _LEASES[access.spec.mode, is_tensor](access)
-
+    return make_lease(_LEASES[access.spec.mode, is_tensor], access)

@@ -1,27 +1,23 @@
 """The uncontended host lease: what every lease of one mode on a tensor view works out once.
 
 A :class:`LeasePlan` is kept on a tensor view by its first lease of each mode: the checked
-spec and, on plain host memory, the uncontended lease in one step (``open_lease``: granted at
-once through the queue's one grant, ``AccessQueue.try_grant``, or not at all, so anything in
-the way -- a conflict, a fence, poison, a retired queue -- takes the general path,
-``Access(spec)``).
+spec and, on plain host memory, the handle and the queue range that the uncontended lease
+needs (the first step of ``uni._lease.make_lease`` and of the one maker of accesses,
+``register_access``: granted at once through the queue's one grant,
+``AccessQueue.try_grant``, or not at all, so anything in the way -- a conflict, a fence,
+poison, a retired queue -- takes the general path).
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from uni._access import _OPEN, Access, _Opened
-from uni._core import (
-    CURRENT_THREAD,
-    AccessQueue,
-    Mode,
-)
+from uni._core import AccessQueue, Mode
 from uni._handle import HOST
 from uni._spec import AccessSpec, queue_range
 from uni.storage.host import HostStorage
 
-__all__ = ["LeasePlan", "open_lease", "plain_storage"]
+__all__ = ["LeasePlan", "plain_storage"]
 
 
 _plain_types: dict[type, bool] = {}
@@ -54,9 +50,9 @@ class LeasePlan:
 
     ``spec`` is the view's checked :class:`AccessSpec` (domain, accessor, writability: a view
     and its storage never change, so neither do the answers). On plain host memory
-    (:func:`plain_storage`, a non-empty view, no overwrite promise) :func:`open_lease` also
-    makes the uncontended lease itself: a request granted at once, with the calling thread
-    as its owner, and the storage's handle, which its acquire hook would have returned.
+    (:func:`plain_storage`, a non-empty view, no overwrite promise) ``handle`` is the
+    storage's handle, which its acquire hook would return, and ``where`` the view's range
+    in its queue: what ``uni._lease.make_lease`` makes the uncontended lease with.
     ``lease`` is the lease type to wrap the access in (the layer above chooses it).
     """
 
@@ -70,53 +66,12 @@ class LeasePlan:
         storage = spec.storage
         plain = spec.lo <= spec.hi and not spec.overwrite and plain_storage(storage)
         self.handle: Any = storage.handle(spec.offset) if plain else None
-        # (queue, lo, hi): the range in the queue it was last worked out for, in one
+        # (queue, (lo, hi)): the range in the queue it was last worked out for, in one
         # tuple so that a thread never sees one queue's range with another queue.
-        self.where: tuple[AccessQueue, int, int] | None = None
+        self.where: tuple[AccessQueue, tuple[int, int]] | None = None
 
-    def where_for(self, queue: AccessQueue) -> tuple[AccessQueue, int, int]:
-        """``(queue, lo, hi)``: the view's range in ``queue``'s units, worked out and kept."""
+    def where_for(self, queue: AccessQueue) -> tuple[AccessQueue, tuple[int, int]]:
+        """``(queue, (lo, hi))``: the view's range in ``queue``'s units, worked out and kept."""
         spec = self.spec
-        where = self.where = (queue, *queue_range(spec.storage, spec.lo, spec.hi, queue))
+        where = self.where = (queue, queue_range(spec.storage, spec.lo, spec.hi, queue))
         return where
-
-
-_new = object.__new__
-
-
-def open_lease(plan: LeasePlan) -> Any:
-    """The uncontended lease: a ``plan.lease`` over an opened :class:`Access`, if one can be had
-    at once with nothing to check; else None, with nothing registered (the caller takes the
-    general path, which waits, or raises, as it must).
-
-    Exactly what ``Access(spec)``, ``check_poison`` and ``open`` do when the request is
-    granted at once: nothing conflicting is queued before it, no fence and no poison
-    anywhere in the queue, the queue not retired (``AccessQueue.try_grant``, the queue's one
-    grant, decides that under the queue's lock), and the storage's hook would return its
-    handle.
-    """
-    handle = plan.handle
-    if handle is None:
-        return None
-    spec = plan.spec
-    queue: AccessQueue = spec.storage.access_queue  # the queue first, then the offset
-    where = plan.where
-    if where is None or where[0] is not queue:
-        where = plan.where_for(queue)
-    access: Access = _Opened()
-    if queue.try_grant(plan.mode, plan.write, where[1], where[2], spec, CURRENT_THREAD,
-                       access) is None:
-        return None
-    # Access.__init__'s state for an opened access, without its registration loop.
-    access.spec = spec
-    access.poison_range = None
-    access.written = spec
-    access.handle = handle
-    access._state = _OPEN
-    access._primary_done = False
-    access.unclaimed = False
-    access._lock = None
-    access.error = None
-    lease = _new(plan.lease)  # _Lease.__init__, inline
-    lease._access = access
-    return lease

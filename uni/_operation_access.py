@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from uni._access import Access, poison_of_view, poisoned_error
+from uni._access import Access, poison_of_view, poisoned_error, register_access
 from uni._accessor import DefaultAccessor
 from uni._core import (
     CURRENT_THREAD,
@@ -139,10 +139,10 @@ class OperationAccess:
                 # A widened write poisons, checks and clears only what the output reaches:
                 # the rest was only read.
                 poison_range = None if item.queued == item.own else item.own
-                item.access = Access(item.leased(),
-                                     holder=_Holder(self.op, item.mode, item.tensor.shape),
-                                     owner=owner, poison_range=poison_range,
-                                     written=item.spec, cover=item.queued, queue=item.queue)
+                item.access = register_access(
+                    item.leased(), item.queue, item.queued,
+                    holder=_Holder(self.op, item.mode, item.tensor.shape), owner=owner,
+                    poison_range=poison_range, written=item.spec)
 
     def _fold(self) -> None:
         # Fold until nothing changes: widening a write over one input can make it overlap

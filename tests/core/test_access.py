@@ -7,7 +7,7 @@ import pytest
 from support.poisoning import poison, poisoned
 
 import uni
-from uni._access import Access
+from uni._access import Access, register_access
 from uni._core import HostFence
 from uni._prepared_access import PreparedAccess, PreparedGroup
 from uni._spec import AccessSpec, inner_queue_range, queue_range
@@ -27,9 +27,18 @@ def test_a_spec_is_the_region_the_storage_sees() -> None:
     assert str(s) == "read lease on Tensor(shape=(2, 3), dtype=float64)"
 
 
+def test_an_access_is_made_only_by_register_access() -> None:
+    t = uni.zeros((3,))
+    for args in [(spec(t),), ()]:
+        with pytest.raises(TypeError, match=r"an Access is made by uni\._access\.register_access"
+                                            r"\(spec, \.\.\.\).*acquire_host_read_access_sync"):
+            Access(*args)
+    assert t.storage.access_queue.snapshot() == []  # nothing was registered
+
+
 def test_register_open_finish_in_order() -> None:
     t = uni.from_numpy(np.arange(6.0))
-    access = Access(spec(t, "write"))
+    access = register_access(spec(t, "write"))
     assert access.granted and access.active and not access.opened
     handle = access.open()
     assert access.opened and handle.buffer is t.storage.buffer
@@ -42,15 +51,15 @@ def test_register_open_finish_in_order() -> None:
 
 def test_a_failed_write_poisons_and_an_overwrite_clears() -> None:
     t = uni.zeros(4)
-    failed = Access(spec(t, "write"))
+    failed = register_access(spec(t, "write"))
     failed.open()
     boom = RuntimeError("writer died")
     failed.finish(boom)
-    reader = Access(spec(t))
+    reader = register_access(spec(t))
     with pytest.raises(uni.PoisonedError, match="writer died") as info:
         reader.check_poison(reader.spec.what)
     assert info.value.__cause__ is boom and reader.ended
-    rewrite = Access(spec(t, "write", overwrite=True))
+    rewrite = register_access(spec(t, "write", overwrite=True))
     rewrite.check_poison(rewrite.spec.what)  # the overwrite promise is not stopped by poison
     rewrite.open()
     rewrite.finish()
@@ -59,7 +68,7 @@ def test_a_failed_write_poisons_and_an_overwrite_clears() -> None:
 
 def test_a_share_keeps_the_access_until_the_last_holder_finishes() -> None:
     t = uni.zeros(3)
-    access = Access(spec(t, "write"))
+    access = register_access(spec(t, "write"))
     access.open()
     share = access.share()
     access.finish()
@@ -77,11 +86,11 @@ def test_a_share_keeps_the_access_until_the_last_holder_finishes() -> None:
 
 def test_finish_with_a_fence_orders_the_next_access_behind_the_work() -> None:
     t = uni.zeros(3)
-    writer = Access(spec(t, "write"))
+    writer = register_access(spec(t, "write"))
     writer.open()
     kernel = HostFence("a kernel")
     writer.finish(fence=kernel)
-    reader = Access(spec(t))
+    reader = register_access(spec(t))
     assert reader.granted and reader.request.fences == [kernel]
     with pytest.raises(uni.LeaseTimeoutError, match="a kernel"):
         reader.wait_sync(timeout=0.01)
@@ -93,7 +102,7 @@ def test_finish_with_a_fence_orders_the_next_access_behind_the_work() -> None:
 @pytest.mark.parametrize("last", ["consumer", "holder"])
 def test_a_shared_access_ends_behind_every_holders_fence(last: str) -> None:
     t = uni.from_numpy(np.zeros(4))
-    access = Access(spec(t, "write"))
+    access = register_access(spec(t, "write"))
     access.open()
     share = access.share()
     holders, consumers = HostFence("holder's work"), HostFence("consumer's work")
@@ -103,13 +112,13 @@ def test_a_shared_access_ends_behind_every_holders_fence(last: str) -> None:
     else:
         share.finish(None, consumers)
         access.finish(None, holders)
-    reader = Access(spec(t))
+    reader = register_access(spec(t))
     assert reader.granted
     # Whichever finished first, its work still runs: the next access waits for both.
     consumers.set()
     with pytest.raises(uni.LeaseTimeoutError, match="holder's work"):
         reader.wait_sync(timeout=0.01)
-    reader = Access(spec(t))
+    reader = register_access(spec(t))
     holders.set()
     reader.wait_sync(timeout=10)
     reader.withdraw()
@@ -123,7 +132,7 @@ def test_a_failing_open_hook_withdraws_the_request() -> None:
 
     storage = Failing(4)
     t = uni.Tensor.from_storage(storage, uni.layout_right((4,)))
-    access = Access(spec(t))
+    access = register_access(spec(t))
     with pytest.raises(OSError, match="disk gone"):
         access.open()
     assert access.ended and storage.access_queue.snapshot() == []

@@ -1,4 +1,5 @@
-"""The uncontended sync lease (``uni._lease.open_lease``) against the general path.
+"""The uncontended sync lease (the first step of ``uni._lease.make_lease``, and of
+``uni._access.register_access``) against the general path.
 
 Every acquisition of a tensor view over plain host memory without a timeout first tries the
 fast path, which grants only when nothing is in the way; these tests check that it gives the
@@ -23,7 +24,7 @@ import trio
 import uni
 import uni._acquire
 import uni._lease
-from uni._access import Access
+from uni._access import register_access
 from uni._core import HostFence
 from uni._lease_plan import LeasePlan, plain_storage
 from uni._spec import AccessSpec
@@ -43,14 +44,16 @@ def warm(t: uni.Tensor) -> tuple[LeasePlan, LeasePlan]:
 def fast_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count the leases the fast path makes (index 0: made, index 1: declined)."""
     counts = [0, 0]
-    original: Callable[[LeasePlan], Any] = uni._acquire.open_lease
+    # uni._acquire calls make_lease only for the first step (its general path makes leases
+    # through uni._lease.lease_for).
+    original: Callable[..., Any] = uni._acquire.make_lease
 
-    def counted(plan: LeasePlan) -> Any:
-        lease = original(plan)
+    def counted(cls: type[Any], access: Any, plan: LeasePlan) -> Any:
+        lease = original(cls, access, plan)
         counts[lease is None] += 1
         return lease
 
-    monkeypatch.setattr(uni._acquire, "open_lease", counted)
+    monkeypatch.setattr(uni._acquire, "make_lease", counted)
     return counts
 
 
@@ -197,7 +200,7 @@ def test_a_pending_fence_is_waited_for() -> None:
     t = uni.from_numpy(np.zeros(4))
     warm(t)
     spec = AccessSpec.of_view(t, "write")
-    access = Access(spec)
+    access = register_access(spec)
     access.open()
     fence = HostFence("a slow writer")
     access.finish(None, fence)
@@ -368,16 +371,16 @@ def _run(steps: list[tuple[str, int, int, str]]) -> list[Any]:
 def test_fast_and_general_paths_agree(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same grants, errors (with their messages), queue states and poisoning, step by
     step, with the fast path on and off, on 20 seeded random programs per block."""
-    original = uni._acquire.open_lease
+    original = uni._acquire.make_lease
     made = 0
     for seed in range(block * 20, block * 20 + 20):
         steps = _program(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            monkeypatch.setattr(uni._acquire, "open_lease", original)
+            monkeypatch.setattr(uni._acquire, "make_lease", original)
             counts = fast_count(monkeypatch)
             fast = _run(steps)
-            monkeypatch.setattr(uni._acquire, "open_lease", lambda plan: None)
+            monkeypatch.setattr(uni._acquire, "make_lease", lambda cls, access, plan: None)
             general = _run(steps)
         assert fast == general, f"seed {seed}"
         made += counts[0]
@@ -393,7 +396,7 @@ def test_a_fence_elsewhere_in_the_queue_does_not_stop_the_fast_path(
     left, right = base[0:4], base[4:8]
     warm(left)
     warm(right)
-    access = Access(AccessSpec.of_view(left, "write"))
+    access = register_access(AccessSpec.of_view(left, "write"))
     access.open()
     fence = HostFence("a slow writer")
     access.finish(None, fence)
@@ -439,7 +442,7 @@ def test_a_failure_inside_the_queue_leaves_it_unlocked_and_unchanged(
     t = uni.from_numpy(np.zeros(8))
     warm(t)
     queue = t.storage.access_queue
-    access = Access(AccessSpec.of_view(t[0:2], "write"))
+    access = register_access(AccessSpec.of_view(t[0:2], "write"))
     access.open()
     fence = HostFence("pending")
     access.finish(None, fence)  # a fenced entry: the fast path must ask which fences apply
@@ -473,3 +476,63 @@ def test_a_failure_inside_the_queue_leaves_it_unlocked_and_unchanged(
         pass  # its release grants whatever is grantable: the writer
     waiter.join(10)
     assert got == [True]
+
+
+# -- one maker: the fast lease is the general maker's first step -----------------------------
+
+_ACCESS_STATE = ("_write", "lo", "hi", "holder", "owner_thread", "granted", "released", "fences",
+                 "queue", "group", "_waiter", "spec", "poison_range", "written", "handle",
+                 "_primary_done", "unclaimed", "_lock", "error", "mode", "opened", "ended",
+                 "active")
+
+
+def _state_of(lease: Any) -> dict[str, Any]:
+    access = lease._access
+    return {name: getattr(access, name, "<unset>") for name in _ACCESS_STATE}
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_the_fast_and_general_makers_make_the_same_lease(
+        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same classes (lease and access: one maker each), the same state, field by field
+    # (only _state tells the plain first step apart), and the same behaviour after.
+    t = uni.from_numpy(np.arange(4.0))
+    warm(t)
+    acquire = read if mode == "read" else write
+    counts = fast_count(monkeypatch)
+    fast = acquire(t)
+    fast_state = _state_of(fast)
+    fast.release()
+    monkeypatch.setattr(uni._acquire, "make_lease", lambda cls, access, plan: None)
+    general = acquire(t)
+    general_state = _state_of(general)
+    assert counts == [1, 0]
+    assert type(fast) is type(general) and type(fast._access) is type(general._access)
+    assert fast_state == general_state  # each taken while its lease was held
+    assert fast._access._state != general._access._state  # _PLAIN: nothing to hand back
+    general.release()
+    assert _state_of(fast) == _state_of(general)  # both ended the same way
+    assert t.storage.access_queue.snapshot() == []
+
+
+def test_a_shared_fast_lease_is_held_until_its_last_holder_lets_go(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A DLPack consumer's share of a fast lease's access: releasing the lease must not give
+    # the data back while the consumer still holds it (share() turns the plain state into
+    # the general one, so finish's shortcut never skips the other holders).
+    t = uni.from_numpy(np.zeros(4))
+    warm(t)
+    counts = fast_count(monkeypatch)
+    queue = t.storage.access_queue
+    lease = write(t)
+    assert counts == [1, 0]
+    array = np.from_dlpack(lease)
+    lease.release()
+    assert queue.active_count() == 1  # the consumer's share
+    with pytest.raises(uni.LeaseTimeoutError):
+        read(t, timeout=0.01)  # nobody's to conflict with: the consumer may be any thread
+    del array
+    gc.collect()
+    assert queue.active_count() == 0
+    with read(t):
+        pass

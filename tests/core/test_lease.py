@@ -105,6 +105,26 @@ def test_lease_type_and_interface(tensor: uni.Tensor, kind: str) -> None:
             assert not hasattr(lease, "storage")
 
 
+@pytest.mark.parametrize("cls, maker", [
+    (uni.ReadTensorLease, "uni.acquire_host_read_access_sync"),
+    (uni.ReadMdspanLease, "uni.acquire_host_read_access_sync"),
+    (uni.WriteTensorLease, "uni.acquire_host_write_access_sync"),
+    (uni.WriteMdspanLease, "uni.acquire_host_write_access_sync"),
+])
+def test_a_lease_is_made_only_by_acquiring(cls: type[Any], maker: str) -> None:
+    # One maker of leases (uni._lease.make_lease, behind the acquire_* functions): the class
+    # itself refuses, naming what to call, even when handed a live access.
+    t = uni.zeros((3,))
+    with uni.acquire_host_read_access_sync(t) as lease:
+        access = lease._access
+        with pytest.raises(TypeError, match=rf"{cls.__name__} is made by acquiring the data: "
+                                            rf"{maker.replace('.', '[.]')} \(or its _async"):
+            cls(access)
+        with pytest.raises(TypeError, match=maker.replace(".", "[.]")):
+            cls()
+    assert_idle(t)
+
+
 def test_lease_is_a_context_manager(tensor: uni.Tensor, kind: str) -> None:
     lease = acquire(tensor, kind)
     with lease as entered:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from support.cuda_doubles import FakeEvent, RecordingStream, fake_cuda
 
-from uni._access import Access
+from uni._access import register_access
 from uni._core import HostFence
 from uni._spec import AccessSpec
 from uni.cuda._fences import (
@@ -94,8 +94,8 @@ def test_a_stream_waiter_orders_its_stream_at_the_grant() -> None:
     t = fake_cuda((4,))
     earlier = FakeEvent("writer")
     record_fence(t.storage, earlier)
-    blocker = Access(AccessSpec.of_view(t, "write"))  # registered first, holds the data
-    access = Access(AccessSpec.of_view(t, "read"))
+    blocker = register_access(AccessSpec.of_view(t, "write"))  # registered first, holds the data
+    access = register_access(AccessSpec.of_view(t, "read"))
     stream = RecordingStream()
     outcome: list[bool] = []
     access.wait_with(StreamWaiter(stream, outcome.append))
@@ -108,8 +108,8 @@ def test_a_stream_waiter_orders_its_stream_at_the_grant() -> None:
 
 def test_a_stream_waiter_hears_of_a_withdrawal() -> None:
     t = fake_cuda((4,))
-    blocker = Access(AccessSpec.of_view(t, "write"))
-    access = Access(AccessSpec.of_view(t, "read"))
+    blocker = register_access(AccessSpec.of_view(t, "write"))
+    access = register_access(AccessSpec.of_view(t, "read"))
     outcome: list[bool] = []
     access.wait_with(StreamWaiter(RecordingStream(), outcome.append))
     access.withdraw()

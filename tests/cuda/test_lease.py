@@ -19,6 +19,7 @@ from support.cuda_doubles import FAKE_PTR, FakeEvent, RecordingStream, fake_cuda
 from support.ticking import await_beside_ticker
 
 import uni
+import uni.cuda._lease
 from uni._core import HostFence
 from uni._dlpack import DLPACK_FLAG_BITMASK_READ_ONLY, kDLCUDA, live_exports, peek_capsule
 from uni.cuda._fences import record_fence
@@ -233,6 +234,26 @@ def test_a_transferred_stream_lease_keeps_its_stream() -> None:
         assert len(s.events) == 1
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("cls, maker", [
+    (uni.cuda._lease.CudaReadTensorLease, "uni.acquire_cuda_read_access_sync"),
+    (uni.cuda._lease.CudaReadMdspanLease, "uni.acquire_cuda_read_access_sync"),
+    (uni.cuda._lease.CudaWriteTensorLease, "uni.acquire_cuda_write_access_sync"),
+    (uni.cuda._lease.CudaWriteMdspanLease, "uni.acquire_cuda_write_access_sync"),
+])
+def test_a_cuda_lease_is_made_only_by_acquiring(cls: type[Any], maker: str) -> None:
+    # One maker (uni.cuda._lease._make, over the host leases' make_lease): the classes
+    # refuse, naming what to call; a transfer goes through the maker too.
+    t = fake_cuda((4,))
+    with uni.acquire_cuda_read_access_sync(t) as lease:
+        with pytest.raises(TypeError, match=rf"{cls.__name__} is made by acquiring the data: "
+                                            rf"{maker.replace('.', '[.]')} \(or its _async"):
+            cls(lease._access, None, None)
+        moved = lease.transfer()
+        assert type(moved) is uni.cuda._lease.CudaReadTensorLease and moved.stream is None
+        moved.release()
+    assert requests(t) == []
 
 
 # -- move=True ---------------------------------------------------------------------------------

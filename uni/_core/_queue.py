@@ -155,7 +155,7 @@ class AccessQueue:
 
     def try_grant(self, mode: Mode, write: bool, lo: int, hi: int, holder: object,
                   owner_thread: Owner | Literal[_Sentinel.CURRENT_THREAD] | None = None,
-                  into: AccessRequest | None = None, *, enqueue: bool = False
+                  into: AccessRequest | None = None, enqueue: bool = False
                   ) -> AccessRequest | None:
         """A request granted now with nothing to wait for, or None with nothing registered.
 
@@ -172,8 +172,9 @@ class AccessQueue:
         (the opener checks poison), an empty range is granted and not kept, and a retired
         queue raises :class:`RetiredQueue`.
         """
-        if self.has_poison and not enqueue:
-            return None
+        # (``enqueue`` and ``release``'s ``wakes`` are not keyword-only: on 3.11 a keyword-only
+        # parameter left to its default costs a dict lookup on every call. Poison is checked
+        # once, under the lock, below.)
         if owner_thread is CURRENT_THREAD:
             owner = _owner.get(None)
             if owner is None or owner.ident != _get_ident():
@@ -181,14 +182,14 @@ class AccessQueue:
             owner_thread = owner
         # The request's state, stored here (the one maker of requests, see AccessRequest):
         # a Python __init__ call would cost as much as the lock round trip below.
+        # ``mode`` is read from ``_write``; ``granted`` is stored once, where it is decided
+        # (before the request is in the queue: nobody else can see it until then).
         req: AccessRequest = _Made() if into is None else into
-        req.mode = mode
         req._write = write
         req.lo = lo
         req.hi = hi
         req.holder = holder
         req.owner_thread = owner_thread
-        req.granted = False
         req.released = False
         req.fences = _NO_FENCES
         req.queue = self
@@ -210,6 +211,7 @@ class AccessQueue:
             if entries and in_conflict(entries, lo, hi, write):
                 if not enqueue:
                     return None
+                req.granted = False
                 entries[req] = None
                 self._pending += 1
                 return req
@@ -570,7 +572,7 @@ class AccessQueue:
 
     # ------------------------------------------------------------------ releasing
 
-    def release(self, req: AccessRequest, fence: Fence | None = None, *,
+    def release(self, req: AccessRequest, fence: Fence | None = None,
                 wakes: list[tuple[AccessQueue, list[tuple[AccessRequest, Waiter]]]] | None = None
                 ) -> None:
         """Release a granted request or withdraw a pending one; idempotent, never raises.

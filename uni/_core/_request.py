@@ -31,11 +31,10 @@ class AccessRequest:
     ``fences`` is set with the grant: the pending fences of conflicting predecessors.
     """
 
-    __slots__ = ("_waiter", "_write", "fences", "granted", "group", "hi", "holder", "lo", "mode",
+    __slots__ = ("_waiter", "_write", "fences", "granted", "group", "hi", "holder", "lo",
                  "owner_thread", "queue", "released")
 
-    # Stored by the one maker of requests, AccessQueue._admit (register, try_grant).
-    mode: Mode
+    # Stored by the one maker of requests, AccessQueue.try_grant (register's way in too).
     _write: bool
     lo: int
     hi: int
@@ -55,6 +54,11 @@ class AccessRequest:
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("an AccessRequest is made by its queue: AccessQueue.register(mode, lo, "
                         "hi, holder=...) or AccessQueue.try_grant(...)")
+
+    @property
+    def mode(self) -> Mode:
+        """``"read"`` or ``"write"`` (from ``_write``: one slot less to fill per grant)."""
+        return "write" if self._write else "read"
 
     @property
     def state(self) -> Literal["pending", "active", "released", "withdrawn"]:

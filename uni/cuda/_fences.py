@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from uni._access import Access
+from uni._access import register_access
 from uni._core import AccessRequest, Fence, countdown, wait_fences_sync
 from uni._core import AllFences as _AllFences
 from uni._mapping import layout_right
@@ -189,7 +189,7 @@ def record_fence(storage: Any, fence: Fence, what: str = "device work outside a 
         return
     spec = AccessSpec(storage, layout_right((storage.size,)), storage.default_accessor(), 0,
                       "write", False, 0, storage.size - 1, label="storage")
-    access = Access(spec, holder=_ForeignWork(what), owner=None)
+    access = register_access(spec, holder=_ForeignWork(what), owner=None)
 
     def granted() -> None:
         if not access.granted:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from uni._access import Access
+from uni._access import Access, register_access
 from uni._accessor import ConstAccessor
 from uni._acquire import spec_of
 from uni._dlpack import (
@@ -119,7 +119,7 @@ def cuda_array_interface_of(spec: AccessSpec, span: MdSpan, stream: Any) -> dict
 
 
 def _grant_now(spec: AccessSpec, what: str) -> Access:
-    access = Access(spec)
+    access = register_access(spec)
     access.wait_grant_sync(async_hint="an async CUDA lease (then export the lease)")
     access.check_poison(spec.what)
     return access

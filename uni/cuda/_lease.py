@@ -31,7 +31,7 @@ import warnings
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
-from uni._access import Access, release_from_finalizer
+from uni._access import Access, register_access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._acquire import PendingAcquisition, spec_of
 from uni._core import running_library, wait_fences_async
@@ -39,7 +39,14 @@ from uni._core._owners import TaskOwner
 from uni._dlpack import kDLCUDA
 from uni._errors import DomainError, LeaseError, LeaseReleasedError
 from uni._handle import CUDA
-from uni._lease import ReadMdspanLease, ReadTensorLease, WriteMdspanLease, WriteTensorLease, _Lease
+from uni._lease import (
+    ReadMdspanLease,
+    ReadTensorLease,
+    WriteMdspanLease,
+    WriteTensorLease,
+    _Lease,
+    make_lease,
+)
 from uni._mdspec import MdSpan
 from uni._spec import AccessSpec, Mode, StorageView
 from uni.concepts import MdspecLike, TensorView
@@ -96,13 +103,6 @@ class _CudaLease:
 
         def _live(self) -> Access: ...
 
-    def __init__(self, access: Access, stream: Any = None, moved: CudaStorage | None = None
-                 ) -> None:
-        # The leaf classes declare the slots: two bases with slots cannot both lay them out.
-        super().__init__(access)  # type: ignore[call-arg]
-        self._stream = stream  # a slot of each concrete lease class
-        self._moved = moved  # type: ignore[misc]
-
     @property
     def stream(self) -> Any:
         """The stream this lease orders its work on (None for a sync lease)."""
@@ -153,7 +153,7 @@ class _CudaLease:
         self._access = None  # type: ignore[misc]  # a slot of each concrete lease class
         moved = self._moved
         self._moved = None  # type: ignore[misc]
-        return type(self)(access, self._stream, moved)
+        return _make(type(self), access, self._stream, moved)  # type: ignore[type-var]
 
     def __del__(self) -> None:
         access = self._access
@@ -209,6 +209,7 @@ class CudaReadTensorLease(_CudaLease, ReadTensorLease):
 
     __slots__ = ("_moved", "_stream")
     _kind = "CUDA read lease"
+    _made_by = "uni.acquire_cuda_read_access_sync"
     _read = True
 
 
@@ -217,6 +218,7 @@ class CudaWriteTensorLease(_CudaLease, WriteTensorLease):
 
     __slots__ = ("_moved", "_stream")
     _kind = "CUDA write lease"
+    _made_by = "uni.acquire_cuda_write_access_sync"
     _read = False
 
 
@@ -225,6 +227,7 @@ class CudaReadMdspanLease(_CudaLease, ReadMdspanLease):
 
     __slots__ = ("_moved", "_stream")
     _kind = "CUDA read lease"
+    _made_by = "uni.acquire_cuda_read_access_sync"
     _read = True
 
 
@@ -233,6 +236,7 @@ class CudaWriteMdspanLease(_CudaLease, WriteMdspanLease):
 
     __slots__ = ("_moved", "_stream")
     _kind = "CUDA write lease"
+    _made_by = "uni.acquire_cuda_write_access_sync"
     _read = False
 
 
@@ -244,9 +248,21 @@ _LEASES: dict[tuple[bool, bool], Any] = {
 }
 
 
+_L = TypeVar("_L", bound=_Lease)
+
+
+def _make(cls: type[_L], access: Access, stream: Any, moved: CudaStorage | None) -> _L:
+    """The one maker of CUDA leases (their constructors refuse): the host lease's maker,
+    with the stream the lease orders its work on and the storage it took (``move``)."""
+    lease = make_lease(cls, access)
+    lease._stream = stream  # type: ignore[attr-defined]  # slots of each CUDA lease class
+    lease._moved = moved  # type: ignore[attr-defined]
+    return lease
+
+
 def _lease(access: Access, read: bool, is_tensor: bool, stream: Any,
            moved: CudaStorage | None) -> Any:
-    return _LEASES[read, is_tensor](access, stream, moved)
+    return _make(_LEASES[read, is_tensor], access, stream, moved)
 
 
 # -- specs ---------------------------------------------------------------------------------
@@ -288,7 +304,7 @@ def _acquire_sync(x: Any, mode: Mode, fn: str, *, timeout: float | None, overwri
     spec, is_tensor, moved = _spec(x, mode, fn, overwrite=overwrite, move=move)
     if moved is not None:
         moved.moved = True  # later acquisitions fail at once
-    access = Access(spec)
+    access = register_access(spec)
     try:
         access.wait_sync(timeout=timeout, async_hint=fn.replace("_sync", "_async"))
         access.check_poison(spec.what, allow_poisoned=allow_poisoned)
