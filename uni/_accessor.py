@@ -322,6 +322,24 @@ def register_device_op_type(cls: type) -> None:
 Accessor = DefaultAccessor | ConstAccessor | ConjugateAccessor | ScaledAccessor | TransformAccessor
 
 
+# Accessors are frozen values: one DefaultAccessor (and one read-only one) per dtype serves
+# every tensor of that dtype, so wrapping memory builds no accessor. Keyed by uni's dtype
+# objects (the supported set): the dict stays that small.
+_PLAIN: dict[tuple[np.dtype[Any], bool], Any] = {}
+
+
+def plain_accessor(dtype: np.dtype[Any], readonly: bool = False) -> Any:
+    """The shared ``DefaultAccessor(dtype)``, or with ``readonly`` its ``ConstAccessor``:
+    equal to a new one (they are frozen values), built once per dtype."""
+    found = _PLAIN.get((dtype, readonly))
+    if found is None:
+        found = DefaultAccessor(dtype)
+        if readonly:
+            found = ConstAccessor(found)
+        _PLAIN[found.element_type, readonly] = found
+    return found
+
+
 def unwrap_const(accessor: Any) -> Any:
     """Strip ConstAccessor layers (they change writability, never values)."""
     while isinstance(accessor, ConstAccessor):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import struct
 import types
 import weakref
 from collections.abc import Callable
@@ -40,6 +41,7 @@ import numpy as np
 
 from uni._dtypes import as_dtype, supported_names
 from uni._errors import DLPackError, DomainError, DTypeError, LayoutError
+from uni._mapping import c_strides, reach
 
 # --------------------------------------------------------------------------------------
 # The C ABI (dlpack.h, v1.x)
@@ -266,8 +268,19 @@ def dl_dtype_of(dtype: np.dtype[Any]) -> tuple[int, int, int]:
     return _KIND_TO_CODE[dt.kind], dt.itemsize * 8, 1
 
 
+# The answers found so far (only uni's dtypes: refusals are not kept).
+_DTYPE_OF: dict[tuple[int, int, int], np.dtype[Any]] = {}
+
+
 def numpy_dtype_of(code: int, bits: int, lanes: int) -> np.dtype[Any]:
     """The uni dtype for a DLPack ``(code, bits, lanes)``, or DTypeError naming both."""
+    found = _DTYPE_OF.get((code, bits, lanes))
+    if found is None:
+        found = _DTYPE_OF[code, bits, lanes] = _numpy_dtype_of(code, bits, lanes)
+    return found
+
+
+def _numpy_dtype_of(code: int, bits: int, lanes: int) -> np.dtype[Any]:
     kind = _CODE_TO_KIND.get(code)
     dt: np.dtype[Any] | None = None
     if lanes == 1 and kind is not None and bits % 8 == 0:
@@ -329,8 +342,17 @@ class ImportedBuffer:
         return flat_buffer_of(self.array)
 
 
+# A producer has one deleter: its callable is made once (making it costs microseconds).
+_deleters: dict[int, Any] = {}
+
+
 def _call_deleter(deleter_address: int, managed_address: int) -> None:
-    DELETER(deleter_address)(managed_address)
+    deleter = _deleters.get(deleter_address)
+    if deleter is None:
+        if len(_deleters) >= 64:
+            _deleters.clear()
+        deleter = _deleters[deleter_address] = DELETER(deleter_address)
+    deleter(managed_address)
 
 
 class _ImportOwner:
@@ -343,7 +365,9 @@ class _ImportOwner:
 
     __slots__ = ("__array_interface__", "__weakref__", "_finalizer")
 
-    def __init__(self, interface: dict[str, Any], deleter: int | None, managed: int) -> None:
+    def __init__(self, interface: dict[str, Any] | None, deleter: int | None,
+                 managed: int) -> None:
+        # None: the view's interface is set once its shape is known (before any view).
         self.__array_interface__ = interface
         self._finalizer: weakref.finalize[Any, Any] | None = None
         if deleter:
@@ -378,6 +402,9 @@ def _managed_of(capsule: object) -> tuple[bool, int]:
     """``(versioned, address of the managed struct)`` of a live, unconsumed capsule."""
     if not isinstance(capsule, CapsuleType):
         raise TypeError(f"expected a DLPack capsule, got {type(capsule).__name__}")
+    # The common answer in one call: a live versioned capsule (a non-NULL pointer).
+    if _api.PyCapsule_IsValid(capsule, VERSIONED_CAPSULE_NAME):
+        return True, int(_api.PyCapsule_GetPointer(capsule, VERSIONED_CAPSULE_NAME))
     name = _capsule_name(capsule)
     if name in (USED_CAPSULE_NAME, USED_VERSIONED_CAPSULE_NAME):
         raise DLPackError(f"the DLPack capsule was already consumed (its name is {name!r})")
@@ -393,39 +420,68 @@ def _managed_of(capsule: object) -> tuple[bool, int]:
 
 def peek_capsule(capsule: object) -> CapsuleInfo:
     """Describe an unconsumed DLPack capsule without consuming it (for checks and tests)."""
-    versioned, address = _managed_of(capsule)
+    return _peek(*_managed_of(capsule))[0]
+
+
+# The managed structs read in one copy and one unpack each (a ctypes Structure builds an
+# object per field read, ten times slower). The formats follow the ctypes layouts above,
+# which stay the one description of the ABI: the offsets are checked against them here.
+_TENSOR_FIELDS: Final = "PiiiBBHPPQ"  # data, device, ndim, dtype, shape, strides, byte_offset
+_VERSIONED: Final = struct.Struct("@IIPPQ" + _TENSOR_FIELDS)  # version, ctx, deleter, flags
+_LEGACY: Final = struct.Struct("@" + _TENSOR_FIELDS + "PP")  # ..., manager_ctx, deleter
+_VERSIONED_BYTES: Final = ctypes.c_char * _VERSIONED.size
+_LEGACY_BYTES: Final = ctypes.c_char * _LEGACY.size
+assert _VERSIONED.size == ctypes.sizeof(DLManagedTensorVersioned)
+assert _LEGACY.size == ctypes.sizeof(DLManagedTensor)
+assert struct.calcsize("@IIPPQ") == DLManagedTensorVersioned.dl_tensor.offset
+assert struct.calcsize("@PiiiBBHPP") == DLTensor.byte_offset.offset
+
+
+def _peek(versioned: bool, address: int) -> tuple[CapsuleInfo, int | None]:
+    """The capsule's description and its deleter's address (None for no deleter)."""
     if versioned:
-        mv = DLManagedTensorVersioned.from_address(address)
-        t, version, flags = mv.dl_tensor, (mv.version.major, mv.version.minor), mv.flags
+        (major, minor, _ctx, deleter, flags, data, device_type, device_id, ndim, code, bits,
+         lanes, shape_at, strides_at, byte_offset) = _VERSIONED.unpack_from(
+            _VERSIONED_BYTES.from_address(address))
+        version: tuple[int, int] | None = (major, minor)
     else:
-        t, version, flags = DLManagedTensor.from_address(address).dl_tensor, None, 0
-    ndim = int(t.ndim)
+        (data, device_type, device_id, ndim, code, bits, lanes, shape_at, strides_at,
+         byte_offset, _ctx, deleter) = _LEGACY.unpack_from(_LEGACY_BYTES.from_address(address))
+        version, flags = None, 0
     # Checked before shape and strides are read: a wild ndim would read far past them.
     if ndim > MAX_NDIM:
         raise LayoutError(f"expected at most {MAX_NDIM} dimensions (numpy's limit), got {ndim}")
-    if ndim < 0 or (ndim > 0 and not t.shape):
+    if ndim < 0 or (ndim > 0 and not shape_at):
         raise LayoutError(f"expected a DLTensor with ndim >= 0 and a shape, got ndim {ndim}"
-                          f" and shape {'NULL' if not t.shape else 'set'}")
-    shape = tuple(int(t.shape[i]) for i in range(ndim))
-    strides = tuple(int(t.strides[i]) for i in range(ndim)) if t.strides else None
-    return CapsuleInfo(
+                          f" and shape {'NULL' if not shape_at else 'set'}")
+    if ndim:
+        words = ctypes.c_int64 * ndim
+        shape = tuple(words.from_address(shape_at))
+        strides = tuple(words.from_address(strides_at)) if strides_at else None
+    else:
+        shape, strides = (), None if not strides_at else ()
+    info = CapsuleInfo(
         versioned=versioned,
         version=version,
-        flags=int(flags),
-        device=(int(t.device.device_type), int(t.device.device_id)),
-        dtype=(int(t.dtype.code), int(t.dtype.bits), int(t.dtype.lanes)),
+        flags=flags,
+        device=(device_type, device_id),
+        dtype=(code, bits, lanes),
         shape=shape,
         strides=strides,
-        byte_offset=int(t.byte_offset),
-        data=int(t.data or 0),
+        byte_offset=byte_offset,
+        data=data or 0,
     )
+    return info, deleter or None
 
 
-def _capsule_from_producer(obj: Any) -> object:
+def _capsule_from_producer(obj: Any, device: tuple[int, int] | None = None) -> object:
+    """``obj.__dlpack__()`` of a host producer; ``device``: its ``__dlpack_device__()``
+    when the caller asked already (torch answers in microseconds: asked once)."""
     if not (hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")):
         raise TypeError(f"expected a DLPack producer (__dlpack__ and __dlpack_device__) or "
                         f"a DLPack capsule, got {type(obj).__name__}")
-    device = obj.__dlpack_device__()
+    if device is None:
+        device = obj.__dlpack_device__()
     device_type, device_id = int(device[0]), int(device[1])
     # Refuse before asking for a capsule: a CUDA producer may otherwise synchronize streams
     # or copy for nothing.
@@ -438,11 +494,13 @@ def _capsule_from_producer(obj: Any) -> object:
         return obj.__dlpack__()
 
 
-def _checked(capsule: object, *, host: bool) -> tuple[bool, int, Any, np.dtype[Any]]:
+def _checked(capsule: object, *,
+             host: bool) -> tuple[bool, int, CapsuleInfo, np.dtype[Any], int | None]:
     """What both ways of consuming check before touching anything: (versioned, address, info,
-    dtype). ``host`` also refuses a capsule whose memory is not on the host."""
+    dtype, deleter address). ``host`` also refuses a capsule whose memory is not on the
+    host."""
     versioned, address = _managed_of(capsule)
-    info = peek_capsule(capsule)
+    info, deleter = _peek(versioned, address)
     if versioned and info.version is not None and info.version[0] > DLPACK_MAJOR_VERSION:
         raise DLPackError(
             f"expected a DLPack capsule of major version {DLPACK_MAJOR_VERSION}, got version "
@@ -456,10 +514,9 @@ def _checked(capsule: object, *, host: bool) -> tuple[bool, int, Any, np.dtype[A
         raise LayoutError(f"expected non-negative extents, got shape {info.shape}")
     if info.strides is not None and len(info.strides) != ndim:
         raise LayoutError(f"expected {ndim} strides, got {len(info.strides)}")
-    size = int(np.prod(info.shape, dtype=np.int64)) if ndim else 1
-    if size > 0 and not info.data:
+    if not info.data and 0 not in info.shape:
         raise LayoutError("expected a data pointer for a non-empty tensor, got NULL")
-    return versioned, address, info, dtype
+    return versioned, address, info, dtype, deleter
 
 
 def import_dlpack(obj: Any, *, legacy_readonly: bool = False) -> ImportedBuffer:
@@ -474,39 +531,65 @@ def import_dlpack(obj: Any, *, legacy_readonly: bool = False) -> ImportedBuffer:
     its own destructor frees it.
     """
     capsule = obj if isinstance(obj, CapsuleType) else _capsule_from_producer(obj)
-    versioned, address, info, dtype = _checked(capsule, host=True)
-    readonly = bool(info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) if versioned else legacy_readonly
-    data = info.data + info.byte_offset
-    interface: dict[str, Any] = {
+    info, dtype, readonly, owner = _consume_host(capsule, legacy_readonly)
+    # An empty tensor may come with a NULL data pointer; numpy accepts that for a
+    # zero-size view, which never dereferences it.
+    owner.__array_interface__ = {
         "version": 3,
         "shape": info.shape,
         "typestr": dtype.str,
-        # An empty tensor may come with a NULL data pointer; numpy accepts that for a
-        # zero-size view, which never dereferences it.
-        "data": (data, readonly),
+        "data": (info.data + info.byte_offset, readonly),
         "strides": None if info.strides is None
         else tuple(s * dtype.itemsize for s in info.strides),
     }
-
-    if versioned:
-        deleter = DLManagedTensorVersioned.from_address(address).deleter
-    else:
-        deleter = DLManagedTensor.from_address(address).deleter
-    deleter_address = ctypes.cast(deleter, ctypes.c_void_p).value
-    # Consume: from here on the producer's memory is ours to release.
-    used = USED_VERSIONED_CAPSULE_NAME if versioned else USED_CAPSULE_NAME
-    if _api.PyCapsule_SetName(capsule, _NAME_PTR[used]) != 0:  # pragma: no cover - cannot fail
-        raise DLPackError("cannot mark the DLPack capsule as consumed")
-    owner = _ImportOwner(interface, deleter_address, address)
     array: np.ndarray[Any, np.dtype[Any]] = np.asarray(owner)
     return ImportedBuffer(
         array=array,
         readonly=readonly,
         device=info.device,
-        versioned=versioned,
+        versioned=info.versioned,
         version=info.version,
         copied=bool(info.flags & DLPACK_FLAG_BITMASK_IS_COPIED),
     )
+
+
+def import_flat(obj: Any, *, legacy_readonly: bool = False, device: tuple[int, int] | None = None,
+                ) -> tuple[np.ndarray[Any, np.dtype[Any]], int, tuple[int, ...],
+                           tuple[int, ...], bool]:
+    """``import_dlpack`` as ``(buffer_1d, element_offset, shape, element_strides, readonly)``:
+    what ``flat_buffer_of(import_dlpack(obj).array)`` gives, read from the capsule at once
+    (no N-d view is built to be flattened again). ``device``: the producer's
+    ``__dlpack_device__()`` when the caller asked already."""
+    capsule = obj if isinstance(obj, CapsuleType) else _capsule_from_producer(obj, device)
+    info, dtype, readonly, owner = _consume_host(capsule, legacy_readonly)
+    shape = info.shape
+    strides = info.strides
+    if strides is None:
+        strides = c_strides(shape)
+    lowest, highest = reach(shape, strides)
+    owner.__array_interface__ = {
+        "version": 3,
+        "shape": (highest - lowest + 1,),
+        "typestr": dtype.str,
+        # Empty: a NULL data pointer is fine for numpy's zero-size view (never read).
+        "data": (info.data + info.byte_offset + lowest * dtype.itemsize, readonly),
+        "strides": None,
+    }
+    buffer: np.ndarray[Any, np.dtype[Any]] = np.asarray(owner)
+    return buffer, -lowest, shape, strides, readonly
+
+
+def _consume_host(capsule: object, legacy_readonly: bool,
+                  ) -> tuple[CapsuleInfo, np.dtype[Any], bool, _ImportOwner]:
+    """Check a host capsule and take it over: its description, dtype, read-only-ness, and
+    the owner (no interface yet) that calls the producer's deleter when collected."""
+    versioned, address, info, dtype, deleter = _checked(capsule, host=True)
+    readonly = bool(info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) if versioned else legacy_readonly
+    # Consume: from here on the producer's memory is ours to release.
+    used = USED_VERSIONED_CAPSULE_NAME if versioned else USED_CAPSULE_NAME
+    if _api.PyCapsule_SetName(capsule, _NAME_PTR[used]) != 0:  # pragma: no cover - cannot fail
+        raise DLPackError("cannot mark the DLPack capsule as consumed")
+    return info, dtype, readonly, _ImportOwner(None, deleter, address)
 
 
 class CapsuleOwner:
@@ -530,12 +613,7 @@ def take_capsule(capsule: object) -> CapsuleOwner:
     describes the tensor. The memory is not touched (it may be device memory). On error the
     capsule is left unconsumed.
     """
-    versioned, address, info, _ = _checked(capsule, host=False)
-    if versioned:
-        deleter = DLManagedTensorVersioned.from_address(address).deleter
-    else:
-        deleter = DLManagedTensor.from_address(address).deleter
-    deleter_address = ctypes.cast(deleter, ctypes.c_void_p).value
+    versioned, address, info, _, deleter_address = _checked(capsule, host=False)
     used = USED_VERSIONED_CAPSULE_NAME if versioned else USED_CAPSULE_NAME
     if _api.PyCapsule_SetName(capsule, _NAME_PTR[used]) != 0:  # pragma: no cover - cannot fail
         raise DLPackError("cannot mark the DLPack capsule as consumed")
@@ -592,8 +670,10 @@ def flat_buffer_of(
     highest = sum(s * (n - 1) for n, s in zip(array.shape, strides, strict=True) if s > 0)
     # Step to the element at the lowest address with slicing, which keeps the view chain
     # (and writeability) that as_strided then extends.
-    start = array[tuple(slice(n - 1, n) if s < 0 else slice(0, 1)
-                        for n, s in zip(array.shape, strides, strict=True))]
+    # (A 0-d array's ``array[()]`` would be a scalar, a copy: its 1-element view instead.)
+    start = array.reshape(1) if array.ndim == 0 else array[
+        tuple(slice(n - 1, n) if s < 0 else slice(0, 1)
+              for n, s in zip(array.shape, strides, strict=True))]
     buffer = np.lib.stride_tricks.as_strided(
         start, shape=(highest - lowest + 1,), strides=(array.itemsize,),
         writeable=bool(array.flags.writeable),

@@ -14,11 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from uni._accessor import ConstAccessor, DefaultAccessor
+from uni._accessor import _PLAIN as _PLAIN_ACCESSORS
+from uni._accessor import plain_accessor
 from uni._dtypes import as_dtype
 from uni._errors import DomainError
 from uni._extents import Extents
-from uni._mapping import best_mapping, c_strides, f_strides, layout_stride
+from uni._mapping import _NUMPY as _NUMPY_MAPPINGS
+from uni._mapping import best_mapping, c_strides, f_strides, numpy_mapping
 from uni._tensor import Tensor
 from uni.storage.host import HostStorage, storage_for_array
 
@@ -96,19 +98,26 @@ def from_numpy(array: Any, *, copy: bool = False) -> Tensor:
     Views of one numpy array share one storage, so their leases are ordered by one queue.
     A read-only array gives a read-only tensor.
     """
-    arr = np.asarray(array)
+    arr = array if type(array) is np.ndarray else np.asarray(array)
     dt = as_dtype(arr.dtype)
     if copy:
         return _allocate(arr.shape, dt, "C", "host", arr.reshape(-1) if arr.size else None)
     if arr.dtype != dt:
         arr = arr.view(dt)
-    storage, offset = storage_for_array(arr)
-    strides = tuple(s // arr.itemsize for s in arr.strides)
-    accessor: Any = DefaultAccessor(dt)
-    if not arr.flags.writeable:
-        accessor = ConstAccessor(accessor)
-    mapping = best_mapping(arr.shape, strides) if arr.size else layout_stride(arr.shape, strides)
-    return Tensor(storage, mapping, accessor, offset=offset)
+    storage, offset = storage_for_array(arr, dt)
+    # Both are shared frozen values, found by one lookup each (the functions fill the caches).
+    shape, strides, itemsize = arr.shape, arr.strides, arr.itemsize
+    mapping = _NUMPY_MAPPINGS.get((shape, strides, itemsize))
+    if mapping is None:
+        mapping = numpy_mapping(shape, strides, itemsize)
+    readonly = not arr.flags.writeable
+    accessor = _PLAIN_ACCESSORS.get((dt, readonly))
+    if accessor is None:
+        accessor = plain_accessor(dt, readonly)
+    # The storage holds the memory ``arr`` reaches (its allocation, or exactly the span its
+    # strides reach) as ``dt`` elements, ``arr[0, ..., 0]`` at ``offset``: the tensor fits it
+    # by construction, and the checks Tensor() makes would only repeat that.
+    return Tensor._view(storage, mapping, accessor, offset)
 
 
 def _cuda_not_registered() -> str:

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from uni._accessor import ConstAccessor, DefaultAccessor
-from uni._dlpack import CapsuleType, flat_buffer_of, import_dlpack, peek_capsule
+from uni._accessor import plain_accessor
+from uni._dlpack import CapsuleType, import_dlpack, import_flat, peek_capsule
 from uni._factories import from_numpy
 from uni._mapping import best_mapping, layout_stride
 from uni._tensor import Tensor
@@ -33,13 +33,24 @@ def register_importer(device_type: int, importer: Callable[..., Tensor]) -> None
     _importers[device_type] = importer
 
 
-def _importer_for(obj: Any) -> Callable[..., Tensor] | None:
+def _device_of(obj: Any) -> tuple[int, int] | None:
+    """The producer's ``__dlpack_device__()`` (asked once: the import reuses it); None for a
+    capsule or a numpy array, which say nothing before they are read."""
+    if isinstance(obj, CapsuleType) or isinstance(obj, np.ndarray):
+        return None
+    if hasattr(obj, "__dlpack_device__"):
+        device = obj.__dlpack_device__()
+        return int(device[0]), int(device[1])
+    return None
+
+
+def _importer_for(obj: Any, device: tuple[int, int] | None) -> Callable[..., Tensor] | None:
     if not _importers:
         return None
     if isinstance(obj, CapsuleType):
         device_type = peek_capsule(obj).device[0]
-    elif hasattr(obj, "__dlpack_device__") and not isinstance(obj, np.ndarray):
-        device_type = int(obj.__dlpack_device__()[0])
+    elif device is not None:
+        device_type = device[0]
     else:
         return None
     return _importers.get(device_type)
@@ -63,26 +74,26 @@ def from_dlpack(obj: Any, /, *, copy: bool | None = None, writable: bool = False
         raise ValueError(f"expected copy=None, True or False, got copy={copy!r}")
     if not isinstance(writable, bool):
         raise ValueError(f"expected writable=True or False, got writable={writable!r}")
-    importer = _importer_for(obj)
+    device = _device_of(obj)
+    importer = _importer_for(obj, device)
     if importer is not None:  # device memory (CUDA): its domain imports it
         return importer(obj, copy=copy)
     if isinstance(obj, np.ndarray) and obj.dtype.isnative:
         # Straight to from_numpy: it finds the storage other views of the same allocation
         # already use, so leases on both are ordered by one queue.
         return from_numpy(obj, copy=bool(copy))
-    imported = import_dlpack(obj, legacy_readonly=not writable)
-    array = imported.array
     if copy:
-        return from_numpy(array.copy())
-    return _tensor_over(array, readonly=imported.readonly)
+        return from_numpy(import_dlpack(obj, legacy_readonly=not writable).array.copy())
+    buffer, offset, shape, strides, readonly = import_flat(
+        obj, legacy_readonly=not writable, device=device)
+    return _tensor_over(buffer, offset, shape, strides, readonly=readonly)
 
 
-def _tensor_over(array: np.ndarray[Any, np.dtype[Any]], *, readonly: bool) -> Tensor:
-    buffer, offset, strides = flat_buffer_of(array)
-    storage = HostStorage.wrap(buffer, readonly=readonly)
-    accessor: Any = DefaultAccessor(storage.dtype)
-    if storage.readonly:
-        accessor = ConstAccessor(accessor)
-    shape = tuple(array.shape)
-    mapping = best_mapping(shape, strides) if array.size else layout_stride(shape, strides)
-    return Tensor.from_storage(storage, mapping, accessor, offset=offset)
+def _tensor_over(buffer: np.ndarray[Any, np.dtype[Any]], offset: int, shape: tuple[int, ...],
+                 strides: tuple[int, ...], *, readonly: bool) -> Tensor:
+    # import_flat made ``buffer`` a contiguous 1-D view of a uni dtype (checked) spanning
+    # exactly the elements ``(shape, strides)`` reach from ``offset``, writable unless
+    # ``readonly``: the storage and the tensor are built without checking that again.
+    storage = HostStorage._over(buffer, buffer.dtype, readonly)
+    mapping = best_mapping(shape, strides) if 0 not in shape else layout_stride(shape, strides)
+    return Tensor._view(storage, mapping, plain_accessor(storage.dtype, readonly), offset)

@@ -284,6 +284,26 @@ def best_mapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> Mapping:
     return mapping
 
 
+# numpy arrays that come in to be wrapped repeat their layouts too: the mapping for numpy's
+# (shape, byte strides, itemsize) is one lookup, not strides converted and normalised.
+_NUMPY: dict[tuple[tuple[int, ...], tuple[int, ...], int], Any] = {}
+
+
+def numpy_mapping(shape: tuple[int, ...], byte_strides: tuple[int, ...], itemsize: int) -> Mapping:
+    """The mapping of a numpy array with ``shape`` and ``byte_strides`` (whole elements of
+    ``itemsize`` bytes): ``best_mapping`` of its element strides, or a ``layout_stride``
+    when it is empty (no layout class is implied by strides that reach nothing)."""
+    key = (shape, byte_strides, itemsize)
+    found: Mapping | None = _NUMPY.get(key)
+    if found is None:
+        strides = tuple(s // itemsize for s in byte_strides)
+        found = best_mapping(shape, strides) if 0 not in shape else layout_stride(shape, strides)
+        if len(_NUMPY) >= _BEST_MAX:
+            _NUMPY.clear()
+        _NUMPY[key] = found
+    return found
+
+
 def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return _c_strides(tuple(shape))
 

@@ -48,36 +48,6 @@ def _vector_mapping(count: int, stride: int) -> Any:
     return found
 
 
-def _slice_vector(view: Any, key: slice) -> Tensor | None:
-    """``view[key]`` when ``view`` is a vector and ``key`` a slice with no step and plain int
-    (or None) bounds inside it, the commonest fresh view of all; else None (nothing made).
-
-    In bounds it needs no ``slice.indices`` (the same answer), and it reaches a sub-range of
-    the validated view's elements, so it stays inside the buffer without a bounds re-check.
-    """
-    mapping = view._mapping
-    shape = mapping.extents.shape
-    if len(shape) != 1 or key.step is not None:
-        return None
-    extent = shape[0]
-    start, stop = key.start, key.stop
-    if start is None:
-        start = 0
-    if stop is None:
-        stop = extent
-    if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= extent:
-        return None
-    stride = mapping.strides[0]
-    count = stop - start
-    found = _VECTORS.get((count, stride))
-    out = _new(Tensor)
-    out._storage = view._storage
-    out._accessor = view._accessor
-    out._mapping = found if found is not None else _vector_mapping(count, stride)
-    out._offset = view._offset + start * stride if count else view._offset
-    return out
-
-
 class Tensor(StorageView):
     """A view of a storage: the owning storage plus mapping, accessor and element offset.
 
@@ -215,14 +185,34 @@ class Tensor(StorageView):
         )
 
     def __getitem__(self, key: Any) -> Tensor:
-        if type(key) is slice:
-            quick_view = _slice_vector(self, key)
-            if quick_view is not None:
-                return quick_view
+        # The commonest fresh view of all, ``v[i:j]`` of a vector with no step and plain int
+        # (or None) bounds inside it, is made here (no call further: loops make one per
+        # step). In bounds it needs no ``slice.indices`` (the same answer), and it reaches a
+        # sub-range of this validated view's elements, so it stays inside the buffer without
+        # a bounds re-check. Every other key takes the general path.
+        if type(key) is slice and key.step is None:
+            mapping = self._mapping
+            shape = mapping.extents.shape
+            if len(shape) == 1:
+                start, stop = key.start, key.stop
+                if start is None:
+                    start = 0
+                if stop is None:
+                    stop = shape[0]
+                if type(start) is int and type(stop) is int and 0 <= start <= stop <= shape[0]:
+                    stride = mapping.strides[0]
+                    count = stop - start
+                    found = _VECTORS.get((count, stride))
+                    out = _new(Tensor)
+                    out._storage = self._storage
+                    out._accessor = self._accessor
+                    out._mapping = found if found is not None else _vector_mapping(count, stride)
+                    out._offset = self._offset + start * stride if count else self._offset
+                    return out
         return self._getitem_general(key)
 
     def _getitem_general(self, key: Any) -> Tensor:
-        """``self[key]`` for every key but the in-bounds vector slice (``_slice_vector``)."""
+        """``self[key]`` for every key but the in-bounds vector slice (``__getitem__``)."""
         mapping = self._mapping
         if type(key) is slice:
             shape = mapping.extents.shape

@@ -358,3 +358,17 @@ def test_transform_accessor_element_ops_wrap_one_element_as_on_arrays() -> None:
     wide = uni.TransformAccessor(uni.DefaultAccessor(np.float64), uni.ops.square, np.int32)
     assert wide.apply(np.array([1e6]))[0] == 2**31 - 1                 # stored: saturates
     assert wide.access(handle_of(np.array([1e6])), 0) == 2**31 - 1
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_the_plain_accessor_is_one_shared_value_per_dtype(readonly: bool) -> None:
+    from uni._accessor import plain_accessor  # the cache itself: what from_numpy shares
+
+    for dt in uni.SUPPORTED_DTYPES:
+        shared = plain_accessor(dt, readonly)
+        assert shared is plain_accessor(dt, readonly)
+        fresh = uni.DefaultAccessor(dt)
+        assert shared == (uni.ConstAccessor(fresh) if readonly else fresh)
+        assert hash(shared) == hash(uni.ConstAccessor(fresh) if readonly else fresh)
+        assert shared.readonly is readonly and shared.element_type == dt
+    assert plain_accessor(np.dtype(np.float64)) is not plain_accessor(np.dtype(np.float32))

@@ -663,3 +663,71 @@ def test_torch_memory_outlives_the_torch_tensor() -> None:
     # If torch's deleter had run early, the allocator would be free to reuse this block.
     _ = [torch.full((1000,), -1.0, dtype=torch.float64) for _ in range(10)]
     np.testing.assert_array_equal(imported.array, np.arange(0, 1000, 7, dtype=np.float64))
+
+
+def _peek_by_ctypes(capsule: object) -> tuple[Any, ...]:
+    """The capsule read field by field through the ctypes Structures (the oracle for the
+    one-unpack reading)."""
+    name = ctypes.pythonapi.PyCapsule_GetName
+    name.restype, name.argtypes = ctypes.c_char_p, (ctypes.py_object,)
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, (ctypes.py_object, ctypes.c_char_p)
+    which = name(capsule)
+    address = get(capsule, which)
+    if which == b"dltensor_versioned":
+        mv = DLManagedTensorVersioned.from_address(address)
+        t, version, flags = mv.dl_tensor, (mv.version.major, mv.version.minor), mv.flags
+    else:
+        t, version, flags = DLManagedTensor.from_address(address).dl_tensor, None, 0
+    ndim = t.ndim
+    return (which == b"dltensor_versioned", version, flags,
+            (t.device.device_type, t.device.device_id),
+            (t.dtype.code, t.dtype.bits, t.dtype.lanes), tuple(t.shape[i] for i in range(ndim)),
+            tuple(t.strides[i] for i in range(ndim)) if t.strides else None, t.byte_offset,
+            t.data or 0)
+
+
+_LAYOUTS: list[Callable[[], np.ndarray[Any, Any]]] = [
+    lambda: np.arange(6.0),
+    lambda: np.arange(24, dtype=np.int32).reshape(2, 3, 4)[:, ::-2, 1:],
+    lambda: np.arange(12.0).reshape(3, 4).T,
+    lambda: np.zeros((0, 3), np.complex64),
+    lambda: np.array(3.5),
+    lambda: np.arange(10, dtype=np.int64)[::-3],
+    lambda: np.lib.stride_tricks.as_strided(np.arange(3.0), (4, 3), (0, 8)),
+]
+
+
+@pytest.mark.parametrize("make", _LAYOUTS)
+@pytest.mark.parametrize("versioned", [False, True])
+def test_a_capsule_reads_the_same_as_through_the_ctypes_structures(
+        make: Callable[[], np.ndarray[Any, Any]], versioned: bool) -> None:
+    a = make()
+    capsule = a.__dlpack__(max_version=(1, 0)) if versioned else a.__dlpack__()
+    info = peek_capsule(capsule)
+    assert (info.versioned, info.version, info.flags, info.device, info.dtype, info.shape,
+            info.strides, info.byte_offset, info.data) == _peek_by_ctypes(capsule)
+
+
+@pytest.mark.parametrize("make", _LAYOUTS)
+@pytest.mark.parametrize("versioned", [False, True])
+def test_the_flat_import_is_the_flattened_view(
+        make: Callable[[], np.ndarray[Any, Any]], versioned: bool) -> None:
+    from uni._dlpack import import_flat  # from_dlpack's way in
+
+    a = make()
+
+    def capsule() -> object:
+        return a.__dlpack__(max_version=(1, 0)) if versioned else a.__dlpack__()
+
+    view = import_dlpack(capsule())
+    expected_buffer, expected_offset, expected_strides = flat_buffer_of(view.array)
+    buffer, offset, shape, strides, readonly = import_flat(capsule())
+    assert (offset, shape, strides, readonly) == (expected_offset, view.array.shape,
+                                                  expected_strides, view.readonly)
+    assert buffer.shape == expected_buffer.shape and buffer.dtype == expected_buffer.dtype
+    assert buffer.flags.writeable == expected_buffer.flags.writeable
+    assert buffer.ndim == 1 and (buffer.size <= 1 or buffer.strides == (buffer.itemsize,))
+    if buffer.size:
+        assert buffer.ctypes.data == expected_buffer.ctypes.data
+        np.testing.assert_array_equal(buffer, expected_buffer)

@@ -12,6 +12,7 @@ from support.interop_cases import IDS, LAYOUTS, Count, Producer, can_write, read
 
 import uni
 from uni._dlpack import (
+    flat_buffer_of,
     kDLCUDA,
     kDLCUDAHost,
     live_exports,
@@ -182,3 +183,18 @@ def test_from_dlpack_refuses_what_is_not_dlpack() -> None:
         uni.from_dlpack(np.zeros(3, dtype=np.uint8))
     with pytest.raises(BufferError):
         uni.from_dlpack(np.zeros(3, dtype=">f8"))  # numpy cannot export byte-swapped data
+
+
+def test_a_0d_import_is_zero_copy() -> None:
+    # A 0-d tensor reaches its producer's memory like any other (it was once a copy).
+    torch = pytest.importorskip("torch")
+    t = torch.tensor(3.5, dtype=torch.float64)
+    u = uni.from_dlpack(t)
+    assert u.shape == () and u.storage.size == 1
+    with uni.acquire_host_write_access_sync(u) as lease:
+        np.asarray(lease.mdspan())[()] = 7.0
+    assert float(t) == 7.0
+    a = np.array(2.0)
+    flat, offset, strides = flat_buffer_of(a)
+    assert (flat.shape, offset, strides) == ((1,), 0, ())
+    assert np.shares_memory(flat, a) and flat.flags.writeable

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from support.strategies import mappings, reachable_offsets, shapes, strided_layouts
 
 import uni
+from uni._mapping import best_mapping
 
 MAPPING_CLASSES = [uni.layout_right, uni.layout_left, uni.layout_stride]
 
@@ -261,3 +262,19 @@ def test_every_mapping_is_a_hashable_value_that_maps_by_its_strides(m: object) -
     for index in itertools.islice(np.ndindex(*m.extents.shape), 50):  # type: ignore[attr-defined]
         expected = sum(i * s for i, s in zip(index, m.strides, strict=True))  # type: ignore[attr-defined]
         assert m(*index) == expected  # type: ignore[operator]
+
+
+def test_a_numpy_layouts_mapping_is_one_shared_value() -> None:
+    from uni._mapping import numpy_mapping  # the cache from_numpy looks mappings up in
+
+    cases = [np.empty((3, 4)), np.empty((3, 4), order="F"), np.empty((5, 6))[::2, 1::-1],
+             np.empty((2, 0, 3)), np.empty(()), np.empty(7, np.int32)[::3]]
+    for a in cases:
+        found = numpy_mapping(a.shape, a.strides, a.itemsize)
+        assert found is numpy_mapping(a.shape, a.strides, a.itemsize)
+        strides = tuple(s // a.itemsize for s in a.strides)
+        made = (uni.layout_stride(a.shape, strides) if a.size == 0
+                else best_mapping(a.shape, strides))
+        assert found == made and type(found) is type(made)
+    # The same byte strides over another item size are another layout.
+    assert numpy_mapping((4,), (8,), 8) != numpy_mapping((4,), (8,), 4)

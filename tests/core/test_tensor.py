@@ -32,6 +32,7 @@ from support.strategies import (
 
 import uni
 import uni.cuda
+from uni._mapping import best_mapping
 from uni.storage import HostStorage
 
 
@@ -181,6 +182,37 @@ def test_writes_through_a_lease_land_in_the_numpy_array(
     if t.mapping.is_unique():
         np.testing.assert_array_equal(a, new)
     np.testing.assert_array_equal(values(t), a)
+
+
+@settings(max_examples=150)
+@given(numpy_views())
+def test_from_numpy_builds_what_the_checking_constructor_accepts(a: np.ndarray[Any, Any]) -> None:
+    # from_numpy skips Tensor()'s checks (the parts fit by construction): the checking
+    # constructor must accept the very same parts, and they are the values it would make.
+    t = uni.from_numpy(a)
+    again = uni.Tensor.from_storage(t.storage, t.mapping, t.accessor, offset=t.offset)
+    assert (again.mapping, again.accessor, again.offset) == (t.mapping, t.accessor, t.offset)
+    strides = tuple(s // a.itemsize for s in a.strides)
+    made = (best_mapping(a.shape, strides) if a.size
+            else uni.layout_stride(a.shape, strides))
+    assert t.mapping == made and type(t.mapping) is type(made)
+    plain = uni.DefaultAccessor(a.dtype)
+    assert t.accessor == (uni.ConstAccessor(plain) if not a.flags.writeable else plain)
+    assert t.accessor.element_type == t.storage.dtype
+
+
+def test_fresh_arrays_share_one_mapping_and_one_accessor_per_layout() -> None:
+    # Frozen values are shared, not rebuilt per wrap; distinct layouts still get their own.
+    a, b = uni.from_numpy(np.empty((3, 4))), uni.from_numpy(np.empty((3, 4)))
+    assert a.mapping is b.mapping and a.accessor is b.accessor
+    c = uni.from_numpy(np.empty((4, 3)))
+    assert c.mapping != a.mapping and c.accessor is a.accessor
+    frozen = np.empty((3, 4))
+    frozen.flags.writeable = False
+    ro = uni.from_numpy(frozen)
+    assert ro.readonly and ro.mapping is a.mapping and ro.accessor is not a.accessor
+    assert uni.from_numpy(np.empty((3, 4), np.float32)).accessor.element_type == np.float32
+    assert uni.from_numpy(np.empty((3, 4), order="F")).mapping == uni.layout_left((3, 4))
 
 
 def test_writes_through_numpy_are_seen_by_the_tensor() -> None:
@@ -938,7 +970,7 @@ def test_the_quick_vector_and_matrix_slices_with_open_ends_match_the_general_vie
 
 
 # --------------------------------------------------------------------------------------------
-# t[i:j] of a vector: the quick path (uni._tensor._slice_vector) against the general one
+# t[i:j] of a vector: the quick path (in Tensor.__getitem__) against the general one
 # --------------------------------------------------------------------------------------------
 
 
@@ -955,10 +987,17 @@ def _outcome(fn: Any, *args: Any) -> Any:
     return (type(view), view._storage, view._accessor, view._offset, view._mapping, values)
 
 
-def test_quick_vector_slices_match_the_general_path() -> None:
+def test_quick_vector_slices_match_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """``t[key]`` (the quick path where it applies) and the general path give the same view or
     the same error, on seeded vectors of every stride and slice keys of every kind."""
-    import uni._tensor as tensor_module  # the quick path itself, to count what it took
+    general = uni.Tensor._getitem_general
+    generals: list[Any] = []
+
+    def counted(self: uni.Tensor, key: Any) -> uni.Tensor:  # the general path, counted
+        generals.append(key)
+        return general(self, key)
+
+    monkeypatch.setattr(uni.Tensor, "_getitem_general", counted)
     rng = np.random.default_rng(7)
     # Mostly what the quick path takes (None, 0..7), and each thing it must leave alone.
     bounds: list[Any] = [None, None, None, *range(8), *range(8), True, np.int64(2), 2**70,
@@ -970,16 +1009,15 @@ def test_quick_vector_slices_match_the_general_path() -> None:
         t = uni.from_numpy(base)[::step] if base.size else uni.from_numpy(base)
         start, stop = (bounds[int(rng.integers(len(bounds)))] for _ in range(2))
         key = slice(start, stop, ([None] * 6 + [1, 2, -1, 0])[int(rng.integers(10))])
+        before = len(generals)
         ours = _outcome(operator.getitem, t, key)
-        assert ours == _outcome(t._getitem_general, key), key
-        fast = _outcome(tensor_module._slice_vector, t, key)
-        if fast is not None:
-            assert fast == ours, key
-            quick += 1
+        quick += len(generals) == before
+        assert ours == _outcome(general, t, key), key
     matrix = uni.from_numpy(np.arange(12.0).reshape(3, 4))
-    assert _outcome(operator.getitem, matrix, slice(1, 3)) == _outcome(matrix._getitem_general,
+    before = len(generals)
+    assert _outcome(operator.getitem, matrix, slice(1, 3)) == _outcome(general, matrix,
                                                                         slice(1, 3))
-    assert _outcome(tensor_module._slice_vector, matrix, slice(1, 3)) is None
+    assert len(generals) == before + 1  # a matrix's slice is the general path's
     assert quick > 100  # the quick path did take part
 
 

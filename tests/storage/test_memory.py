@@ -7,13 +7,14 @@ import gc
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
 import pytest
 
 import uni
-from uni._access import Access
+from uni._access import register_access
 from uni._core import RetiredQueue
 from uni._mapping import layout_right
 from uni._operation_access import OperationAccess
@@ -216,7 +217,7 @@ def test_an_access_that_read_the_old_queue_registers_on_the_new_one() -> None:
         spec = AccessSpec.of_view(right, "write")
         stale = AccessSpec(_StaleQueueOnce(right.storage, old), spec.mapping, spec.accessor,
                            spec.offset, "write")
-        access = Access(stale, owner=None)
+        access = register_access(stale, owner=None)
         # Ordered behind the whole memory's write lease, not granted beside it.
         assert access.queue is whole.storage.access_queue and not access.granted
         assert old.snapshot() == []
@@ -315,7 +316,7 @@ def test_a_storage_left_on_a_retired_queue_is_told_why(monkeypatch: pytest.Monke
     assert stray.access_queue.retired
     spec = AccessSpec(stray, layout_right((4,)), uni.DefaultAccessor(np.float64), 0, "read")
     with pytest.raises(uni.LeaseError, match="retired when its memory joined"):
-        Access(spec)
+        register_access(spec)
 
 
 @pytest.mark.parametrize("busy", ["left", "right"])
@@ -330,3 +331,67 @@ def test_a_join_keeps_the_one_queue_in_use_whichever_it_is(busy: str) -> None:
         assert not kept.retired
         with pytest.raises(uni.LeaseConflictError):  # ordered behind the lease it holds
             uni.acquire_host_read_access_sync(whole)
+
+
+def test_a_wrapped_array_that_dies_frees_its_entries() -> None:
+    from uni.storage import host  # the shared-storage table from_numpy fills
+
+    gc.collect()
+    regions, shared = _memory.region_count(), len(host._shared)
+    t = uni.from_numpy(np.empty(64))
+    view = uni.from_numpy(np.empty(64)[8:])  # a view: its allocation's storage
+    assert _memory.region_count() == regions + 2 and len(host._shared) == shared + 2
+    del t, view  # no collection needed: plain reference counting frees them
+    assert _memory.region_count() == regions and len(host._shared) == shared
+
+
+def test_every_member_reference_shares_one_callback() -> None:
+    # No closure is made per storage: the registry's references all call the one function,
+    # and carry the key that names their entry.
+    tensors = [uni.from_numpy(np.empty(16)) for _ in range(3)]
+    with _memory._lock:
+        refs = [ref for region in _memory._regions for ref, _ in region.members.values()]
+    mine = [ref for ref in refs if any(ref() is t.storage for t in tensors)]
+    assert len(mine) == 3
+    assert {id(ref.__callback__) for ref in mine} == {id(_memory._died)}
+    assert {ref.key for ref in mine} == {id(t.storage) for t in tensors}
+
+
+def test_memory_reused_after_its_storage_died_gets_a_queue_of_its_own() -> None:
+    # malloc hands a freed block out again: the new array must start a region of its own,
+    # not find the dead one's (its queue, and any poison in it, went with its storage).
+    gc.collect()
+    regions = _memory.region_count()
+    first = np.empty(64)
+    t = uni.from_numpy(first)
+    address, old = first.ctypes.data, weakref.ref(t.storage.access_queue)
+    del t, first
+    assert old() is None and _memory.region_count() == regions
+    for _ in range(1000):
+        fresh = np.empty(64)
+        if fresh.ctypes.data == address:
+            break
+    else:
+        pytest.skip("the allocator did not hand the same block out again")
+    s = uni.from_numpy(fresh).storage
+    assert s.queue_offset == 0 and _memory.region_count() == regions + 1
+    with _memory._lock:
+        (region,) = [r for r in _memory._regions if r.lo == address]
+    assert region.queue is s.access_queue and len(region.members) == 1
+
+
+def test_a_fresh_array_and_a_torch_tensor_over_it_share_one_queue() -> None:
+    torch = pytest.importorskip("torch")
+    x = np.zeros(16)
+    a = uni.from_numpy(x)
+    b = uni.from_dlpack(torch.from_numpy(x)[4:])
+    c = uni.from_numpy(x[2:])
+    assert a.storage is c.storage and b.storage is not a.storage
+    assert b.storage.access_queue is a.storage.access_queue
+    assert b.storage.queue_offset == 4 * x.itemsize
+    held = uni.acquire_host_write_access_sync(b)
+    try:
+        with pytest.raises(uni.LeaseConflictError):
+            uni.acquire_host_write_access_sync(a)
+    finally:
+        held.release()

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from uni._accessor import DefaultAccessor
+from uni._accessor import plain_accessor
 from uni._core import AccessQueue
 from uni._dtypes import as_dtype
 from uni._errors import LayoutError
@@ -55,7 +55,7 @@ class StorageBase:
 
     def default_accessor(self) -> Any:
         if self.domain is HOST:
-            return DefaultAccessor(self.dtype)
+            return plain_accessor(self.dtype)
         raise TypeError(f"{type(self).__name__} lives in the {self.domain.value} domain: "
                         "override default_accessor() with that domain's accessor")
 

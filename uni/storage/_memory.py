@@ -30,6 +30,14 @@ from uni._errors import StorageError
 __all__ = ["region_count", "register"]
 
 
+class _Member(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a member storage that carries the storage's key (its id): the
+    one callback queues the dead reference itself, so no closure is made per storage."""
+
+    __slots__ = ("key",)
+    key: int
+
+
 class _Region:
     """A stretch of host memory ``[lo, hi)`` and the queue that orders every access to it.
 
@@ -47,7 +55,7 @@ class _Region:
         self.origin = lo
         self._queue = weakref.ref(queue)
         # id(storage) -> (weak reference, buffer start address)
-        self.members: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self.members: dict[int, tuple[_Member, int]] = {}
 
     @property
     def queue(self) -> AccessQueue:
@@ -66,10 +74,12 @@ _lock = threading.Lock()
 _starts: list[int] = []  # the regions' lo, sorted
 _regions: list[_Region] = []  # in the same order
 _by_member: dict[int, _Region] = {}  # id(storage) -> its region
-# Members whose storage was collected, to be dropped under the lock by the next caller: a
+# References whose storage was collected, to be dropped under the lock by the next caller: a
 # weakref callback may run inside a garbage collection that started while this very thread
 # held the lock, so it only appends here (atomic) and never takes the lock itself.
-_dead: collections.deque[int] = collections.deque()
+_dead: collections.deque[_Member] = collections.deque()
+# One callback for every member, no closure per storage: the dead reference carries its key.
+_died = _dead.append
 
 
 def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]:
@@ -85,7 +95,8 @@ def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]
         return own, 0  # no memory: nothing to share
     lo, hi = address, address + nbytes
     with _lock:
-        _drop_dead_locked()
+        if _dead:
+            _drop_dead_locked()
         while True:
             first = bisect.bisect_right(_starts, lo) - 1
             if first < 0 or _regions[first].hi <= lo:
@@ -93,32 +104,34 @@ def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]
             last = first
             while last < len(_regions) and _regions[last].lo < hi:
                 last += 1
+            if first == last:  # memory new to uni (a fresh array): its own queue orders it
+                region = _Region(lo, hi, own)
+                _starts.insert(first, lo)
+                _regions.insert(first, region)
+                queue = own
+                break
             touched = _regions[first:last]
             # Strong references for the rest of this section: a collection running meanwhile
             # must not take a queue from under us. A region whose queue is gone already lost
             # its last storage just now (the weakref callbacks are not drained yet): drop it.
             queues = [region._queue() for region in touched]
             if None not in queues:
+                region = touched[0] if len(touched) == 1 else _merge(touched, first, last)
+                if lo < region.lo or hi > region.hi:
+                    index = _index_of(region)
+                    region.lo = min(region.lo, lo)
+                    region.hi = max(region.hi, hi)
+                    _starts[index] = region.lo
+                queue = region.queue
                 break
-            for region, queue in zip(touched, queues, strict=True):
-                if queue is None:
+            for region, gone in zip(touched, queues, strict=True):
+                if gone is None:
                     _drop_region_locked(region)
-        if not touched:
-            region = _Region(lo, hi, own)
-            index = bisect.bisect_left(_starts, lo)
-            _starts.insert(index, lo)
-            _regions.insert(index, region)
-        else:
-            region = touched[0] if len(touched) == 1 else _merge(touched, first, last)
-            if lo < region.lo or hi > region.hi:
-                index = _index_of(region)
-                region.lo = min(region.lo, lo)
-                region.hi = max(region.hi, hi)
-                _starts[index] = region.lo
-        key = id(storage)
-        region.members[key] = (weakref.ref(storage, _forget(key)), address)
+        ref = _Member(storage, _died)
+        key = ref.key = id(storage)
+        region.members[key] = (ref, address)
         _by_member[key] = region
-        return region.queue, address - region.origin
+        return queue, address - region.origin
 
 
 def _index_of(region: _Region) -> int:
@@ -186,22 +199,19 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _forget(key: int) -> Any:
-    def forget(_ref: weakref.ref[Any]) -> None:
-        _dead.append(key)
-
-    return forget
-
-
 def _drop_dead_locked() -> None:
     while _dead:
-        key = _dead.popleft()
+        key = _dead.popleft().key
         region = _by_member.pop(key, None)
         if region is None:
             continue
-        region.members.pop(key, None)
-        if not region.members:
-            _drop_region_locked(region)
+        members = region.members
+        members.pop(key, None)
+        if not members:  # its last storage went: the memory is no longer uni's
+            index = bisect.bisect_left(_starts, region.lo)
+            assert _regions[index] is region  # regions are disjoint: one per start address
+            del _starts[index]
+            del _regions[index]
 
 
 def _drop_region_locked(region: _Region) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,8 @@ from uni._handle import HostHandle
 from uni.storage import _memory
 from uni.storage._base import StorageBase
 from uni.storage._protocol import Region
+
+_new = object.__new__
 
 #: Allocation alignment in bytes: a cache line and the widest SIMD loads.
 ALIGNMENT = 64
@@ -59,7 +60,7 @@ class HostStorage(StorageBase):
                  readonly: bool = False) -> None:
         if buffer is None:
             super().__init__(dtype, size, readonly=readonly)
-            self.buffer: np.ndarray[Any, Any] = aligned_empty(self.size, self.dtype)
+            buffer = aligned_empty(self.size, self.dtype)
         else:
             buffer = np.asarray(buffer)
             if buffer.ndim != 1 or (buffer.size > 1 and buffer.strides[0] != buffer.itemsize):
@@ -69,14 +70,28 @@ class HostStorage(StorageBase):
                 )
             super().__init__(buffer.dtype, buffer.shape[0],
                              readonly=readonly or not buffer.flags.writeable)
-            self.buffer = buffer
+        self._adopt(buffer)
+
+    @classmethod
+    def _over(cls, buffer: np.ndarray[Any, Any], dtype: np.dtype[Any],
+              readonly: bool) -> HostStorage:
+        """``cls(buffer=buffer, readonly=readonly)`` for a buffer known to be a contiguous
+        1-D array of uni's ``dtype`` that is writable unless ``readonly`` (the wrapping
+        functions build it so): the same storage, without re-checking what holds already."""
+        self: HostStorage = _new(cls)
+        StorageBase.__init__(self, dtype, buffer.shape[0], readonly=readonly)
+        self._adopt(buffer)
+        return self
+
+    def _adopt(self, buffer: np.ndarray[Any, Any]) -> None:
+        self.buffer: np.ndarray[Any, Any] = buffer
         self._handles = {}
         # The buffer never changes: operand signatures read alignment from its address.
-        self.base_address = data_address(self.buffer)
+        self.base_address = address = data_address(buffer)
         # One memory, one queue: this buffer joins the queue of any memory uni already
         # orders that it overlaps, whichever way that memory came in.
         self.access_queue, self.queue_offset = _memory.register(
-            self, self.base_address, self.size * self.dtype.itemsize)
+            self, address, self.size * self.dtype.itemsize)
 
     @classmethod
     def allocate(cls, size: int, dtype: Any, *, device: str | None = None,
@@ -126,7 +141,7 @@ class HostStorage(StorageBase):
 # numpy arrays that share one allocation share one HostStorage, so leases on two views of the
 # same array are ordered by one queue. Keyed by the id of the allocation's owner; the entry
 # dies with the storage.
-_shared: dict[object, weakref.ref[HostStorage]] = {}
+_shared: dict[object, _SharedRef] = {}
 # Two threads wrapping views of one array at once must find the same storage, or their leases
 # would be ordered by two unrelated queues.
 _shared_lock = threading.Lock()
@@ -136,33 +151,46 @@ def _root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
     root = array
     while isinstance(root.base, np.ndarray):
         root = root.base
-    if not root.flags.owndata or not (root.flags.c_contiguous or root.flags.f_contiguous):
+    flags = root.flags
+    if not flags.owndata or not (flags.c_contiguous or flags.f_contiguous):
         return None
     return root
 
 
-def _forget(key: object) -> Callable[[weakref.ref[HostStorage]], None]:
-    def forget(_ref: weakref.ref[HostStorage]) -> None:
-        _shared.pop(key, None)
+class _SharedRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a shared storage that carries its ``_shared`` key, so one
+    callback serves every entry (no closure per storage)."""
 
-    return forget
+    __slots__ = ("key",)
+    key: object
 
 
-def storage_for_array(array: np.ndarray[Any, Any]) -> tuple[HostStorage, int]:
+def _forget(ref: _SharedRef) -> None:
+    _shared.pop(ref.key, None)
+
+
+def storage_for_array(array: np.ndarray[Any, Any],
+                      dtype: np.dtype[Any] | None = None) -> tuple[HostStorage, int]:
     """The storage holding ``array``'s memory and the element offset of its first index.
 
     Views of one numpy allocation map to one storage; other arrays get a storage over
-    exactly the elements they reach.
+    exactly the elements they reach. ``dtype``: the caller's word that ``array.dtype`` is
+    that uni dtype (``uni.from_numpy`` checked it), so the storage is built without checking
+    it again.
     """
     itemsize = array.itemsize
+    flags = array.flags
     # A contiguous array's strides are whole elements by construction: no per-axis check.
-    if not array.flags.c_contiguous and any(s % itemsize for s in array.strides):
+    if not flags.c_contiguous and any(s % itemsize for s in array.strides):
         raise LayoutError(
             f"numpy strides {array.strides} are not multiples of the item size {itemsize}; "
             "uni strides are in elements: pass copy=True"
         )
-    readonly = not array.flags.writeable
-    root = _root_of(array)
+    readonly = not flags.writeable
+    if flags.owndata:  # the allocation itself (a fresh array): no base chain to walk
+        root = array if flags.c_contiguous or flags.f_contiguous else None
+    else:
+        root = _root_of(array)
     if root is not None and array.size > 0:
         delta = 0 if array is root else data_address(array) - data_address(root)
         # A view with another dtype than its allocation (``buf.view(np.float64)`` of a byte
@@ -176,11 +204,19 @@ def storage_for_array(array: np.ndarray[Any, Any]) -> tuple[HostStorage, int]:
                 ref = _shared.get(key)
                 storage = ref() if ref is not None else None
                 if storage is None:
+                    # A contiguous allocation flattens to a contiguous 1-D view of itself.
                     flat = root.reshape(-1, order="A")
                     if not same:
                         flat = flat.view(np.uint8).view(array.dtype)
-                    storage = HostStorage.wrap(flat)
-                    _shared[key] = weakref.ref(storage, _forget(key))
+                        storage = HostStorage.wrap(flat)
+                    elif dtype is not None:
+                        storage = HostStorage._over(
+                            flat, dtype, readonly if root is array else not root.flags.writeable)
+                    else:
+                        storage = HostStorage.wrap(flat)
+                    ref = _SharedRef(storage, _forget)
+                    ref.key = key
+                    _shared[key] = ref
             return storage, delta // itemsize
     # Not a simple allocation (a view of foreign memory, a strided base): wrap exactly the
     # reachable elements.
