@@ -38,6 +38,7 @@ from uni.specialize import Specializer
 OPS = ("copy", "gemm", "gemv", "transform")
 
 __all__ = [
+    "EVER_SET",
     "OPS",
     "SLOW_BACKEND",
     "SLOW_INTEGER_PRODUCT_MACS",
@@ -158,6 +159,7 @@ def override_backends(op: str, storage_type: type, backends: Sequence[Any] | Non
     current = tuple(item for item in _overrides.get() if item[0] != key)
     if resolved is not None:
         current = (*current, (key, resolved))
+    EVER_SET[0] = True  # before the context has it: a hot path reading False may skip it
     token = _overrides.set(current)
     _clear_decisions()
     return _Override(token)
@@ -199,12 +201,17 @@ _diagnostics: contextvars.ContextVar[tuple[list[DispatchRecord], ...]] = context
 #: ``not overrides_now() and not diagnostics_now()`` to save a call per operation.
 overrides_now = _overrides.get
 diagnostics_now = _diagnostics.get
+#: ``[False]`` until the process makes its first override or diagnostics block, then
+#: ``[True]`` for good: while False no context has either, and a hot path need not ask its
+#: own (``EVER_SET[0] and (overrides_now() or diagnostics_now())``: one read, not two calls).
+EVER_SET = [False]
 
 
 @contextlib.contextmanager
 def dispatch_diagnostics() -> Iterator[list[DispatchRecord]]:
     """Collect one ``DispatchRecord`` per walk made inside the block (this context only)."""
     records: list[DispatchRecord] = []
+    EVER_SET[0] = True  # as override_backends: before the context has it
     token = _diagnostics.set((*_diagnostics.get(), records))
     try:
         yield records

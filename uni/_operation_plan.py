@@ -9,10 +9,13 @@ general-path run through the default walk whose backend can prepare it
 operands' layouts (batch axes broadcast), their modes and queue-range bounds, the chosen
 backend, and the backend's kernel made once for any memory laid out so
 (``bind(operands) -> run``). A later call whose operands have the same form -- data uni has
-never seen included -- only builds its key, checks each storage, reads each queue and its
+never seen included -- only builds its keys (the operand key is the call's layout with each
+storage's identity and offset; the layout finds the form it last ran on, and
+:meth:`Form.fits` asks each storage what the form key would), reads each queue and its
 range, decides the fold (one value: which inputs are read through the output's write), binds
-the kernel to the memory and runs it under requests granted at once
-(:meth:`~uni._core.AccessQueue.try_grant`). An **operation plan** (:class:`Prepared`) is
+the kernel to the memory and runs it held, as a small plan's repeat runs (operands in
+distinct queues they own: :meth:`~uni._core.HeldRun.distinct`), else under requests granted
+at once (:meth:`~uni._core.AccessQueue.try_grant`). An **operation plan** (:class:`Prepared`) is
 that binding kept for one operand key (per operand the storage's identity, the element
 offset, the mapping's type, shape and strides, the accessor type), on the second sighting
 of the key (of the same storage, not only its id: a new storage often reuses a freed
@@ -68,8 +71,10 @@ from typing import Any, cast
 
 from uni._accessor import DefaultAccessor
 from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall, plain_scalars
-from uni._dispatch import diagnostics_now, on_forget, overrides_now, plain
-from uni._lease_plan import plain_storage
+from uni._core import HeldRun
+from uni._dispatch import EVER_SET, diagnostics_now, on_forget, overrides_now, plain
+from uni._handle import HOST
+from uni._lease_plan import _HOOK_NAMES, plain_storage
 from uni._mdspec import trusted_span
 from uni._operation_access import SMALL_ELEMENTS, SMALL_MACS
 from uni._prepared_access import PreparedAccess, PreparedGroup
@@ -114,7 +119,9 @@ class _Holder:
 
 
 # -- keys ------------------------------------------------------------------------------------
-# One flat tuple per call, built from slots (no properties, no attrs hashing). Only plain
+# One flat layout tuple per call, built from slots (no properties, no attrs hashing), and the
+# operand key on it: ``(layout, id(storage), offset, ...)``, so a first sight builds what the
+# form lookup needs (the layout) and the plan lookup needs (the key) in one pass. Only plain
 # tensors (exactly uni.Tensor) have a key; anything else is the general path's business. The
 # accessor's type is in the key: plans are made for the default accessor only, so a
 # conjugated, scaled or read-only view of the same memory never finds one.
@@ -123,75 +130,90 @@ def operand_key(op: str, operands: Sequence[Any]) -> Key | None:
     ``(src, dst)``, gemm ``(a, b, c)``, gemv ``(a, x, y)``, transform ``(out, op, *inputs)``
     (a scalar input counts by its type: promotion and numpy's loop resolution see only
     that; its value is passed to the run)."""
+    keys = _keys(op, operands)
+    return None if keys is None else keys[1]
+
+
+def _keys(op: str, operands: Sequence[Any]) -> tuple[Key, Key] | None:
+    """``(layout, operand key)``: the layout is what the operands are but for which memory
+    (per tensor its mapping's type, shape and strides and its accessor's type; a scalar
+    input's type), the operand key that layout with each tensor's storage identity and
+    element offset."""
     if op == "transform":
         head: Key = ("transform", id(operands[1]))
         tensors = (operands[0], *operands[2:])
         if len(tensors) == 3 and type(tensors[1]) is Tensor and type(tensors[2]) is Tensor:
-            return _key3(head, tensors)  # out = x op y, the common transform
+            return _keys3(head, tensors)  # out = x op y, the common transform
     else:
         head = (op,)
         tensors = tuple(operands)
         if len(tensors) == 3:
-            return _key3(head, tensors)
+            return _keys3(head, tensors)
         if len(tensors) == 2:
-            a, b = tensors
-            if type(a) is not Tensor or type(b) is not Tensor:
-                return None
-            am, bm = a._mapping, b._mapping
-            return (*head, id(a._storage), a._offset, type(am), am.extents.shape, am.strides,
-                    type(a._accessor), id(b._storage), b._offset, type(bm), bm.extents.shape,
-                    bm.strides, type(b._accessor))
-    key = head
+            return _keys2(head, tensors)
+    layout = head
+    where: Key = ()
     for t in tensors:
         if type(t) is Tensor:
             m = t._mapping
-            key += (id(t._storage), t._offset, type(m), m.extents.shape, m.strides,
-                    type(t._accessor))
+            layout += (type(m), m.extents.shape, m.strides, type(t._accessor))
+            where += (id(t._storage), t._offset)
         elif op == "transform" and t is not operands[0]:
-            key += (type(t),)
+            layout += (type(t),)
         else:
             return None
-    return key
+    return layout, (layout, *where)
 
 
-def _key3(head: Key, tensors: Sequence[Any]) -> Key | None:
-    # Three tensors (gemm, gemv, a transform of two tensors), built as one flat tuple: the
-    # key is made on every call that misses its identity record.
+def _keys2(head: Key, tensors: Sequence[Any]) -> tuple[Key, Key] | None:
+    # Two tensors (a copy), built flat as _keys3.
+    a, b = tensors
+    if type(a) is not Tensor or type(b) is not Tensor:
+        return None
+    am, bm = a._mapping, b._mapping
+    layout = (*head, type(am), am.extents.shape, am.strides, type(a._accessor), type(bm),
+              bm.extents.shape, bm.strides, type(b._accessor))
+    return layout, (layout, id(a._storage), a._offset, id(b._storage), b._offset)
+
+
+def _keys3(head: Key, tensors: Sequence[Any]) -> tuple[Key, Key] | None:
+    # Three tensors (gemm, gemv, a transform of two tensors), built flat: the keys are made
+    # on every call that misses its identity record.
     a, b, c = tensors
     if type(a) is not Tensor or type(b) is not Tensor or type(c) is not Tensor:
         return None
     am, bm, cm = a._mapping, b._mapping, c._mapping
-    return (*head, id(a._storage), a._offset, type(am), am.extents.shape, am.strides,
-            type(a._accessor), id(b._storage), b._offset, type(bm), bm.extents.shape,
-            bm.strides, type(b._accessor), id(c._storage), c._offset, type(cm),
-            cm.extents.shape, cm.strides, type(c._accessor))
+    layout = (*head, type(am), am.extents.shape, am.strides, type(a._accessor), type(bm),
+              bm.extents.shape, bm.strides, type(b._accessor), type(cm), cm.extents.shape,
+              cm.strides, type(c._accessor))
+    return layout, (layout, id(a._storage), a._offset, id(b._storage), b._offset,
+                    id(c._storage), c._offset)
+
+
+def _storage_part(t: Tensor) -> tuple[Any, ...] | None:
+    """What a tensor's storage decides about a call (its type, dtype and writability, and
+    whether the view's first element is aligned); None for a storage that is not plain."""
+    s = t._storage
+    if not plain_storage(s):
+        return None
+    dtype = s.dtype
+    return (type(s), dtype, s.readonly,
+            not (s.base_address + t._offset * dtype.itemsize) % dtype.alignment)
 
 
 def _form_key(op: str, operands: Sequence[Any]) -> Key | None:
-    """The form key: the operand key with each storage's identity and the element offset
-    replaced by what they decide about the call (the storage's type, dtype and
-    writability, and whether the view's first element is aligned). Plain storages only."""
-    key: Key
-    if op == "transform":
-        key = ("transform", id(operands[1]))
-        tensors = (operands[0], *operands[2:])
-    else:
-        key = (op,)
-        tensors = tuple(operands)
-    for t in tensors:
-        if type(t) is Tensor:
-            s = t._storage
-            if not plain_storage(s):
-                return None
-            m = t._mapping
-            dtype = s.dtype
-            key += (type(s), dtype, s.readonly,
-                    not (s.base_address + t._offset * dtype.itemsize) % dtype.alignment,
-                    type(m), m.extents.shape, m.strides, type(t._accessor))
-        elif op == "transform" and t is not operands[0]:
-            key += (type(t),)
-        else:
+    """The form key: the layout (:func:`_keys`) with what each storage decides about the
+    call (:func:`_storage_part`) in place of its identity and the element offset. Plain
+    storages only."""
+    keys = _keys(op, operands)
+    if keys is None:
+        return None
+    key: Key = (keys[0],)
+    for t in _tensors(op, operands):
+        part = _storage_part(t)
+        if part is None:
             return None
+        key += part
     return key
 
 
@@ -203,7 +225,8 @@ class Form:
     ``bind``."""
 
     __slots__ = ("anchor", "backend", "bind", "bounds", "grants", "holders", "itemsizes",
-                 "mappings", "modes", "op", "same_layout", "small", "writes")
+                 "mappings", "modes", "op", "same_layout", "small", "storages", "views",
+                 "writes")
 
     def __init__(self, op: str, views: tuple[Tensor, ...], modes: tuple[str, ...],
                  bind: Callable[[Sequence[Any]], Any], backend: str, anchor: Any) -> None:
@@ -231,6 +254,86 @@ class Form:
         self.backend = backend  # what the general path's future would have said
         self.anchor = anchor  # a transform's op: its id is in the key, so it must stay alive
         self.small = _small(op, views)
+        #: Per operand what its storage decided (:func:`_storage_part`): a call with this
+        #: form's layout whose storages decide the same has this form (:meth:`fits`).
+        #: (Plain storages only: _make_form makes forms of nothing else.) With each dtype's
+        #: itemsize and alignment, which a storage of that dtype has too.
+        self.storages = tuple(
+            (stype, dtype, readonly, dtype.itemsize, dtype.alignment, aligned)
+            for stype, dtype, readonly, aligned in cast(
+                list[tuple[Any, Any, bool, bool]], [_storage_part(t) for t in views]))
+        #: Per operand the element space, shape and strides of its view's poison key
+        #: (``AccessSpec.view_key`` of a storage that owns its queue), for the writes.
+        self.views = tuple(((0, t._storage.dtype.itemsize), t._mapping.extents.shape,
+                            tuple(t._mapping.strides)) for t in views)
+
+    def fits(self, tensors: Sequence[Tensor]) -> bool:
+        """Whether ``tensors`` (of this form's layout) have this form: each storage plain and
+        deciding what this form's did (``_form_key`` would name this form), asked without
+        building the key (dtypes by identity first: a dtype's hash is not cached)."""
+        for t, (stype, dtype, readonly, itemsize, alignment, aligned) in zip(
+                tensors, self.storages, strict=True):
+            s = t._storage
+            if type(s) is not stype or s.readonly != readonly:
+                return False
+            d = s.dtype
+            if d is not dtype and d != dtype:
+                return False
+            if (not (s.base_address + t._offset * itemsize) % alignment) is not aligned:
+                return False
+            # What plain_storage asks of an instance (its type is known plain: the form's).
+            if s.domain is not HOST or not _HOOK_NAMES.isdisjoint(s.__dict__):
+                return False
+        return True
+
+    def run_first(self, tensors: Sequence[Tensor], args: tuple[Any, ...]) -> str | None:
+        """:meth:`run_once` for a small form: operands in distinct queues that they own run
+        held (``HeldRun``: the queues' locks taken, nothing in the way, the kernel run, the
+        locks dropped -- no request made), as a small plan's repeat runs; anything else, or
+        a lock another thread holds at that moment, takes :meth:`run_once`."""
+        if len(tensors) == 3:
+            t0, t1, t2 = tensors
+            s0, s1, s2 = t0._storage, t1._storage, t2._storage
+            q0, q1, q2 = s0.access_queue, s1.access_queue, s2.access_queue
+            i0, i1, i2 = self.itemsizes
+            if (s0.queue_offset or s1.queue_offset or s2.queue_offset or q0.unit != i0
+                    or q1.unit != i1 or q2.unit != i2 or q0 is q1 or q0 is q2 or q1 is q2):
+                return self.run_once(tensors, args)
+            o0, o1, o2 = t0._offset, t1._offset, t2._offset
+            run = self.bind([(s0.buffer, o0, s0.base_address), (s1.buffer, o1, s1.base_address),
+                             (s2.buffer, o2, s2.base_address)])
+            if run is None:
+                return None
+            (l0, h0), (l1, h1), (l2, h2) = self.bounds
+            w0, w1, w2 = self.writes
+            v0, v1, v2 = self.views
+            held = HeldRun.distinct((
+                (q0, ((o0 + l0, o0 + h0, w0, (v0[0], (o0, v0[1], v0[2])) if w0 else None),)),
+                (q1, ((o1 + l1, o1 + h1, w1, (v1[0], (o1, v1[1], v1[2])) if w1 else None),)),
+                (q2, ((o2 + l2, o2 + h2, w2, (v2[0], (o2, v2[1], v2[2])) if w2 else None),))))
+        elif len(tensors) == 2:
+            t0, t1 = tensors
+            s0, s1 = t0._storage, t1._storage
+            q0, q1 = s0.access_queue, s1.access_queue
+            i0, i1 = self.itemsizes
+            if s0.queue_offset or s1.queue_offset or q0.unit != i0 or q1.unit != i1 or q0 is q1:
+                return self.run_once(tensors, args)
+            o0, o1 = t0._offset, t1._offset
+            run = self.bind([(s0.buffer, o0, s0.base_address), (s1.buffer, o1, s1.base_address)])
+            if run is None:
+                return None
+            (l0, h0), (l1, h1) = self.bounds
+            w0, w1 = self.writes
+            v0, v1 = self.views
+            held = HeldRun.distinct((
+                (q0, ((o0 + l0, o0 + h0, w0, (v0[0], (o0, v0[1], v0[2])) if w0 else None),)),
+                (q1, ((o1 + l1, o1 + h1, w1, (v1[0], (o1, v1[1], v1[2])) if w1 else None),))))
+        else:
+            return self.run_once(tensors, args)
+        done = held.run(run, args)
+        if done is None:  # a lock was taken: ask each queue for a request instead
+            return self.run_once(tensors, args, run)
+        return self.backend if done else None
 
     def ranges(self, tensors: Sequence[Tensor]
                ) -> tuple[list[tuple[Any, int, int]], tuple[bool, ...]] | None:
@@ -269,17 +372,20 @@ class Form:
                     return None
         return ranges, folded
 
-    def run_once(self, tensors: Sequence[Tensor], args: tuple[Any, ...]) -> str | None:
-        """Run on ``tensors`` (plain, of this form) now: the backend's name, or None
-        (nothing touched, nothing held: take the general path)."""
+    def run_once(self, tensors: Sequence[Tensor], args: tuple[Any, ...],
+                 run: Callable[..., bool] | None = None) -> str | None:
+        """Run on ``tensors`` (plain, of this form) now, under requests granted at once
+        (``run``: the kernel already bound to them): the backend's name, or None (nothing
+        touched, nothing held: take the general path)."""
         found = self.ranges(tensors)
         if found is None:
             return None
         ranges, folded = found
-        run = self.bind([(t._storage.buffer, t._offset, t._storage.base_address)
-                         for t in tensors])
         if run is None:
-            return None
+            run = self.bind([(t._storage.buffer, t._offset, t._storage.base_address)
+                             for t in tensors])
+            if run is None:
+                return None
         taken = []
         try:
             for (queue, lo, hi), (mode, write, holder), fold in zip(
@@ -321,6 +427,9 @@ def _small(op: str, views: tuple[Tensor, ...]) -> bool:
 
 
 _forms: dict[Key, Form] = {}
+#: Layout (``_keys``) -> the form its last first sight ran on (one of ``_forms``, cleared
+#: with them): found without the form key when the storages fit (``Form.fits``).
+_by_layout: dict[Key, Form] = {}
 
 
 def form_count() -> int:
@@ -451,16 +560,25 @@ def _identity_key(op: str, operands: Sequence[Any]) -> Key | None:
 def _tensors(op: str, operands: Sequence[Any]) -> tuple[Tensor, ...]:
     # The tensor operands in the form's order (a transform: out, then its tensor inputs).
     if op == "transform":
+        if len(operands) == 4 and type(operands[2]) is Tensor and type(operands[3]) is Tensor:
+            return (operands[0], operands[2], operands[3])  # out = x op y
         return (operands[0], *(x for x in operands[2:] if type(x) is Tensor))
     return tuple(operands)
 
 
-def _run(op: str, operands: Sequence[Any], args: tuple[Any, ...], anchor: Any = None
+def _run(op: str, operands: Sequence[Any], args: tuple[Any, ...], anchor: Any = None,
+         keys: tuple[Key, Key] | None = None, tensors: Sequence[Tensor] | None = None
          ) -> str | None:
-    """The plan's run of this call, or its form's first-sight run; None: general path."""
-    key = operand_key(op, operands)
-    if key is None or overrides_now() or diagnostics_now():
+    """The plan's run of this call, or its form's first-sight run; None: general path.
+    ``keys`` (``_keys(op, operands)``) and ``tensors`` (``_tensors(op, operands)``) when the
+    caller has them already."""
+    if EVER_SET[0] and (overrides_now() or diagnostics_now()):
         return None
+    if keys is None:
+        keys = _keys(op, operands)
+        if keys is None:
+            return None
+    layout, key = keys
     entry = _entries.get(key)
     if entry is not None:
         if entry.anchor is not anchor:
@@ -471,14 +589,22 @@ def _run(op: str, operands: Sequence[Any], args: tuple[Any, ...], anchor: Any = 
             if ids is not None:
                 _remember_identity(entry, ids, _tensors(op, operands))
         return done
-    form_key = _form_key(op, operands)
-    form = None if form_key is None else _forms.get(form_key)
+    if tensors is None:
+        tensors = operands if op != "transform" else _tensors(op, operands)
+    # The form of the layout's last first sight, if these storages decide what its did;
+    # else the form key names it (another dtype, writability or alignment, or none yet).
+    form = _by_layout.get(layout)
+    if form is None or not form.fits(tensors):
+        form_key = _form_key(op, operands)
+        form = None if form_key is None else _forms.get(form_key)
+        if form is None:
+            return None
+        _by_layout[layout] = form
     # Small work only: an _async call runs it here, in the caller's thread (SPEC §5), and
     # large work saves nothing worth having by skipping the general path.
-    if form is None or form.anchor is not anchor or not form.small:
+    if form.anchor is not anchor or not form.small:
         return None
-    tensors = operands if op != "transform" else _tensors(op, operands)
-    done = form.run_once(tensors, args)
+    done = form.run_first(tensors, args)
     if done is not None:
         _first_sight_runs[0] += 1
         _sighted(key, form, tensors)
@@ -500,12 +626,18 @@ def _sighted(key: Key, form: Form, tensors: Sequence[Tensor]) -> None:
     # storage ids also matches new storages that reuse a dead one's id (fresh arrays, one
     # after another, often land at the same address), and those were never seen.
     # One storage's identity is enough: a false second sighting only plans a call once more.
-    seen = _seen.get(key)
     first = tensors[0]._storage
-    if seen is None or seen() is not first:
-        if len(_seen) >= _MAX_ENTRIES:
-            _seen.clear()
-        _seen[key] = weakref.ref(first)
+    if len(_seen) >= _MAX_ENTRIES:
+        _seen.clear()
+    # One hash of the key for a first sighting: setdefault, which grows the dict only then
+    # (a weak reference is no witness: one without callback is shared by every caller).
+    ref = weakref.ref(first)
+    count = len(_seen)
+    seen = _seen.setdefault(key, ref)
+    if len(_seen) != count:
+        return
+    if seen() is not first:
+        _seen[key] = ref
         return
     found = form.ranges(tensors)
     if found is None:
@@ -530,13 +662,20 @@ def run_copy(src: Any, dst: Any) -> str | None:
     """Run the plan of copying ``src`` into ``dst``; its backend's name, or None."""
     entry = _by_identity.get(("copy", id(src), id(dst)))
     if entry is not None:
-        if overrides_now() or diagnostics_now():
+        if EVER_SET[0] and (overrides_now() or diagnostics_now()):
             return None
         return entry(())
-    return _run("copy", (src, dst), ())
+    operands = (src, dst)
+    keys = _keys2(_COPY, operands)  # what _run would make, without its dispatch
+    return None if keys is None else _run("copy", operands, (), None, keys, operands)
+
+
+_COPY = ("copy",)
 
 
 def _product_runner(op: str) -> Callable[[Any, Any, Any, Any, Any], str | None]:
+    head = (op,)
+
     def run_product(a: Any, b: Any, c: Any, alpha: Any, beta: Any) -> str | None:
         # The default scalars by identity: the int objects 1 and 0 themselves (a bool or a
         # float is another object), which plain_scalars would accept.
@@ -548,7 +687,7 @@ def _product_runner(op: str) -> Callable[[Any, Any, Any, Any, Any], str | None]:
             return None
         entry = _by_identity.get((op, id(a), id(b), id(c)))
         if entry is not None:
-            if overrides_now() or diagnostics_now():
+            if EVER_SET[0] and (overrides_now() or diagnostics_now()):
                 return None
             held = entry.held
             if held is not None:
@@ -559,7 +698,9 @@ def _product_runner(op: str) -> Callable[[Any, Any, Any, Any, Any], str | None]:
                     entry.refused()
                     return None
             return entry(args)
-        return _run(op, (a, b, c), args)
+        operands = (a, b, c)
+        keys = _keys3(head, operands)  # what _run would make, without its dispatch
+        return None if keys is None else _run(op, operands, args, None, keys, operands)
 
     return run_product
 
@@ -573,20 +714,31 @@ run_gemv = _product_runner("gemv")
 
 def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
     """Run the plan of the transform if one exists (its scalar inputs passed at run time)."""
+    if len(inputs) == 2 and type(inputs[0]) is Tensor and type(inputs[1]) is Tensor:
+        # out = x op y, the common transform: its identity key (as _identity_key makes it)
+        # and its first sight without a scalar to pass.
+        x, y = inputs
+        entry = _by_identity.get(("transform", id(op), id(out), id(x), id(y)))
+        if entry is not None:
+            if entry.anchor is not op or (EVER_SET[0] and (overrides_now() or diagnostics_now())):
+                return None
+            return entry(())
+        tensors = (out, x, y)
+        keys = _keys3(("transform", id(op)), tensors)  # as _keys makes them
+        return None if keys is None else _run("transform", (out, op, x, y), (), op, keys,
+                                              tensors)
     operands = (out, op, *inputs)
     ids = _identity_key("transform", operands)
     entry = None if ids is None else _by_identity.get(ids)
     if entry is not None:
         # The entry keeps its op (anchor) alive, so id(op) in the key is this very op.
-        if entry.anchor is not op or overrides_now() or diagnostics_now():
+        if entry.anchor is not op or (EVER_SET[0] and (overrides_now() or diagnostics_now())):
             return None
         # One storage reference per tensor operand: as many as out and the inputs means no
         # scalar input (the common case, without building a tuple of them).
         if len(entry.refs) == 1 + len(inputs):
             return entry(())
         return entry(tuple(x for x in inputs if type(x) is not Tensor))
-    if len(inputs) == 2 and type(inputs[0]) is Tensor and type(inputs[1]) is Tensor:
-        return _run("transform", operands, (), op)  # out = x op y: no scalar to pass
     return _run("transform", operands, tuple(x for x in inputs if type(x) is not Tensor), op)
 
 
@@ -649,6 +801,7 @@ def offer(op: str, backend: Any, operands: Sequence[Any], views: tuple[Tensor, .
             return
         if len(_forms) >= _MAX_ENTRIES:
             _forms.clear()
+            _by_layout.clear()
         _forms[form_key] = form
     _sighted(key, form, views)
 
@@ -680,6 +833,7 @@ def forget() -> None:
     _entries.clear()
     _seen.clear()
     _forms.clear()
+    _by_layout.clear()
 
 
 on_forget(forget)

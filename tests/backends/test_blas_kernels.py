@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import struct
 import threading
 import tracemalloc
 from typing import Any
@@ -1022,3 +1023,11 @@ def test_the_packed_call_is_built_where_ci_requires_it() -> None:
     if not os.environ.get("UNI_REQUIRE_COMPILED"):
         pytest.skip("UNI_REQUIRE_COMPILED is not set (CI sets it)")
     assert bk.call_packed is not None
+
+
+def test_pack_writes_native_pointers_with_none_as_null() -> None:
+    # _pack keeps one struct per length and passes addresses through untouched (None only
+    # where a pointer is null): the bytes are struct's own packing of those pointers.
+    for pointers in [(1, 2, 3), (7, None, 9, 0), tuple(range(1, 14)), (None,) * 11]:
+        assert bk._pack(*pointers) == struct.pack(f"{len(pointers)}P",
+                                                  *(p or 0 for p in pointers))

@@ -927,3 +927,145 @@ def test_new_memory_at_a_dead_storages_address_is_seen_for_the_first_time() -> N
         made += _plan.lookup("copy", src, dst) is not None
         del src, dst
     assert made == 0
+
+
+# -- first sight without the form key: the layout's form, when its storages fit ----------------
+def _strided_out(op: str) -> tuple[np.ndarray, Any]:
+    """A fresh output of ``op``'s fresh form laid every other element of a wider array."""
+    shape = {"copy": (8,), "transform": (8,), "gemv": (3,), "gemm": (3, 2)}[op]
+    wide = np.zeros((*shape[:-1], 2 * shape[-1]))
+    return wide, uni.from_numpy(wide)[..., ::2]
+
+
+def _with_out(op: str, operands: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
+    return (out, *operands[1:]) if op == "transform" else (*operands[:-1], out)
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_a_poisoned_input_on_first_sight_raises_before_the_output_is_touched(op: str) -> None:
+    getattr(uni, op)(*_fresh(op))  # the form
+    operands = _fresh(op, 3.0)
+    out = _out(op, operands)
+    inputs = operands[:-1] if op != "transform" else operands[2:]
+    with pytest.raises(RuntimeError), uni.acquire_host_write_access_sync(inputs[0]):
+        raise RuntimeError("writer died")
+    np.asarray(out.storage.buffer)[...] = -1.0
+    before = _plan.first_sight_runs()
+    with pytest.raises(uni.PoisonedError) as info:
+        getattr(uni, op)(*operands)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert _plan.first_sight_runs() == before
+    np.testing.assert_array_equal(out.to_numpy(), -1.0)  # untouched
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_a_failing_first_sight_poisons_exactly_the_elements_its_output_reaches(
+        op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, out = _strided_out(op)
+    getattr(uni, op)(*_with_out(op, _fresh(op), out))  # the form of a strided output
+    wide, out = _strided_out(op)
+    operands = _with_out(op, _fresh(op), out)
+    form = _plan._forms[_plan._form_key(op, operands)]
+
+    def bind(memory: Any) -> Callable[..., bool]:
+        def run(*args: Any) -> bool:
+            raise RuntimeError("kernel failed")
+        return run
+
+    monkeypatch.setattr(form, "bind", bind)  # a test double forcing the failure
+    before = _plan.first_sight_runs()
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        getattr(uni, op)(*operands)
+    assert _plan.first_sight_runs() == before  # it failed: not counted as run
+    whole = uni.from_numpy(wide)
+    with pytest.raises(uni.PoisonedError):
+        uni.acquire_host_read_access_sync(whole[..., ::2])
+    with uni.acquire_host_read_access_sync(whole[..., 1::2]):  # between its elements: clean
+        pass
+
+
+@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
+def test_first_sight_with_a_lock_taken_runs_under_requests(
+        op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    getattr(uni, op)(*_fresh(op))
+    # A test double: the held run answers as when another thread holds a queue's lock.
+    monkeypatch.setattr(uni._core.HeldRun, "run", lambda self, fn, args: None)
+    operands = _fresh(op, 3.0)
+    before = _plan.first_sight_runs()
+    getattr(uni, op)(*operands)
+    assert _plan.first_sight_runs() == before + 1
+    np.testing.assert_array_equal(_out(op, operands).to_numpy(), _expected(op, 3.0))
+
+
+def test_a_layout_with_other_storages_finds_their_own_form() -> None:
+    # One layout, storages that decide otherwise (dtype, alignment): the layout's last form
+    # does not fit them, the form key finds theirs (or none: the general path).
+    def copy_of(dtype: Any, aligned: bool = True) -> tuple[Any, Any]:
+        raw = np.zeros(8 * np.dtype(dtype).itemsize + 1, np.uint8)
+        start = 0 if aligned else 1
+        dst = raw[start:start + 8 * np.dtype(dtype).itemsize].view(dtype)
+        return uni.from_numpy(np.arange(8).astype(dtype)), uni.from_numpy(dst)
+
+    for dtype in ("f8", "f4", "i4", "f8"):
+        for aligned in (True, False, True):
+            src, dst = copy_of(dtype, aligned)
+            uni.copy(src, dst)
+            assert dst.dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(dst.to_numpy(), np.arange(8).astype(dtype))
+            form = _plan._by_layout.get(_plan._keys("copy", (src, dst))[0])
+            named = _plan._forms.get(_plan._form_key("copy", (src, dst)))
+            if form is not None:
+                assert form.fits((src, dst)) is (form is named)
+
+
+def test_a_storage_with_a_patched_hook_is_not_run_on_first_sight() -> None:
+    uni.copy(uni.from_numpy(np.ones(8)), uni.from_numpy(np.zeros(8)))
+    src, dst = uni.from_numpy(np.full(8, 2.0)), uni.from_numpy(np.zeros(8))
+    calls = []
+    hook = dst.storage.acquire_write
+
+    def acquire_write(region: Any, *, overwrite: bool) -> Any:
+        calls.append(region)
+        return hook(region, overwrite=overwrite)
+
+    dst.storage.acquire_write = acquire_write  # this instance is no longer plain
+    before = _plan.first_sight_runs()
+    uni.copy(src, dst)
+    assert _plan.first_sight_runs() == before and calls
+    np.testing.assert_array_equal(dst.to_numpy(), 2.0)
+
+
+@pytest.mark.parametrize("route", ["identity", "value", "first sight"])
+def test_the_first_override_or_diagnostics_block_of_a_process_stops_the_plans(
+        route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plans skip asking their context while no override or diagnostics block was ever
+    # made (uni._dispatch.EVER_SET): the first one must stop them at once, on every route.
+    from uni import _dispatch  # the flag under test
+
+    def operands() -> tuple[Any, Any, Any]:
+        if route == "first sight":
+            return _fresh("gemm")
+        # A fresh view of the same memory (found by value) or the very tensors.
+        return (ta, tb, tc[...]) if route == "value" else (ta, tb, tc)
+
+    a, b, c = _operands()
+    ta, tb, tc = uni.from_numpy(a), uni.from_numpy(b), uni.from_numpy(c)
+    uni.gemm(*_fresh("gemm"))  # the first-sight form
+    for _ in range(3):
+        uni.gemm(ta, tb, tc)  # a plan and its identity record
+    monkeypatch.setattr(_dispatch, "EVER_SET", [False])
+    monkeypatch.setattr(_plan, "EVER_SET", _dispatch.EVER_SET)
+    assert uni.gemm_async(*operands()).result() == "blas"  # planned, the flag down
+    with uni.override_backends("gemm", uni.storage.HostStorage, ["cpu_reference"]):
+        # An override drops every plan; another thread (its own context: no override)
+        # plans again meanwhile.
+        worker = threading.Thread(target=lambda: [uni.gemm(*_fresh("gemm"))] + [
+            uni.gemm(ta, tb, tc) for _ in range(3)])
+        worker.start()
+        worker.join(5)
+        assert _plan.lookup_identity("gemm", ta, tb, tc) is not None
+        assert uni.gemm_async(*operands()).result() == "cpu_reference"
+    _dispatch.EVER_SET[0] = False
+    with uni.dispatch_diagnostics() as records:
+        uni.gemm(*operands())
+    assert [r.selected for r in records] == ["blas"]  # walked and recorded, not planned

@@ -42,6 +42,18 @@ class HeldRun:
         self._queues = tuple((queue, tuple(ranges)) for queue, ranges in by_queue.values())
         self._locks: tuple[_LockType, ...] = tuple(queue._lock for queue, _ in self._queues)
 
+    @classmethod
+    def distinct(cls, queues: tuple[tuple[AccessQueue, tuple[tuple[int, int, bool, Any]]], ...]
+                 ) -> HeldRun:
+        """The held run of operands in distinct queues, given grouped as ``HeldRun(items)``
+        groups them -- ``((queue, ((lo, hi, write, view),)), ...)`` -- without the grouping:
+        a first-sight call makes one per call (``uni._operation_plan``)."""
+        self = object.__new__(cls)
+        self._queues = queues
+        # A list, not a generator: one call instead of one per lock.
+        self._locks = tuple([queue._lock for queue, _ in queues])
+        return self
+
     def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
         """``fn(*args)``'s answer; False (not run) when something is in the way; None (not
         run) when a queue's lock was taken by another thread at that moment."""

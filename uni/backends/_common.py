@@ -120,6 +120,13 @@ def views_binder(spans: Sequence[Any], make: Callable[..., Any]) -> Callable[[Se
     """A binding that makes each operand's view (laid out as ``spans``) and calls
     ``make(*views)``: for kernels prepared on views."""
     formers = tuple(view_former(s) for s in spans)
+    if len(formers) == 2:  # a copy: unrolled, as transform_binder is
+        first, second = formers
+        return lambda operands: make(first(operands[0]), second(operands[1]))
+    if len(formers) == 3:
+        first, second, third = formers
+        return lambda operands: make(first(operands[0]), second(operands[1]),
+                                     third(operands[2]))
 
     def bind(operands: Sequence[Operand]) -> Any:
         return make(*(f(o) for f, o in zip(formers, operands, strict=True)))

@@ -282,8 +282,12 @@ class Blas:
             gemm = kernels.gemm_form(a, b, c)
             if gemm is None:
                 return None
-            pa, pb, pc = (address_of(s) for s in spans)
-            return lambda operands: gemm(pa(operands[0]), pb(operands[1]), pc(operands[2]))
+            # Each operand's first element, as address_of(span) gives it (inlined: a binding
+            # is made on every first sight).
+            ia, ib, ic = (s.data_handle.buffer.dtype.itemsize for s in spans)
+            return lambda operands: gemm(
+                operands[0][2] + operands[0][1] * ia, operands[1][2] + operands[1][1] * ib,
+                operands[2][2] + operands[2][1] * ic)
         if isinstance(call, GemvCall):
             a, x, y = (host_view(s.data_handle, s.mapping, writeable=s is call.y) for s in spans)
             if len({a.dtype, x.dtype, y.dtype}) > 1:

@@ -263,13 +263,11 @@ def execute_form(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: A
     scalar_positions = tuple(i for i, _ in converters)
 
     def bind(out: Array, arrays: Sequence[Array]) -> Callable[..., bool]:
-        template = base.copy()
-        for i, x in zip(positions, arrays, strict=True):
-            template[i] = x
         if arrays_only:
-            # The common repeat: array inputs only, stored as computed. One call, quietly.
+            # The common repeat: array inputs only (no scalar: the arrays are the inputs, in
+            # order), stored as computed. One call, quietly.
             assert var is not None
-            bound = tuple(template)
+            bound = tuple(arrays)
 
             def run_arrays() -> bool:
                 token = var.set(state)
@@ -280,6 +278,9 @@ def execute_form(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: A
                 return True
 
             return run_arrays
+        template = base.copy()
+        for i, x in zip(positions, arrays, strict=True):
+            template[i] = x
         if floats:
             # Python floats computed in float64 need no conversion (the ufunc's dtype= makes
             # the same float64 of them that python_scalar_to would): ``x + 1.0`` in a loop.

@@ -732,22 +732,32 @@ def gemm_form(
         # buffer the form's cache let go stays alive here, so no address is reused under a
         # pack.
         packs: dict[int, tuple[tuple[int, ...], bytes, object]] = {}
+        # The pack of the default scalars (the int objects 1 and 0 themselves, whose
+        # scalars_for answer never changes), once a run made it: a repeat's common case
+        # without the scalars' key.
+        default: list[tuple[tuple[int, ...], bytes, object]] = []
 
         # Default argument: the closure owns the plan's ints. It holds no view of the
         # operands: its caller runs it only on the live storages it was bound to (their
         # buffers stay alive with them), so a cache of prepared calls never keeps memory
         # alive by itself.
         def run(alpha: Scalar, beta: Scalar, _keep: object = ints) -> bool:
-            scalars = scalars_for(alpha, beta)
-            if scalars is None:
-                return False
-            pack = packs.get(scalars[1])
-            if pack is None:
-                pointers = (t1, t2, pm, pn, pk, scalars[1], first, pl1, second, pl2,
-                            scalars[2], dc, plc)
-                if len(packs) > 64:
-                    packs.clear()
-                pack = packs[scalars[1]] = (pointers, _pack(*pointers), scalars[0])
+            if default and alpha is _ONE and beta is _ZERO:
+                pack = default[0]
+            else:
+                scalars = scalars_for(alpha, beta)
+                if scalars is None:
+                    return False
+                found = packs.get(scalars[1])
+                if found is None:
+                    pointers = (t1, t2, pm, pn, pk, scalars[1], first, pl1, second, pl2,
+                                scalars[2], dc, plc)
+                    if len(packs) > 64:
+                        packs.clear()
+                    found = packs[scalars[1]] = (pointers, _pack(*pointers), scalars[0])
+                pack = found
+                if alpha is _ONE and beta is _ZERO:
+                    default.append(pack)
             if call_packed is None:
                 # ctypes passes c_void_p objects as they are (no argtypes): no conversion.
                 raw(*(_VP(v) for v in pack[0]))
@@ -759,6 +769,9 @@ def gemm_form(
 
     return bind
 
+
+_ONE = 1
+_ZERO = 0
 
 _RAW_GEMM: dict[int, Any] = {}
 
@@ -772,9 +785,17 @@ except ImportError:
     call_packed = None
 
 
+_PACKERS: dict[int, Callable[..., bytes]] = {}
+
+
 def _pack(*pointers: int | None) -> bytes:
     """``pointers`` (None: a null pointer) packed as native pointers, for ``call_packed``."""
-    return struct.pack(f"{len(pointers)}P", *(p or 0 for p in pointers))
+    packer = _PACKERS.get(len(pointers))
+    if packer is None:
+        packer = _PACKERS[len(pointers)] = struct.Struct(f"{len(pointers)}P").pack
+    if None in pointers:  # rare: most packs are all addresses (no per-pointer pass then)
+        pointers = tuple(p or 0 for p in pointers)
+    return packer(*pointers)
 
 
 def _raw_gemm(fn: Any) -> Any:
