@@ -7,6 +7,8 @@ computes ``y = w @ x`` with ``uni.gemv_async``, then ``y + bias`` and ``y * y`` 
 ``uni.transform_async``, and reads ``y`` back; a writer replaces the whole model (every element
 set to a new version number) every 50 requests through a write lease. Leases alone keep a
 request from seeing a half-updated model: every answer is checked to come from one version.
+With ``--writer-yields`` the writer yields to the loop once while it holds the model (as one
+that fetched the new weights would): the requests issued meanwhile queue behind it.
 
 The reference is the same service with numpy doing the arithmetic and an ``asyncio.Lock`` (or
 ``trio.Lock``) around every use of the model, measured in the same run. Reported per event
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -48,11 +51,19 @@ def _check(y: np.ndarray[Any, Any]) -> None:
         raise _Torn(f"a request saw a half-updated model: {np.unique(y)[:4]}")
 
 
+async def _yield_to_loop() -> None:
+    if trio.lowlevel.in_trio_run():
+        await trio.lowlevel.checkpoint()
+    else:
+        await asyncio.sleep(0)
+
+
 class _UniService:
-    def __init__(self) -> None:
+    def __init__(self, writer_yields: bool = False) -> None:
         self.w = uni.zeros((ROWS, COLS))
         self.bias = uni.full((ROWS,), 1.0)
         self.version = 0
+        self.writer_yields = writer_yields
 
     async def request(self) -> None:
         x = uni.from_numpy(np.ones(COLS))
@@ -66,15 +77,18 @@ class _UniService:
     async def update(self) -> None:
         self.version += 1
         async with uni.acquire_host_write_access_async(self.w, overwrite=True) as lease:
+            if self.writer_yields:
+                await _yield_to_loop()
             np.asarray(lease.mdspan())[...] = self.version
 
 
 class _NumpyService:
-    def __init__(self, lock: Any) -> None:
+    def __init__(self, lock: Any, writer_yields: bool = False) -> None:
         self.w = np.zeros((ROWS, COLS))
         self.bias = np.ones(ROWS)
         self.version = 0
         self.lock = lock
+        self.writer_yields = writer_yields
 
     async def request(self) -> None:
         x = np.ones(COLS)
@@ -88,6 +102,8 @@ class _NumpyService:
     async def update(self) -> None:
         self.version += 1
         async with self.lock:
+            if self.writer_yields:
+                await _yield_to_loop()
             self.w[...] = self.version
 
 
@@ -141,7 +157,8 @@ def _measure(loop: str, make: Callable[[], Any], per_client: int
     return len(latencies) / elapsed, statistics.median(latencies), _p99(latencies)
 
 
-def run(quick: bool = False, repeats: int | None = None) -> list[Result]:
+def run(quick: bool = False, repeats: int | None = None, writer_yields: bool = False
+        ) -> list[Result]:
     """Both event loops, uni against numpy under a lock, alternating runs, medians."""
     repeats = repeats if repeats is not None else (3 if quick else 5)
     per_client = 20 if quick else 100
@@ -151,7 +168,8 @@ def run(quick: bool = False, repeats: int | None = None) -> list[Result]:
         ours: list[tuple[float, float, float]] = []
         theirs: list[tuple[float, float, float]] = []
         for i in range(repeats):
-            pair = [("uni", _UniService), ("numpy", lambda lt=lock_type: _NumpyService(lt()))]
+            pair = [("uni", lambda: _UniService(writer_yields)),
+                    ("numpy", lambda lt=lock_type: _NumpyService(lt(), writer_yields))]
             for name, make in (pair if i % 2 == 0 else pair[::-1]):
                 (ours if name == "uni" else theirs).append(_measure(loop, make, per_client))
         rate_u, p50_u, p99_u = (statistics.median(x[j] for x in ours) for j in range(3))
@@ -170,13 +188,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--writer-yields", action="store_true",
+                        help="the writer yields to the loop once while it holds the model")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
-    results = run(args.quick, args.repeats)
+    results = run(args.quick, args.repeats, args.writer_yields)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    print_table(results, f"a small service, {CLIENTS} clients (uni from {uni.__file__})")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    yields = ", the writer yields inside its lease" if args.writer_yields else ""
+    print_table(results, f"a small service, {CLIENTS} clients{yields} (uni from {uni.__file__}; "
+                         f"load {load})")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextvars
 import os
@@ -18,9 +19,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from uni._core import loop_in_this_thread
 from uni._dispatch import SLOW_BACKEND, decided, walk
 from uni._errors import KernelDispatchError
-from uni._future import Finished, OpFuture
+from uni._future import Finished, OpFuture, succeeded
 from uni._handle import HOST
 from uni._operation_access import OperationAccess
 
@@ -170,15 +172,20 @@ def _ready_now(job: Job) -> bool:
     return True
 
 
-def _runs_here(job: Job) -> bool:
-    """Whether an async host job runs in the submitting thread (SPEC §5: a small host
-    operation whose leases are granted at once may run inline): it is small, nothing is in
-    its way, and the walk already knows a vectorised backend for it -- never the
-    per-element oracle, which would hold the caller (an event loop) for milliseconds."""
-    if not job.small or not _ready_now(job):
+def _fast(job: Job) -> bool:
+    """Whether ``job`` may run in an event loop's thread (SPEC §5: a small host operation may
+    run inline): it is small, and the walk already knows a vectorised backend for it --
+    never the per-element oracle, which would hold the loop for milliseconds."""
+    if not job.small:
         return False
     name = decided(job.op, job.signature, job.chain)
     return name is not None and name != SLOW_BACKEND
+
+
+def _runs_here(job: Job) -> bool:
+    """Whether an async host job runs in the submitting thread now: it may (:func:`_fast`)
+    and nothing is in its way."""
+    return _fast(job) and _ready_now(job)
 
 
 def _run_here(job: Job) -> OpFuture:
@@ -190,20 +197,69 @@ def _run_here(job: Job) -> OpFuture:
     except BaseException as err:  # KeyboardInterrupt and the like: the caller hears it now
         job.fail(err)
         raise
-    return OpFuture(job.op, Finished(result), "", job)
+    return OpFuture(job.op, succeeded(result), "", job)
 
 
 _submitting = threading.local()  # .active: this thread is inside dispatch's submit
+# .runs: the jobs granted to this thread while it runs one inline, in grant order (None while
+# it runs none). A job's release grants the next one, whose run would otherwise nest inside
+# it: a chain of a thousand would overflow the stack.
+_inline = threading.local()
+_get_ident = threading.get_ident
+
+
+def _safe_here(job: Job) -> bool:
+    """Whether a granted job (:func:`_fast` when submitted) can run in this thread now: no
+    queue of its own is locked (a finalizer that released its last blocker may have fired
+    inside this very thread's critical section of that queue, which the job's release would
+    wait for forever), nor the executor's (inside :func:`submit`'s hand-over to a worker)."""
+    if getattr(_submitting, "active", False):
+        return False
+    for item in job.access.reads:
+        if item.access is not None and item.access.queue.busy():
+            return False
+    for item in job.access.writes:
+        if item.access is not None and item.access.queue.busy():
+            return False
+    return True
+
+
+def _run_granted(job: Job, run: Callable[[], None], to_workers: Callable[[], None]) -> None:
+    """Run granted ``job`` (``run``) in this thread, after any granted to it before; one
+    that cannot run here safely goes to the workers (``to_workers``)."""
+    runs: collections.deque[tuple[Job, Callable[[], None], Callable[[], None]]] | None = \
+        getattr(_inline, "runs", None)
+    if runs is not None:
+        runs.append((job, run, to_workers))
+        return
+    runs = _inline.runs = collections.deque([(job, run, to_workers)])
+    try:
+        while runs:
+            job, run, to_workers = runs.popleft()
+            if _safe_here(job):
+                run()  # never raises: the outcome (an interrupt's too) goes to the future
+            else:
+                to_workers()
+    finally:
+        _inline.runs = None
+        for _, _, to_workers in runs:  # an interrupt between two runs cut the drain short
+            to_workers()
 
 
 def submit(job: Job, stream: Any = None) -> OpFuture:
-    """The host async executor: run ``job`` on uni's workers once its accesses are ready.
+    """The host async executor: run ``job`` once its accesses are ready.
 
-    A job of another domain goes to that domain's executor with ``stream``."""
+    Small, with a known vectorised backend and nothing in its way, it runs here at once
+    (the future is done when returned). Small and waiting, submitted from an event loop's
+    thread, it runs in that thread once a release there grants it (a lease given back by
+    another task of the loop: no thread hop, and the loop sees it done at once); granted
+    anywhere else, and otherwise, it runs on uni's workers. A job of another domain goes to
+    that domain's executor with ``stream``."""
     other = _other_executor(job)
     if other is not None:
         return other.submit(job, stream)
-    if _runs_here(job):
+    fast = _fast(job)
+    if fast and _ready_now(job):
         return _run_here(job)
     context = contextvars.copy_context()
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -224,7 +280,7 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
             if not future.done():  # it failed before it held anything (e.g. poisoned input)
                 future.set_exception(err)
 
-    def dispatch() -> None:
+    def to_workers() -> None:
         # Takes a worker only once every lease is granted: a worker never blocks on a grant,
         # so runnable operations never starve behind ones waiting (whatever the number of
         # workers, and whichever thread registered first or submitted first). Runs in the
@@ -232,7 +288,7 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
         # interrupted this very function in the same thread: the executor's locks are not
         # reentrant, so such a call submits from a fresh thread instead.
         if getattr(_submitting, "active", False):
-            threading.Thread(target=dispatch, name="uni-dispatch", daemon=True).start()
+            threading.Thread(target=to_workers, name="uni-dispatch", daemon=True).start()
             return
         _submitting.active = True
         try:
@@ -242,6 +298,16 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
             future.set_exception(err)
         finally:
             _submitting.active = False
+
+    dispatch = to_workers
+    if fast and loop_in_this_thread() is not None:
+        home = _get_ident()
+
+        def dispatch() -> None:
+            if _get_ident() == home:
+                _run_granted(job, run, to_workers)
+            else:
+                to_workers()
 
     job.access.when_ready(dispatch)
     return OpFuture(job.op, future, "", job)

@@ -18,7 +18,7 @@ from uni._errors import LeaseConflictError, LeaseTimeoutError
 if TYPE_CHECKING:
     from uni._executor import Job  # annotations only: the executor imports this module
 
-__all__ = ["Completion", "Finished", "OpFuture", "done_future", "failed_future"]
+__all__ = ["Completion", "Finished", "OpFuture", "done_future", "failed_future", "succeeded"]
 
 
 class Completion(Protocol):
@@ -153,10 +153,26 @@ class Finished:
         fn(self)
 
 
+# One success per backend name, shared: a Finished that succeeded never changes, and an
+# operation run at once (the plan, a small inline job) then costs one object, its OpFuture.
+_succeeded: dict[str | None, Finished] = {}
+
+
+def succeeded(result: Any) -> Finished:
+    """The completion of an operation that succeeded with ``result`` (a backend's name)."""
+    completion = _succeeded.get(result)
+    if completion is None:
+        completion = Finished(result)
+        if (result is None or type(result) is str) and len(_succeeded) < 64:
+            _succeeded[result] = completion
+    return completion
+
+
 def done_future(op: str, result: Any = None) -> OpFuture:
     """An OpFuture that has already succeeded (nothing to do, or run here already):
     ``result`` is what it returns (the name of the backend that ran it, if one did)."""
-    return OpFuture(op, Finished(result))
+    completion = _succeeded.get(result)  # succeeded(result), one call fewer on the hot path
+    return OpFuture(op, completion if completion is not None else succeeded(result))
 
 
 def failed_future(op: str, error: BaseException) -> OpFuture:

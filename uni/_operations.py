@@ -427,22 +427,15 @@ def _async(op: str, job: Job | None, stream: Any) -> OpFuture:
     return submit(job, stream)
 
 
-def _submit(op: str, planned: Callable[..., str | None], plan_args: tuple[Any, ...],
-            make_job: Callable[[Sequence[Any] | None], tuple[Job | None, Any]],
+def _submit(op: str, make_job: Callable[[Sequence[Any] | None], tuple[Job | None, Any]],
             operands: tuple[Any, ...], backends: Sequence[Any] | None, stream: Any
             ) -> OpFuture:
-    """The async pipeline: the plan inline when it covers the call, else the general path
-    (``make_job(backends) -> (job, extra)``), offered for planning once it ran on the
-    default walk (here, or on a quick worker), so that a loop of awaited operations finds
-    its plan as the sync forms do."""
+    """The async general path, for a call the plan did not cover (each front end tries the
+    plan first, inline): ``make_job(backends) -> (job, extra)``, offered for planning once
+    it ran on the default walk (here, or in the loop's thread on a release), so that a loop
+    of awaited operations finds its plan as the sync forms do."""
     if backends is not None or stream is not None:
         return _async(op, make_job(backends)[0], stream)
-    try:
-        backend = planned(*plan_args)
-    except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
-        return failed_future(op, err)
-    if backend is not None:
-        return done_future(op, backend)
     job, extra = make_job(None)
     future = _async(op, job, None)
     if job is not None and job.backend is not None and future.done():
@@ -506,7 +499,14 @@ def gemm_async(a: Tensor, b: Tensor, c: Tensor, *, alpha: Scalar = 1,
                ) -> OpFuture:
     """Register gemm's leases now and run it once granted (uni's workers for host data);
     ``await`` the returned future, or call ``.result()``."""
-    return _submit("gemm", _plan.run_gemm, (a, b, c, alpha, beta), lambda backends: (
+    if backends is None and stream is None:  # the plan first, without building a closure
+        try:
+            backend = _plan.run_gemm(a, b, c, alpha, beta)
+        except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
+            return failed_future("gemm", err)
+        if backend is not None:
+            return done_future("gemm", backend)
+    return _submit("gemm", lambda backends: (
         _gemm_job(a, b, c, alpha, beta, backends, owner=None), None), (a, b, c), backends,
         stream)
 
@@ -515,7 +515,14 @@ def gemv_async(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1,
                beta: Scalar = 0, backends: Sequence[Any] | None = None, stream: Any = None
                ) -> OpFuture:
     """Register gemv's leases now and run it once granted; ``await`` the result."""
-    return _submit("gemv", _plan.run_gemv, (a, x, y, alpha, beta), lambda backends: (
+    if backends is None and stream is None:  # the plan first, without building a closure
+        try:
+            backend = _plan.run_gemv(a, x, y, alpha, beta)
+        except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
+            return failed_future("gemv", err)
+        if backend is not None:
+            return done_future("gemv", backend)
+    return _submit("gemv", lambda backends: (
         _gemv_job(a, x, y, alpha, beta, backends, owner=None), None), (a, x, y), backends,
         stream)
 
@@ -523,17 +530,30 @@ def gemv_async(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1,
 def copy_async(src: Tensor, dst: Tensor, *, backends: Sequence[Any] | None = None,
                stream: Any = None) -> OpFuture:
     """Register the copy's leases now and run it once granted; ``await`` the result."""
-    return _submit("copy", _plan.run_copy, (src, dst), lambda backends: (
+    if backends is None and stream is None:  # the plan first, without building a closure
+        try:
+            backend = _plan.run_copy(src, dst)
+        except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
+            return failed_future("copy", err)
+        if backend is not None:
+            return done_future("copy", backend)
+    return _submit("copy", lambda backends: (
         _copy_job(src, dst, backends, owner=None), None), (src, dst), backends, stream)
 
 
 def transform_async(out: Tensor, op: Any, *inputs: Tensor | Scalar,
                     backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
     """Register the transform's leases now and run it once granted; ``await`` the result."""
+    if backends is None and stream is None:  # the plan first, without building a closure
+        try:
+            backend = _plan.run_transform(out, op, inputs)
+        except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
+            return failed_future("transform", err)
+        if backend is not None:
+            return done_future("transform", backend)
 
     def make_job(backends: Sequence[Any] | None) -> tuple[Job | None, Any]:
         job, compute = _transform_job(out, op, inputs, backends, owner=None)
         return job, (op, inputs, compute)
 
-    return _submit("transform", _plan.run_transform, (out, op, inputs), make_job,
-                   (out, op, *inputs), backends, stream)
+    return _submit("transform", make_job, (out, op, *inputs), backends, stream)

@@ -108,6 +108,30 @@ async def test_trio_task_parks_until_a_foreign_thread_calls_back() -> None:
     assert woke.is_set()
 
 
+async def test_trio_task_woken_by_another_task_of_its_run_is_rescheduled_directly() -> None:
+    # Finished by a task of the same run (an operation run in the loop's thread on a
+    # release there): the waiter is rescheduled at once, not through run_sync_soon (whose
+    # queue stays empty), and runs next; finished during arm() it never parks at all.
+    work = Work()
+    woke = trio.Event()
+
+    async def waiter() -> None:
+        await wait_callback_async(work.add, work.done)
+        woke.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(work.callbacks) == 1
+            work.finish()
+            assert trio.lowlevel.current_statistics().run_sync_soon_queue_size == 0
+            await woke.wait()
+        done_already = Work()
+        done_already.finish()
+        await wait_callback_async(done_already.add, done_already.done)
+
+
 def test_asyncio_task_parks_until_a_foreign_thread_calls_back() -> None:
     async def main() -> None:
         work = Work()

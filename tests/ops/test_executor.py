@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.loops import Loop, each_loop
 from support.poisoning import poison, poisoned
 
 import uni
-from uni._access import Access
+from uni._access import register_access
 from uni._operation_access import OperationAccess as OpAccess
 from uni._operation_access import stage as staged
 from uni._spec import AccessSpec
@@ -337,8 +338,8 @@ def test_an_async_operation_is_done_before_a_request_behind_it_is_granted(failin
     blocker = uni.acquire_host_write_access_sync(dst, overwrite=True)
     future = uni.copy_async(src, dst)
     # One behind the output and one behind the input (a writer waits for the copy's read).
-    behind = [Access(AccessSpec.of_view(dst, "read"), owner=None),
-              Access(AccessSpec.of_view(src, "write", overwrite=True), owner=None)]
+    behind = [register_access(AccessSpec.of_view(dst, "read"), owner=None),
+              register_access(AccessSpec.of_view(src, "write", overwrite=True), owner=None)]
     seen: list[bool] = []
     for access in behind:
         access.when_granted(lambda: seen.append(future.done()))
@@ -351,3 +352,136 @@ def test_an_async_operation_is_done_before_a_request_behind_it_is_granted(failin
     assert seen == [True, True]
     for access in behind:
         access.withdraw()
+
+
+# -- where an awaited operation that had to wait runs ------------------------------------------
+class _Where:
+    """A test backend that notes the thread each kernel runs in, then runs it on blas."""
+
+    def __init__(self) -> None:
+        self.name = "test-executor-where"
+        self.threads: list[threading.Thread] = []
+
+    def probe(self, op: str, signature: Any) -> uni.Probe:
+        return uni.Probe.YES
+
+    def try_kernel(self, op: str, call: Any) -> Any:
+        self.threads.append(threading.current_thread())
+        return uni.backends.get("blas").try_kernel(op, call)
+
+
+def _add_one(where: _Where, out: uni.Tensor, x: uni.Tensor) -> uni.OpFuture:
+    return uni.transform_async(out, uni.ops.add, x, 1.0, backends=[where])
+
+
+@each_loop
+async def test_an_operation_behind_a_pending_writer_runs_in_the_loop_thread_on_release(
+        loop: Loop) -> None:
+    # Granted by a release in the loop's own thread, a small operation runs right there (no
+    # worker, no thread hop: done as the release returns) and sees what the writer wrote.
+    where = _Where()
+    x, out = uni.zeros(64), uni.zeros(64)
+    await _add_one(where, out, x)  # the walk now knows the backend: small work may run inline
+    lease = await uni.acquire_host_write_access_async(x, overwrite=True)
+    future = _add_one(where, out, x)
+    await loop.settle()
+    assert not future.done() and len(where.threads) == 1
+    np.asarray(lease.mdspan())[...] = 5.0
+    lease.release()
+    assert future.done() and where.threads[-1] is threading.current_thread()
+    assert await future == "test-executor-where"
+    async with uni.acquire_host_read_access_async(out) as read:
+        assert np.all(np.asarray(read.mdspan()) == 6.0)
+
+
+@each_loop
+async def test_a_chain_behind_a_writer_runs_in_order_in_the_loop_thread_without_nesting(
+        loop: Loop) -> None:
+    # Each operation's release grants the next: run one after another, not one inside the
+    # other's release (two thousand nested runs would overflow the stack).
+    where = _Where()
+    x = uni.zeros(64)
+    await _add_one(where, x, x)
+    lease = await uni.acquire_host_write_access_async(x, overwrite=True)
+    futures = [_add_one(where, x, x) for _ in range(2000)]
+    np.asarray(lease.mdspan())[...] = 10.0
+    lease.release()
+    assert all(f.done() for f in futures)
+    assert all(t is threading.current_thread() for t in where.threads[1:])
+    for future in futures:
+        await future
+    async with uni.acquire_host_read_access_async(x) as read:
+        assert np.all(np.asarray(read.mdspan()) == 2010.0)
+
+
+@each_loop
+async def test_an_operation_granted_in_another_thread_runs_on_a_worker(loop: Loop) -> None:
+    # Only a release in the submitting loop's thread runs it there: one in any other thread
+    # (a sync lease given back by a thread) hands it to uni's workers, as before.
+    where = _Where()
+    x, out = uni.zeros(64), uni.zeros(64)
+    await _add_one(where, out, x)
+    held = threading.Event()
+    go = threading.Event()
+
+    def writer() -> None:
+        with uni.acquire_host_write_access_sync(x, overwrite=True) as lease:
+            held.set()
+            go.wait(10)
+            np.asarray(lease.mdspan())[...] = 2.0
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    await loop.until(held.is_set, "the thread holds its write lease")
+    future = _add_one(where, out, x)
+    go.set()
+    assert await future == "test-executor-where"
+    thread.join(10)
+    assert where.threads[-1].name.startswith("uni-worker")
+    async with uni.acquire_host_read_access_async(out) as read:
+        assert np.all(np.asarray(read.mdspan()) == 3.0)
+
+
+@each_loop
+async def test_cancelling_the_wait_for_an_operation_behind_a_writer_releases_nothing(
+        loop: Loop) -> None:
+    # The task stops waiting; the operation keeps its place behind the writer (the writer
+    # keeps its lease) and still runs, in order, once the writer is done.
+    where = _Where()
+    x, out = uni.zeros(64), uni.zeros(64)
+    await _add_one(where, out, x)
+    lease = await uni.acquire_host_write_access_async(x, overwrite=True)
+    future = _add_one(where, out, x)
+    before = (snapshot(x), snapshot(out))
+
+    async def waiter() -> Any:
+        return await future
+
+    task = loop.start("waiter", waiter)
+    await loop.settle()
+    task.cancel()
+    await loop.join(task)
+    assert task.cancelled and not future.done()
+    assert (snapshot(x), snapshot(out)) == before  # the writer holds, the operation waits
+    np.asarray(lease.mdspan())[...] = 7.0
+    lease.release()
+    assert await future == "test-executor-where"
+    assert snapshot(x) == [] and snapshot(out) == []
+    async with uni.acquire_host_read_access_async(out) as read:
+        assert np.all(np.asarray(read.mdspan()) == 8.0)
+
+
+@each_loop
+async def test_a_failed_operation_run_on_release_poisons_its_output(loop: Loop) -> None:
+    # Run in the loop's thread, a failure reaches the future and poisons, as on a worker.
+    where = _Where()
+    x, out = uni.zeros(64), uni.zeros(64)
+    await _add_one(where, out, x)
+    with pytest.raises(RuntimeError):
+        async with uni.acquire_host_write_access_async(x):
+            future = _add_one(where, out, x)
+            raise RuntimeError("the writer failed")  # x is left poisoned as it is released
+    assert future.done()
+    with pytest.raises(uni.PoisonedError):
+        await future
+    assert poisoned(out) and len(where.threads) == 1

@@ -198,12 +198,19 @@ async def _park_trio(arm: Callable[[Callable[[], None]], object], done: Callable
     token = trio.lowlevel.current_trio_token()
     lock = threading.Lock()
     parked = [True]
+    asleep = [False]  # the task is inside wait_task_rescheduled below
 
     def on_done() -> None:
         with lock:
             if not parked[0]:
                 return
             parked[0] = False
+        if asleep[0] and _in_run(token):
+            # Completed by another task of this very run (an operation run in the loop's
+            # thread once a release there granted it): rescheduling here, as trio does from
+            # task code, saves the run_sync_soon round trip through the wake-up socket.
+            trio.lowlevel.reschedule(task)
+            return
         try:
             token.run_sync_soon(reschedule_quietly, task)
         except trio.RunFinishedError:
@@ -228,7 +235,19 @@ async def _park_trio(arm: Callable[[Callable[[], None]], object], done: Callable
         if claimed_here:
             await trio.lowlevel.checkpoint()
             return
+    asleep[0] = True  # from here until trio parks the task, nothing else runs in this thread
     await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def _in_run(token: trio.lowlevel.TrioToken) -> bool:
+    """Whether the caller runs inside a task step of the trio run of ``token``: between
+    steps (a finalizer while the scheduler walks its run queue) and in other threads,
+    current_task() fails, and the wake-up must go through run_sync_soon."""
+    try:
+        trio.lowlevel.current_task()
+        return trio.lowlevel.current_trio_token() is token
+    except RuntimeError:
+        return False
 
 
 # ------------------------------------------------------------------------------ both
