@@ -12,14 +12,16 @@ cluster; the input files sit in the page cache (they were just written).
 
 - uni.dask: ``uni.dask.gemm(a, b, c)``: one task per C tile, k accumulated in place through
   uni's BLAS walk, input panels read through the workers' read caches, C committed per tile.
-- reference: dask's own matmul, ``(da.from_zarr(A) @ da.from_zarr(B)).to_zarr(C2)`` into a
-  store like C.
+- reference: dask's own matmul, ``(da.from_zarr(A) @ da.from_zarr(B)).to_zarr(C2)``: a new
+  store with C's codec and the result's tile chunks, written a block per task, as a dask user
+  writes a result.
 - uni.dask.matmul (the functional layer): ``ud.matmul(da.from_zarr(A), da.from_zarr(B))``
   ``.to_zarr(C3)`` (``--no-matmul`` leaves it out). Its operands are plain from_zarr reads,
   so each output block's task reads its panels from the stores, placed as gemm's tiles;
   ``UNI_DASK_ROUTE_ZARR=0`` runs it as dask's graph with uni's kernel per block instead.
-  Like dask's own, its result goes through ``to_zarr`` into an existing array, which dask
-  rechunks to its "auto" chunks (128 MiB: one block at N = 4096) before storing.
+  Its result goes through ``to_zarr`` like dask's. ``--into-existing`` has both write into
+  a zarr.Array made beforehand instead, which dask rechunks to its "auto" chunks (128 MiB:
+  one task gathers and encodes the whole C at N = 4096), a cost both then pay.
 
 The contenders run in turn, the order rotated every repetition; each case reports medians,
 the paired ratios (dask / uni per repetition), the 1-minute load average, and the CPU
@@ -73,6 +75,8 @@ CHECK_ROWS = 64
 
 
 CODECS: dict[str, Any] = {"raw": None, "zstd": ZstdCodec()}
+# --into-existing: the dask-graph contenders write into a C created beforehand (see _run_graph)
+INTO_EXISTING = False
 
 
 def _array(path: str, n: int, codec: str = "raw") -> Any:
@@ -180,13 +184,24 @@ def _run_graph(workdir: str, a_path: str, b_path: str, n: int, codec: str, name:
                warm: Any, matmul: Any) -> dict[str, Any]:
     """One run of a dask-graph contender: ``matmul(A, B).to_zarr(C)`` over ``dask.array``."""
     c_path = os.path.join(workdir, f"{name}{n}.zarr")
-    target = _array(c_path, n, codec)
+    target: Any = c_path
+    if INTO_EXISTING:
+        target = _array(c_path, n, codec)
     with _cluster() as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         client.run(warm)
         before = _counters(client)
         start = time.perf_counter()
-        matmul(da.from_zarr(a_path), da.from_zarr(b_path)).to_zarr(target)
+        if INTO_EXISTING:
+            # dask rechunks a write into an existing zarr.Array to its "auto" chunks
+            # (128 MiB: at N = 4096 one task gathers and encodes all 16 tiles).
+            matmul(da.from_zarr(a_path), da.from_zarr(b_path)).to_zarr(target)
+        else:
+            # What a dask user types: a new store with the result's own (tile) chunks and
+            # C's codec, written block by block in parallel.
+            matmul(da.from_zarr(a_path), da.from_zarr(b_path)).to_zarr(
+                target, mode="w", compressors=CODECS[codec], filters=None,
+                serializer=BytesCodec(), fill_value=0.0, zarr_format=3)
         seconds = time.perf_counter() - start
         after = _counters(client)
     error = _check(c_path, a_path, b_path)
@@ -464,9 +479,15 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: after this, cases run 2 repetitions only")
     parser.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    parser.add_argument("--into-existing", action="store_true",
+                        help="the dask-graph contenders write into a zarr.Array made beforehand "
+                             "(dask then rechunks to its 128 MiB 'auto' chunks) instead of "
+                             "to_zarr(path) with the tile chunks")
     parser.add_argument("--costs", action="store_true",
                         help="per-tile and per-task costs (docs/scale-out.md, Scale on paper)")
     args = parser.parse_args()
+    global INTO_EXISTING
+    INTO_EXISTING = args.into_existing
     if args.costs:
         with dask.config.set({"distributed.logging.distributed": "error"}):
             costs = run_costs()
