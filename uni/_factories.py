@@ -16,6 +16,7 @@ import numpy as np
 
 from uni._accessor import _PLAIN as _PLAIN_ACCESSORS
 from uni._accessor import plain_accessor
+from uni._dtypes import _KNOWN as _KNOWN_DTYPES
 from uni._dtypes import as_dtype
 from uni._errors import DomainError
 from uni._extents import Extents
@@ -99,10 +100,13 @@ def from_numpy(array: Any, *, copy: bool = False) -> Tensor:
     A read-only array gives a read-only tensor.
     """
     arr = array if type(array) is np.ndarray else np.asarray(array)
-    dt = as_dtype(arr.dtype)
+    # as_dtype's own first step, without the call: a uni dtype maps to itself.
+    dt = _KNOWN_DTYPES.get(arr.dtype)
+    if dt is None:
+        dt = as_dtype(arr.dtype)
     if copy:
         return _allocate(arr.shape, dt, "C", "host", arr.reshape(-1) if arr.size else None)
-    if arr.dtype != dt:
+    if arr.dtype is not dt and arr.dtype != dt:
         arr = arr.view(dt)
     storage, offset = storage_for_array(arr, dt)
     # Both are shared frozen values, found by one lookup each (the functions fill the caches).

@@ -164,6 +164,38 @@ def test_a_range_bridging_two_idle_regions_joins_them() -> None:
             uni.acquire_host_read_access_sync(right[0])
 
 
+def test_a_join_right_after_a_storage_registered_is_not_undone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another thread joins the memory the moment the registry's lock is released, before the
+    # registering storage's constructor goes on: the storage must end on the kept queue, not
+    # on the retired one it was registered with (a stale queue that refuses every lease).
+    x = np.zeros(10)
+    left = uni.from_dlpack(x[:5].__dlpack__(), writable=True)
+    real = _memory.register
+    joined: list[uni.Tensor] = []
+
+    def register_then_join(*args: Any) -> Any:
+        result = real(*args)
+        if not joined:
+            monkeypatch.undo()  # the joining wrap registers plainly
+            joined.append(uni.from_dlpack(x[3:8].__dlpack__(), writable=True))
+        return result
+
+    monkeypatch.setattr(_memory, "register", register_then_join)
+    right = uni.from_dlpack(x[5:].__dlpack__(), writable=True)
+    monkeypatch.undo()
+    assert joined  # the join ran in the window
+    queue = right.storage.access_queue
+    assert not queue.retired
+    assert queue is left.storage.access_queue is joined[0].storage.access_queue
+    assert right.storage.queue_offset == 5 * 8  # bytes from the kept queue's origin
+    with uni.acquire_host_write_access_sync(left):
+        with pytest.raises(uni.LeaseConflictError):  # x[3:8] overlaps both
+            uni.acquire_host_write_access_sync(joined[0])
+    with uni.acquire_host_write_access_sync(right, timeout=10):
+        pass
+
+
 def test_a_range_bridging_busy_regions_is_refused_clearly() -> None:
     x = np.zeros(10)
     left = uni.from_dlpack(x[:5].__dlpack__(), writable=True)

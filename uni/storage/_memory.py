@@ -31,11 +31,13 @@ __all__ = ["region_count", "register"]
 
 
 class _Member(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to a member storage that carries the storage's key (its id): the
-    one callback queues the dead reference itself, so no closure is made per storage."""
+    """A weak reference to a member storage that carries the storage's key (its id) and its
+    region: the one callback queues the dead reference itself, so no closure is made per
+    storage and no table maps storages to regions."""
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "region")
     key: int
+    region: _Region
 
 
 class _Region:
@@ -70,10 +72,11 @@ class _Region:
         self._queue = weakref.ref(queue)
 
 
+_new = object.__new__
+_weak = weakref.ref
 _lock = threading.Lock()
 _starts: list[int] = []  # the regions' lo, sorted
 _regions: list[_Region] = []  # in the same order
-_by_member: dict[int, _Region] = {}  # id(storage) -> its region
 # References whose storage was collected, to be dropped under the lock by the next caller: a
 # weakref callback may run inside a garbage collection that started while this very thread
 # held the lock, so it only appends here (atomic) and never takes the lock itself.
@@ -82,21 +85,31 @@ _dead: collections.deque[_Member] = collections.deque()
 _died = _dead.append
 
 
-def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]:
-    """The queue for ``storage``'s buffer at ``[address, address + nbytes)``, and its
-    ``queue_offset`` (bytes from the queue's origin to the buffer's start).
+def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
+    """Set ``storage.access_queue`` to the queue for its buffer at ``[address, address +
+    nbytes)`` and ``storage.queue_offset`` to the bytes from that queue's origin to the
+    buffer's start.
 
-    ``storage.access_queue`` is the queue the storage made for itself; it becomes the
-    memory's queue when the memory is new to uni. Raises StorageError when the memory bridges
-    regions that are in use through separate queues.
+    ``own`` is the queue the storage made for itself; it becomes the memory's queue when the
+    memory is new to uni. Both are set under the registry's lock, so a join of this memory
+    by another thread right after cannot be overwritten by a stale queue. Raises
+    StorageError when the memory bridges regions that are in use through separate queues.
     """
-    own: AccessQueue = storage.access_queue
-    if nbytes <= 0:
-        return own, 0  # no memory: nothing to share
+    if nbytes <= 0:  # no memory: nothing to share
+        storage.access_queue = own
+        storage.queue_offset = 0
+        return
     lo, hi = address, address + nbytes
     with _lock:
-        if _dead:
-            _drop_dead_locked()
+        while _dead:  # _drop_dead_locked() without the call: a wrap follows each death
+            ref = _dead.popleft()
+            members = ref.region.members
+            if members.pop(ref.key, None) is not None and not members:
+                region = ref.region
+                index = bisect.bisect_left(_starts, region.lo)
+                assert _regions[index] is region  # regions are disjoint: one per start
+                del _starts[index]
+                del _regions[index]
         while True:
             first = bisect.bisect_right(_starts, lo) - 1
             if first < 0 or _regions[first].hi <= lo:
@@ -105,7 +118,12 @@ def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]
             while last < len(_regions) and _regions[last].lo < hi:
                 last += 1
             if first == last:  # memory new to uni (a fresh array): its own queue orders it
-                region = _Region(lo, hi, own)
+                # _Region(lo, hi, own) without the call: every fresh array comes here.
+                region = _new(_Region)
+                region.lo = region.origin = lo
+                region.hi = hi
+                region._queue = _weak(own)
+                region.members = {}
                 _starts.insert(first, lo)
                 _regions.insert(first, region)
                 queue = own
@@ -128,10 +146,11 @@ def register(storage: Any, address: int, nbytes: int) -> tuple[AccessQueue, int]
                 if gone is None:
                     _drop_region_locked(region)
         ref = _Member(storage, _died)
+        ref.region = region
         key = ref.key = id(storage)
         region.members[key] = (ref, address)
-        _by_member[key] = region
-        return queue, address - region.origin
+        storage.access_queue = queue
+        storage.queue_offset = address - region.origin
 
 
 def _index_of(region: _Region) -> int:
@@ -178,12 +197,12 @@ def _merge(touched: list[_Region], first: int, last: int) -> _Region:
             "any part of it"
         )
     for region in retired:
-        for key, (ref, start) in region.members.items():
+        for ref, start in region.members.values():
             member = ref()
             if member is not None:
                 member.queue_offset = start - keep.origin
                 member.access_queue = keep.queue
-            _by_member[key] = keep
+            ref.region = keep
         keep.members.update(region.members)
         keep.lo = min(keep.lo, region.lo)
         keep.hi = max(keep.hi, region.hi)
@@ -201,12 +220,12 @@ def _sentence(text: str) -> str:
 
 def _drop_dead_locked() -> None:
     while _dead:
-        key = _dead.popleft().key
-        region = _by_member.pop(key, None)
-        if region is None:
+        ref = _dead.popleft()
+        members = ref.region.members
+        # None: its region was dropped already (_drop_region_locked) or it was not a member.
+        if members.pop(ref.key, None) is None:
             continue
-        members = region.members
-        members.pop(key, None)
+        region = ref.region
         if not members:  # its last storage went: the memory is no longer uni's
             index = bisect.bisect_left(_starts, region.lo)
             assert _regions[index] is region  # regions are disjoint: one per start address
@@ -215,9 +234,7 @@ def _drop_dead_locked() -> None:
 
 
 def _drop_region_locked(region: _Region) -> None:
-    for key in region.members:
-        _by_member.pop(key, None)
-    region.members.clear()
+    region.members.clear()  # their references, once dead, find nothing to drop
     index = _index_of(region)
     del _starts[index]
     del _regions[index]

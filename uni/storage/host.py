@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from uni._address import data_address
+from uni._address import _DATA_FIELD, _word_at, data_address
+from uni._core import AccessQueue
 from uni._errors import AllocationError, LayoutError
 from uni._handle import HostHandle
 from uni.storage import _memory
@@ -79,8 +80,20 @@ class HostStorage(StorageBase):
         1-D array of uni's ``dtype`` that is writable unless ``readonly`` (the wrapping
         functions build it so): the same storage, without re-checking what holds already."""
         self: HostStorage = _new(cls)
-        StorageBase.__init__(self, dtype, buffer.shape[0], readonly=readonly)
-        self._adopt(buffer)
+        # StorageBase.__init__ with its conversions done (dtype, size and readonly are
+        # uni's already) and each attribute set once: the queue made here is handed to the
+        # registry, which sets the memory's queue (this one, for memory new to uni).
+        self.dtype = dtype
+        self.size = size = buffer.shape[0]
+        self.readonly = readonly
+        self.buffer = buffer
+        self._handles = {}
+        # data_address(buffer) without the call: ``buffer`` is an ndarray.
+        self.base_address = address = _word_at(id(buffer) + _DATA_FIELD).value or 0
+        itemsize = dtype.itemsize
+        # StorageBase's label, without an f-string's per-field format calls.
+        label = cls.__name__ + "@" + hex(id(self))
+        _memory.register(self, AccessQueue(label, unit=itemsize), address, size * itemsize)
         return self
 
     def _adopt(self, buffer: np.ndarray[Any, Any]) -> None:
@@ -90,8 +103,7 @@ class HostStorage(StorageBase):
         self.base_address = address = data_address(buffer)
         # One memory, one queue: this buffer joins the queue of any memory uni already
         # orders that it overlaps, whichever way that memory came in.
-        self.access_queue, self.queue_offset = _memory.register(
-            self, address, self.size * self.dtype.itemsize)
+        _memory.register(self, self.access_queue, address, self.size * self.dtype.itemsize)
 
     @classmethod
     def allocate(cls, size: int, dtype: Any, *, device: str | None = None,
@@ -197,15 +209,18 @@ def storage_for_array(array: np.ndarray[Any, Any],
         # buffer) shares a storage with the other views of that dtype, keyed by both: were
         # each wrapped alone, two views of the same memory would take unordered leases and an
         # operation would not see its input overlap its output.
-        same = root.dtype == array.dtype
+        same = root is array or root.dtype == array.dtype
         if delta % itemsize == 0 and (same or root.nbytes % itemsize == 0):
             key: object = id(root) if same else (id(root), array.dtype.str)
             with _shared_lock:
                 ref = _shared.get(key)
                 storage = ref() if ref is not None else None
                 if storage is None:
-                    # A contiguous allocation flattens to a contiguous 1-D view of itself.
-                    flat = root.reshape(-1, order="A")
+                    # A contiguous allocation flattens to a contiguous 1-D view of itself
+                    # (a view of its own: the caller may reassign the root's shape or
+                    # dtype in place; ravel("A") of a C or F contiguous array never copies
+                    # and parses no keywords, unlike reshape(-1, order="A")).
+                    flat = root.view() if root.ndim == 1 else root.ravel("A")
                     if not same:
                         flat = flat.view(np.uint8).view(array.dtype)
                         storage = HostStorage.wrap(flat)
