@@ -494,18 +494,27 @@ def transform(out: Tensor, op: Any, *inputs: Tensor | Scalar,
 
 
 # -- async front ends ---------------------------------------------------------------------------
+def _planned_now(op: str, run_plan: Callable[..., str | None], operands: tuple[Any, ...],
+                 backends: Sequence[Any] | None, stream: Any) -> OpFuture | None:
+    """The future of ``op`` run at once on its plan (the plan first, without building a
+    closure), or None where the plan does not take it."""
+    if backends is not None or stream is not None:
+        return None
+    try:
+        backend = run_plan(*operands)
+    except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
+        return failed_future(op, err)
+    return None if backend is None else done_future(op, backend)
+
+
 def gemm_async(a: Tensor, b: Tensor, c: Tensor, *, alpha: Scalar = 1,
                beta: Scalar = 0, backends: Sequence[Any] | None = None, stream: Any = None
                ) -> OpFuture:
     """Register gemm's leases now and run it once granted (uni's workers for host data);
     ``await`` the returned future, or call ``.result()``."""
-    if backends is None and stream is None:  # the plan first, without building a closure
-        try:
-            backend = _plan.run_gemm(a, b, c, alpha, beta)
-        except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
-            return failed_future("gemm", err)
-        if backend is not None:
-            return done_future("gemm", backend)
+    done = _planned_now("gemm", _plan.run_gemm, (a, b, c, alpha, beta), backends, stream)
+    if done is not None:
+        return done
     return _submit("gemm", lambda backends: (
         _gemm_job(a, b, c, alpha, beta, backends, owner=None), None), (a, b, c), backends,
         stream)
@@ -515,13 +524,9 @@ def gemv_async(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1,
                beta: Scalar = 0, backends: Sequence[Any] | None = None, stream: Any = None
                ) -> OpFuture:
     """Register gemv's leases now and run it once granted; ``await`` the result."""
-    if backends is None and stream is None:  # the plan first, without building a closure
-        try:
-            backend = _plan.run_gemv(a, x, y, alpha, beta)
-        except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
-            return failed_future("gemv", err)
-        if backend is not None:
-            return done_future("gemv", backend)
+    done = _planned_now("gemv", _plan.run_gemv, (a, x, y, alpha, beta), backends, stream)
+    if done is not None:
+        return done
     return _submit("gemv", lambda backends: (
         _gemv_job(a, x, y, alpha, beta, backends, owner=None), None), (a, x, y), backends,
         stream)
@@ -530,13 +535,9 @@ def gemv_async(a: Tensor, x: Tensor, y: Tensor, *, alpha: Scalar = 1,
 def copy_async(src: Tensor, dst: Tensor, *, backends: Sequence[Any] | None = None,
                stream: Any = None) -> OpFuture:
     """Register the copy's leases now and run it once granted; ``await`` the result."""
-    if backends is None and stream is None:  # the plan first, without building a closure
-        try:
-            backend = _plan.run_copy(src, dst)
-        except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
-            return failed_future("copy", err)
-        if backend is not None:
-            return done_future("copy", backend)
+    done = _planned_now("copy", _plan.run_copy, (src, dst), backends, stream)
+    if done is not None:
+        return done
     return _submit("copy", lambda backends: (
         _copy_job(src, dst, backends, owner=None), None), (src, dst), backends, stream)
 
@@ -544,13 +545,9 @@ def copy_async(src: Tensor, dst: Tensor, *, backends: Sequence[Any] | None = Non
 def transform_async(out: Tensor, op: Any, *inputs: Tensor | Scalar,
                     backends: Sequence[Any] | None = None, stream: Any = None) -> OpFuture:
     """Register the transform's leases now and run it once granted; ``await`` the result."""
-    if backends is None and stream is None:  # the plan first, without building a closure
-        try:
-            backend = _plan.run_transform(out, op, inputs)
-        except Exception as err:  # the kernel failed: its outputs are poisoned, as on a worker
-            return failed_future("transform", err)
-        if backend is not None:
-            return done_future("transform", backend)
+    done = _planned_now("transform", _plan.run_transform, (out, op, inputs), backends, stream)
+    if done is not None:
+        return done
 
     def make_job(backends: Sequence[Any] | None) -> tuple[Job | None, Any]:
         job, compute = _transform_job(out, op, inputs, backends, owner=None)

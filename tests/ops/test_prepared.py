@@ -768,6 +768,16 @@ def test_a_transform_of_two_tensors_is_found_by_its_flat_key() -> None:
 
 
 # -- first sight: memory the plans have never seen, run on its form ---------------------------
+def _fail_the_kernel(monkeypatch: pytest.MonkeyPatch, form: Any) -> None:
+    """A test double forcing the failure: every kernel ``form`` binds raises."""
+    def bind(memory: Any) -> Callable[..., bool]:
+        def run(*args: Any) -> bool:
+            raise RuntimeError("kernel failed")
+        return run
+
+    monkeypatch.setattr(form, "bind", bind)
+
+
 def _fresh(op: str, value: float = 1.0) -> tuple[Any, ...]:
     """Operands of ``op`` in fresh memory (new arrays every call), all of one form."""
     if op == "copy":
@@ -835,13 +845,7 @@ def test_a_failing_kernel_on_first_sight_poisons_its_output(
     getattr(uni, op)(*_fresh(op))
     operands = _fresh(op)
     form = _plan._forms[_plan._form_key(op, operands)]
-
-    def bind(memory: Any) -> Callable[..., bool]:
-        def run(*args: Any) -> bool:
-            raise RuntimeError("kernel failed")
-        return run
-
-    monkeypatch.setattr(form, "bind", bind)  # a test double forcing the failure
+    _fail_the_kernel(monkeypatch, form)
     with pytest.raises(RuntimeError, match="kernel failed"):
         getattr(uni, op)(*operands)
     with pytest.raises(uni.PoisonedError):
@@ -966,13 +970,7 @@ def test_a_failing_first_sight_poisons_exactly_the_elements_its_output_reaches(
     wide, out = _strided_out(op)
     operands = _with_out(op, _fresh(op), out)
     form = _plan._forms[_plan._form_key(op, operands)]
-
-    def bind(memory: Any) -> Callable[..., bool]:
-        def run(*args: Any) -> bool:
-            raise RuntimeError("kernel failed")
-        return run
-
-    monkeypatch.setattr(form, "bind", bind)  # a test double forcing the failure
+    _fail_the_kernel(monkeypatch, form)
     before = _plan.first_sight_runs()
     with pytest.raises(RuntimeError, match="kernel failed"):
         getattr(uni, op)(*operands)
