@@ -75,6 +75,55 @@ def test_compressed_arrays_written_by_zarr_read_exactly(tmp_path: Any, name: str
     np.testing.assert_array_equal(read(t, (2, 2)), [[-2.5]])           # an edge tile: 1 x 1
 
 
+@pytest.mark.parametrize(("level", "checksum", "dtype"),
+                         [(0, False, "<f8"), (5, True, "<f4"), (-3, False, "bool")])
+def test_zstd_chunks_decode_in_place_and_encode_to_zarrs_own_bytes(
+        tmp_path: Any, level: int, checksum: bool, dtype: str) -> None:
+    # The bytes + zstd pipeline runs as its one library call (no event-loop hops, no
+    # intermediate buffers): the stored bytes must be zarr's, byte for byte, both ways.
+    expected = (data((6, 4)) * 10).astype(dtype)
+    z = zarr.create_array(store=str(tmp_path / "z.zarr"), shape=(6, 4), chunks=(3, 4),
+                          dtype=dtype, compressors=zarr.codecs.ZstdCodec(
+                              level=level, checksum=checksum))
+    z[...] = expected
+    t = ud.open(tmp_path / "z.zarr")
+    storage = chunk_storage(t, (1, 0))
+    codec = storage.codec
+    assert codec is not None and codec.direct
+    with open(t.chunk_path((1, 0)), "rb") as f:
+        written_by_zarr = f.read()
+    chunk = np.ascontiguousarray(expected[3:]).reshape(-1)
+    assert codec.encode(chunk, "test").tobytes() == written_by_zarr
+    out = np.full(chunk.size, 99, chunk.dtype)
+    codec.decode(memoryview(written_by_zarr), out, "test")
+    np.testing.assert_array_equal(out, chunk)
+    write(t, (1, 0), 3)                              # uni's commit, read back by zarr
+    expected[3:] = 3
+    np.testing.assert_array_equal(stored(t), expected)
+    with open(t.chunk_path((1, 0)), "rb") as f:
+        assert f.read() == numcodecs.Zstd(level=level, checksum=checksum).encode(
+            np.ascontiguousarray(expected[3:]))
+
+
+def test_a_zstd_frame_of_another_size_is_refused_never_half_decoded(tmp_path: Any) -> None:
+    t = ud.zeros(tmp_path / "c.zarr", (4, 4), (4, 4), compressors=zarr.codecs.ZstdCodec())
+    write(t, (0, 0), 1.0)
+    for wrong in (np.arange(8.0), np.arange(32.0)):   # a valid frame, half or twice the tile
+        with open(t.chunk_path((0, 0)), "wb") as f:
+            f.write(numcodecs.Zstd().encode(wrong))
+        CACHE.clear()
+        with pytest.raises(uni.StorageError, match=r"cannot be decoded.*zstd"):
+            read(t, (0, 0))
+    z = zarr.create_array(store=str(tmp_path / "be.zarr"), shape=(4,), chunks=(4,),
+                          dtype=">f8", compressors=zarr.codecs.ZstdCodec(),
+                          serializer=zarr.codecs.BytesCodec(endian="big"))
+    z[...] = [1.0, 2.0, 3.0, 4.0]
+    big_endian = ud.open(tmp_path / "be.zarr")
+    codec = chunk_storage(big_endian, (0,)).codec
+    assert codec is not None and not codec.direct    # bytes in another order: zarr's path
+    assert read(big_endian, (0,)).tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_dask_to_zarr_stores_read_exactly(tmp_path: Any) -> None:
     x = data((9, 6), seed=1)
     da.to_zarr(da.from_array(x, chunks=(4, 3)), str(tmp_path / "d.zarr"))   # zstd by default

@@ -15,7 +15,11 @@ Where the data comes from, and why (8 MiB chunks, measured on this machine's wor
   does: an fsspec-backed store).
 - Writable buffers (a task's staged output) come from :meth:`ReadCache.take`: anonymous
   memory on a page boundary (on a 2 MiB one, advised as huge pages, from 2 MiB up), or a
-  spare: a buffer of a finished commit that nothing references any more.
+  spare: a buffer of a finished commit that nothing references any more, or the buffer of
+  a decoded chunk written through at its commit (``put(..., reclaim=True)``) that nothing
+  references: an encoded store's output tile keeps its decoded contents for later readers
+  on the worker until the next task needs a buffer (fresh memory faults in at 2-18 ms per
+  8 MiB, about what decoding the tile again costs).
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ class ReadCache:
         # The arrays owning the memory of the buffers take() made, by id (weakly): only
         # these are ever reused.
         self._ours: dict[int, weakref.ref[np.ndarray[Any, Any]]] = {}
+        # Keys of entries take() may hand out again (written through), oldest first.
+        self._reclaimable: collections.OrderedDict[Any, None] = collections.OrderedDict()
 
     @property
     def budget(self) -> int:
@@ -107,10 +113,13 @@ class ReadCache:
             self.bytes_hit += found.nbytes
             return found
 
-    def put(self, key: Any, value: np.ndarray[Any, Any], *, recent: bool = True) -> None:
+    def put(self, key: Any, value: np.ndarray[Any, Any], *, recent: bool = True,
+            reclaim: bool = False) -> None:
         """Keep ``value``; ``recent=False`` keeps it as the least recently used entry, the
         first out (a tile just committed: maybe read again by a later operation, whereas
-        the input panels in the cache are read again by this operation's next tiles)."""
+        the input panels in the cache are read again by this operation's next tiles).
+        ``reclaim=True``: :meth:`take` may drop the entry and hand its buffer out again
+        once nothing else refers to it (a buffer ``take`` made, written through)."""
         value.flags.writeable = False
         budget = self.budget
         with self._lock:
@@ -119,6 +128,8 @@ class ReadCache:
             self._entries[key] = value
             if not recent:
                 self._entries.move_to_end(key, last=False)
+            if reclaim:
+                self._reclaimable[key] = None
             self._held += value.nbytes
             self._evict()
 
@@ -135,6 +146,11 @@ class ReadCache:
                     self.reused += 1
                     found.flags.writeable = True  # nobody else refers to it (see recycle)
                     return found
+            reclaimed = self._reclaim(nbytes, dtype)
+            if reclaimed is not None:
+                self.reused += 1
+                reclaimed.flags.writeable = True  # dropped from the cache, held by nobody
+                return reclaimed
         buffer = aligned_empty(count, dtype)
         owner = buffer.base  # what every view of it refers to (numpy collapses view chains)
         assert isinstance(owner, np.ndarray)
@@ -151,6 +167,30 @@ class ReadCache:
         refers to it; the caller must not use it afterwards."""
         with self._lock:
             self._keep_spare(buffer, 4)
+
+    def _reclaim(self, nbytes: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
+        """The oldest reclaimable entry of this size nobody else refers to, dropped from
+        the cache (under the lock: a reader that got it holds a reference)."""
+        for key in list(self._reclaimable):
+            found = self._entries.get(key)
+            if found is None:
+                del self._reclaimable[key]
+                continue
+            # Referred to by the cache's dict, ``found`` and getrefcount's argument.
+            if found.nbytes != nbytes or found.dtype != dtype or not self._lone(found, 3):
+                continue
+            del self._entries[key], self._reclaimable[key]
+            self._held -= found.nbytes
+            return found
+        return None
+
+    def _lone(self, buffer: np.ndarray[Any, Any], names: int) -> bool:
+        if (not _COUNTS_EXACT or sys.getrefcount(buffer) > names + 1 or buffer.ndim != 1
+                or not buffer.flags.c_contiguous):
+            return False
+        owner = buffer.base
+        ref = self._ours.get(id(owner))
+        return ref is not None and ref() is owner and sys.getrefcount(owner) <= 3
 
     def _keep_spare(self, buffer: np.ndarray[Any, Any], names: int) -> None:
         # Only a buffer take() made (never a file map), that no one but the caller refers
@@ -183,7 +223,8 @@ class ReadCache:
     def _evict(self) -> None:
         budget = self._budget if self._budget is not None else DEFAULT_BYTES
         while self._held > budget and self._entries:
-            _, old = self._entries.popitem(last=False)
+            key, old = self._entries.popitem(last=False)
+            self._reclaimable.pop(key, None)
             self._held -= old.nbytes
             self.evictions += 1
             self._keep_spare(old, 3)
@@ -192,6 +233,7 @@ class ReadCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._reclaimable.clear()
             self._spare.clear()
             self._held = 0
 
