@@ -215,13 +215,8 @@ def _safe_here(job: Job) -> bool:
     wait for forever), nor the executor's (inside :func:`submit`'s hand-over to a worker)."""
     if getattr(_submitting, "active", False):
         return False
-    for item in job.access.reads:
-        if item.access is not None and item.access.queue.busy():
-            return False
-    for item in job.access.writes:
-        if item.access is not None and item.access.queue.busy():
-            return False
-    return True
+    return not any(item.access is not None and item.access.queue.busy()
+                   for items in (job.access.reads, job.access.writes) for item in items)
 
 
 def _run_granted(job: Job, run: Callable[[], None], to_workers: Callable[[], None]) -> None:

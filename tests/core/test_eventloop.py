@@ -91,7 +91,11 @@ def test_another_library_is_named() -> None:
 
 
 # -- waiting for a callback ----------------------------------------------------------------
-async def test_trio_task_parks_until_a_foreign_thread_calls_back() -> None:
+@pytest.mark.parametrize("finisher", ["a foreign thread", "another task of its run"])
+async def test_trio_task_parks_until_called_back(finisher: str) -> None:
+    # Finished by a task of the same run (an operation run in the loop's thread on a
+    # release there), the waiter is rescheduled at once, not through run_sync_soon (whose
+    # queue stays empty); finished during arm() it never parks at all.
     work = Work()
     woke = trio.Event()
 
@@ -104,32 +108,17 @@ async def test_trio_task_parks_until_a_foreign_thread_calls_back() -> None:
             nursery.start_soon(waiter)
             await trio.testing.wait_all_tasks_blocked()
             assert len(work.callbacks) == 1 and not woke.is_set()
-            await trio.to_thread.run_sync(work.finish)
-    assert woke.is_set()
-
-
-async def test_trio_task_woken_by_another_task_of_its_run_is_rescheduled_directly() -> None:
-    # Finished by a task of the same run (an operation run in the loop's thread on a
-    # release there): the waiter is rescheduled at once, not through run_sync_soon (whose
-    # queue stays empty), and runs next; finished during arm() it never parks at all.
-    work = Work()
-    woke = trio.Event()
-
-    async def waiter() -> None:
-        await wait_callback_async(work.add, work.done)
-        woke.set()
-
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
-            assert len(work.callbacks) == 1
-            work.finish()
-            assert trio.lowlevel.current_statistics().run_sync_soon_queue_size == 0
-            await woke.wait()
-        done_already = Work()
-        done_already.finish()
-        await wait_callback_async(done_already.add, done_already.done)
+            if finisher == "a foreign thread":
+                await trio.to_thread.run_sync(work.finish)
+            else:
+                work.finish()
+                assert trio.lowlevel.current_statistics().run_sync_soon_queue_size == 0
+                await woke.wait()
+        assert woke.is_set()
+        if finisher != "a foreign thread":
+            done_already = Work()
+            done_already.finish()
+            await wait_callback_async(done_already.add, done_already.done)
 
 
 def test_asyncio_task_parks_until_a_foreign_thread_calls_back() -> None:
