@@ -65,6 +65,7 @@ entry from a dict, which is atomic. Nothing iterates the plan dict. A form holds
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -287,19 +288,25 @@ class Form:
         return True
 
     def run_first(self, tensors: Sequence[Tensor], args: tuple[Any, ...]) -> str | None:
-        """:meth:`run_once` for a small form: operands in distinct queues that they own run
-        held (``HeldRun``: the queues' locks taken, nothing in the way, the kernel run, the
-        locks dropped -- no request made), as a small plan's repeat runs; anything else, or
-        a lock another thread holds at that moment, takes :meth:`run_once`."""
+        """:meth:`run_once` for a small form: operands in distinct queues that they own (or
+        an in-place transform's input, folded into its output) run held (``HeldRun``: the
+        queues' locks taken, nothing in the way, the kernel run, the locks dropped -- no
+        request made), as a small plan's repeat runs; anything else, or a lock another
+        thread holds at that moment, takes :meth:`run_once`."""
         if len(tensors) == 3:
             t0, t1, t2 = tensors
             s0, s1, s2 = t0._storage, t1._storage, t2._storage
             q0, q1, q2 = s0.access_queue, s1.access_queue, s2.access_queue
             i0, i1, i2 = self.itemsizes
             if (s0.queue_offset or s1.queue_offset or s2.queue_offset or q0.unit != i0
-                    or q1.unit != i1 or q2.unit != i2 or q0 is q1 or q0 is q2 or q1 is q2):
+                    or q1.unit != i1 or q2.unit != i2 or q0 is q2 or q1 is q2):
                 return self.run_once(tensors, args)
             o0, o1, o2 = t0._offset, t1._offset, t2._offset
+            # An in-place transform (``y = y + b``): its input is its output's very view,
+            # read through the output's write (as ranges() folds it), so the output's queue
+            # alone orders both.
+            if q0 is q1 and not (self.same_layout[1] and s1 is s0 and o1 == o0):
+                return self.run_once(tensors, args)
             run = self.bind([(s0.buffer, o0, s0.base_address), (s1.buffer, o1, s1.base_address),
                              (s2.buffer, o2, s2.base_address)])
             if run is None:
@@ -307,26 +314,31 @@ class Form:
             (l0, h0), (l1, h1), (l2, h2) = self.bounds
             w0, w1, w2 = self.writes
             v0, v1, v2 = self.views
-            held = HeldRun.distinct((
-                (q0, ((o0 + l0, o0 + h0, w0, (v0[0], (o0, v0[1], v0[2])) if w0 else None),)),
+            first = (q0, ((o0 + l0, o0 + h0, w0, (v0[0], (o0, v0[1], v0[2])) if w0 else None),))
+            last = (q2, ((o2 + l2, o2 + h2, w2, (v2[0], (o2, v2[1], v2[2])) if w2 else None),))
+            held = HeldRun.distinct((first, last) if q0 is q1 else (
+                first,
                 (q1, ((o1 + l1, o1 + h1, w1, (v1[0], (o1, v1[1], v1[2])) if w1 else None),)),
-                (q2, ((o2 + l2, o2 + h2, w2, (v2[0], (o2, v2[1], v2[2])) if w2 else None),))))
+                last))
         elif len(tensors) == 2:
             t0, t1 = tensors
             s0, s1 = t0._storage, t1._storage
             q0, q1 = s0.access_queue, s1.access_queue
             i0, i1 = self.itemsizes
-            if s0.queue_offset or s1.queue_offset or q0.unit != i0 or q1.unit != i1 or q0 is q1:
+            if s0.queue_offset or s1.queue_offset or q0.unit != i0 or q1.unit != i1:
                 return self.run_once(tensors, args)
             o0, o1 = t0._offset, t1._offset
+            if q0 is q1 and not (self.same_layout[1] and s1 is s0 and o1 == o0):
+                return self.run_once(tensors, args)  # (folded: as above)
             run = self.bind([(s0.buffer, o0, s0.base_address), (s1.buffer, o1, s1.base_address)])
             if run is None:
                 return None
             (l0, h0), (l1, h1) = self.bounds
             w0, w1 = self.writes
             v0, v1 = self.views
-            held = HeldRun.distinct((
-                (q0, ((o0 + l0, o0 + h0, w0, (v0[0], (o0, v0[1], v0[2])) if w0 else None),)),
+            first = (q0, ((o0 + l0, o0 + h0, w0, (v0[0], (o0, v0[1], v0[2])) if w0 else None),))
+            held = HeldRun.distinct((first,) if q0 is q1 else (
+                first,
                 (q1, ((o1 + l1, o1 + h1, w1, (v1[0], (o1, v1[1], v1[2])) if w1 else None),))))
         else:
             return self.run_once(tensors, args)
@@ -503,8 +515,9 @@ class Prepared:
 
 
 _entries: dict[Key, Prepared] = {}
-#: Operand keys sighted once, with their first storage (weakly): planned on the second.
-_seen: dict[Key, weakref.ref[Any]] = {}
+#: Operand keys sighted once, with their storages' serials: planned on the second.
+_seen: dict[Key, tuple[int, ...]] = {}
+_serial_of = operator.attrgetter("_storage.serial")
 
 # -- identity records ------------------------------------------------------------------------
 # (op, id(operand), ...) -> the entry; each record's weak references (callbacks pop it when
@@ -622,22 +635,23 @@ def first_sight_runs() -> int:
 def _sighted(key: Key, form: Form, tensors: Sequence[Tensor]) -> None:
     """A call of ``form`` with operand key ``key`` ran: plan it on the key's second sighting
     (one-off operations pay nothing more)."""
-    # The first sighting is remembered with weak references to the storages: a key of
-    # storage ids also matches new storages that reuse a dead one's id (fresh arrays, one
-    # after another, often land at the same address), and those were never seen.
-    # One storage's identity is enough: a false second sighting only plans a call once more.
-    first = tensors[0]._storage
+    # The first sighting is remembered by the storages' serials (uni.storage._memory), not
+    # their ids: new storages reuse the ids of dead ones at once (fresh arrays, one after
+    # another, often land at the same address), and those were never seen -- nor were a
+    # service's fresh vectors beside its one shared model.
+    try:
+        marks = tuple(map(_serial_of, tensors))
+    except AttributeError:  # memory the registry never saw: no witness, no plan
+        return
     if len(_seen) >= _MAX_ENTRIES:
         _seen.clear()
-    # One hash of the key for a first sighting: setdefault, which grows the dict only then
-    # (a weak reference is no witness: one without callback is shared by every caller).
-    ref = weakref.ref(first)
+    # One hash of the key for a first sighting: setdefault, which grows the dict only then.
     count = len(_seen)
-    seen = _seen.setdefault(key, ref)
+    seen = _seen.setdefault(key, marks)
     if len(_seen) != count:
         return
-    if seen() is not first:
-        _seen[key] = ref
+    if seen != marks:
+        _seen[key] = marks
         return
     found = form.ranges(tensors)
     if found is None:

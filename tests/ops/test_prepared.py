@@ -825,18 +825,25 @@ def test_first_sight_steps_aside_for_a_lease_as_the_general_path_does(op: str) -
     operands = _fresh(op, 3.0)
     out = _out(op, operands)
     before = _plan.first_sight_runs()
+    _steps_aside(lambda: getattr(uni, op)(*operands), out, -1.0)
+    assert _plan.first_sight_runs() == before
+    np.testing.assert_array_equal(out.to_numpy(), _expected(op, 3.0))
+
+
+def _steps_aside(call: Callable[[], Any], out: uni.Tensor, fill: float) -> None:
+    """``call()`` with ``out`` leased: refused in this thread (its own lease is never waited
+    for); in another, run once the lease (which fills ``out`` with ``fill``) is released."""
     with uni.acquire_host_read_access_sync(out), pytest.raises(uni.LeaseConflictError):
-        getattr(uni, op)(*operands)  # this thread's own lease: never waited for
+        call()
     lease = uni.acquire_host_write_access_sync(out)
     done = threading.Event()
-    worker = threading.Thread(target=lambda: (getattr(uni, op)(*operands), done.set()))
+    worker = threading.Thread(target=lambda: (call(), done.set()))
     worker.start()
     assert not done.wait(0.1), "ran while another thread held a write lease on its output"
-    np.asarray(lease.mdspan())[...] = -1.0
+    np.asarray(lease.mdspan())[...] = fill
     lease.release()
     worker.join(5)
-    assert done.is_set() and _plan.first_sight_runs() == before
-    np.testing.assert_array_equal(out.to_numpy(), _expected(op, 3.0))
+    assert done.is_set()
 
 
 @pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
@@ -871,6 +878,30 @@ def test_an_in_place_transform_on_fresh_memory_folds_on_first_sight() -> None:
     y, shifted = whole[1:], whole[:-1]
     uni.transform(y, uni.ops.add, shifted, 1.0)
     np.testing.assert_array_equal(mem, [0.0, *np.arange(8.0) + 1.0])
+
+
+@pytest.mark.parametrize("inputs", ["unary", "binary"])
+def test_an_in_place_transform_on_first_sight_is_ordered_by_its_output_alone(
+        inputs: str) -> None:
+    # Its input is its output's very view: one queue orders both, and a lease there is
+    # stepped aside for (this thread's) or waited for (another's), as the general path does.
+    def fresh(value: float) -> tuple[Any, ...]:
+        y = uni.from_numpy(np.full(8, value))
+        return (y, uni.ops.square, y) if inputs == "unary" else (
+            y, uni.ops.add, y, uni.from_numpy(np.full(8, 2.0)))
+
+    def expected(value: float) -> float:
+        return value * value if inputs == "unary" else value + 2.0
+
+    uni.transform(*fresh(1.0))  # the form
+    operands = fresh(3.0)
+    before = _plan.first_sight_runs()
+    uni.transform(*operands)
+    assert _plan.first_sight_runs() == before + 1
+    np.testing.assert_array_equal(operands[0].to_numpy(), expected(3.0))
+    operands = fresh(5.0)
+    _steps_aside(lambda: uni.transform(*operands), operands[0], 4.0)
+    np.testing.assert_array_equal(operands[0].to_numpy(), expected(4.0))
 
 
 def test_first_sight_orders_a_dtype_view_in_its_queue_units() -> None:
@@ -931,6 +962,21 @@ def test_new_memory_at_a_dead_storages_address_is_seen_for_the_first_time() -> N
         made += _plan.lookup("copy", src, dst) is not None
         del src, dst
     assert made == 0
+
+
+def test_fresh_operands_beside_a_shared_one_are_seen_for_the_first_time() -> None:
+    # A service's fresh vectors beside one model: the model's storage alone is no witness
+    # that the call was seen before (the vectors reuse the last request's ids).
+    model = uni.from_numpy(np.ones((4, 8)))
+    made = wrong = 0
+    for i in range(50):
+        x, y = uni.from_numpy(np.full(8, float(i))), uni.from_numpy(np.zeros(4))
+        uni.gemv(model, x, y)
+        made += _plan.lookup("gemv", model, x, y) is not None
+        # (read through the buffer: a new array here would move the next call's storages)
+        wrong += bool((y.storage.buffer != 8.0 * i).any())
+        del x, y
+    assert made == 0 and wrong == 0
 
 
 # -- first sight without the form key: the layout's form, when its storages fit ----------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import threading
 import weakref
 from typing import Any
@@ -83,6 +84,8 @@ _regions: list[_Region] = []  # in the same order
 _dead: collections.deque[_Member] = collections.deque()
 # One callback for every member, no closure per storage: the dead reference carries its key.
 _died = _dead.append
+# Storage serials: unlike ids, never reused by a later storage.
+_next_serial = itertools.count(1).__next__
 
 
 def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
@@ -94,7 +97,12 @@ def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
     memory is new to uni. Both are set under the registry's lock, so a join of this memory
     by another thread right after cannot be overwritten by a stale queue. Raises
     StorageError when the memory bridges regions that are in use through separate queues.
+
+    Also sets ``storage.serial``, a number no other storage of this process had (an
+    operation's first sight tells fresh memory from memory seen before by it: ids of
+    storages just freed are reused at once).
     """
+    storage.serial = _next_serial()
     if nbytes <= 0:  # no memory: nothing to share
         storage.access_queue = own
         storage.queue_offset = 0
