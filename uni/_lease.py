@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 import numpy as np
 
 from uni import _registry as backends
-from uni._access import Access, register_access, release_from_finalizer
+from uni._access import _PLAIN, Access, register_access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._errors import LeaseError, LeaseReleasedError
 from uni._export import access_array, dlpack_device_of, export_access
-from uni._lease_plan import LeasePlan
-from uni._mdspec import MdSpan
+from uni._lease_plan import LeasePlan, plain_storage
+from uni._mdspec import MdSpan, trusted_span
 
 __all__ = ["ReadMdspanLease", "ReadTensorLease", "WriteMdspanLease",
            "WriteTensorLease", "lease_for", "make_lease"]
@@ -62,7 +62,12 @@ class _Lease:
         spec = access.spec
         accessor = spec.accessor
         if spec.mode == "read" and not accessor.readonly:
-            accessor = ConstAccessor(accessor)
+            accessor = _read_only(accessor)
+        # Plain host memory: the handle is the storage's own buffer, which the view was
+        # checked against when it was made; a storage's own hook may return anything, so
+        # its span is checked as a user's would be.
+        if access._state == _PLAIN or plain_storage(spec.storage):
+            return trusted_span(access.handle, spec.mapping, accessor)
         return MdSpan(access.handle, spec.mapping, accessor)
 
     def release(self) -> None:
@@ -239,6 +244,25 @@ _LEASES = {
 }
 
 _new = object.__new__
+
+#: id(accessor) -> (accessor, its read-only view): a frozen value, so one view serves every
+#: read lease of the accessor (plain accessors are shared values; found by identity, as
+#: attrs' hash would rebuild a tuple of the fields on every call). Kept with the accessor,
+#: whose id then cannot be reused meanwhile.
+_READ_ONLY: dict[int, tuple[Any, ConstAccessor]] = {}
+
+
+def _read_only(accessor: Any) -> ConstAccessor:
+    found = _READ_ONLY.get(id(accessor))
+    if found is not None and found[0] is accessor:
+        return found[1]
+    view = ConstAccessor(accessor)
+    if len(_READ_ONLY) >= 256:
+        _READ_ONLY.clear()
+    _READ_ONLY[id(accessor)] = (accessor, view)
+    return view
+
+
 LeaseT = TypeVar("LeaseT", bound=_Lease)
 
 

@@ -294,6 +294,34 @@ def test_read_and_write_views(tensor: uni.Tensor, kind: str) -> None:
     np.testing.assert_array_equal(current_values(tensor), expected)
 
 
+@pytest.mark.parametrize("mode", ["read", "write"])
+@pytest.mark.parametrize("wrong", ["too short", "another dtype"])
+def test_a_storages_own_handle_is_checked_by_the_span(mode: str, wrong: str) -> None:
+    # Plain memory's span is trusted (its handle is the storage's own buffer); a hook that
+    # returns another buffer gets its span checked, as a user's MdSpan would be.
+    bad = np.zeros(3) if wrong == "too short" else np.zeros(8, dtype=np.float32)
+
+    class Odd(HostStorage):
+        def acquire_read(self, region: uni.storage.Region) -> uni.HostHandle:
+            return uni.HostHandle(bad, region.offset)
+
+        def acquire_write(self, region: uni.storage.Region, *, overwrite: bool
+                          ) -> uni.HostHandle:
+            return uni.HostHandle(bad, region.offset)
+
+    t = uni.Tensor.from_storage(Odd(8), uni.layout_right((8,)))
+    acquire_ = (uni.acquire_host_read_access_sync if mode == "read"
+                else uni.acquire_host_write_access_sync)
+    with acquire_(t) as lease, pytest.raises(uni.LayoutError):
+        lease.mdspan()
+    plain = uni.from_numpy(np.arange(8.0))
+    with acquire_(plain) as lease:
+        span = lease.mdspan()
+        assert span.data_handle.buffer is plain.storage.buffer
+        assert np.asarray(span).flags.writeable == (mode == "write")
+        np.testing.assert_array_equal(np.asarray(span), np.arange(8.0))
+
+
 def test_write_lease_excludes_other_threads_until_released(tensor: uni.Tensor, kind: str) -> None:
     errors: list[BaseException] = []
 
