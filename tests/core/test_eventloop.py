@@ -90,6 +90,64 @@ def test_another_library_is_named() -> None:
         sniffio.current_async_library_cvar.reset(token)
 
 
+def _sniffio_says() -> str | None:
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+
+
+def _agree() -> tuple[str | None, str | None]:
+    said = _sniffio_says()
+    return running_library(), said if said in ("trio", "asyncio") else None
+
+
+@pytest.mark.parametrize("where", ["trio task", "asyncio task", "asyncio callback", "no loop",
+                                   "curio by context", "asyncio by thread-local",
+                                   "curio by thread-local inside asyncio"])
+def test_the_running_library_is_sniffios_answer(where: str) -> None:
+    # running_library asks what sniffio asks, in its order, without its import per call.
+    async def in_asyncio() -> tuple[str | None, str | None]:
+        if where == "asyncio callback":  # a loop runs, but no task: sniffio finds none
+            future = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(lambda: future.set_result(_agree()))
+            return await future
+        if where == "curio by thread-local inside asyncio":
+            sniffio.thread_local.name = "curio"
+            try:
+                return _agree()
+            finally:
+                sniffio.thread_local.name = None
+        return _agree()
+
+    async def in_trio() -> tuple[str | None, str | None]:
+        return _agree()
+
+    if where == "trio task":
+        ours, theirs = trio.run(in_trio)
+    elif where.startswith("asyncio") or where.endswith("inside asyncio"):
+        if where == "asyncio by thread-local":
+            sniffio.thread_local.name = "asyncio"
+            try:
+                ours, theirs = _agree()
+            finally:
+                sniffio.thread_local.name = None
+        else:
+            ours, theirs = asyncio.run(in_asyncio())
+    elif where == "curio by context":
+        token = sniffio.current_async_library_cvar.set("curio")
+        try:
+            ours, theirs = _agree()
+        finally:
+            sniffio.current_async_library_cvar.reset(token)
+    else:
+        ours, theirs = _agree()
+    assert ours == theirs
+    expected = {"trio task": "trio", "asyncio task": "asyncio",
+                "asyncio by thread-local": "asyncio"}.get(where)
+    assert ours == expected
+
+
 # -- waiting for a callback ----------------------------------------------------------------
 @pytest.mark.parametrize("finisher", ["a foreign thread", "another task of its run"])
 async def test_trio_task_parks_until_called_back(finisher: str) -> None:
