@@ -305,7 +305,7 @@ class Form:
             # An in-place transform (``y = y + b``): its input is its output's very view,
             # read through the output's write (as ranges() folds it), so the output's queue
             # alone orders both.
-            if q0 is q1 and not (self.same_layout[1] and s1 is s0 and o1 == o0):
+            if q0 is q1 and not self.folds(1, t1, t0):
                 return self.run_once(tensors, args)
             run = self.bind([(s0.buffer, o0, s0.base_address), (s1.buffer, o1, s1.base_address),
                              (s2.buffer, o2, s2.base_address)])
@@ -328,7 +328,7 @@ class Form:
             if s0.queue_offset or s1.queue_offset or q0.unit != i0 or q1.unit != i1:
                 return self.run_once(tensors, args)
             o0, o1 = t0._offset, t1._offset
-            if q0 is q1 and not (self.same_layout[1] and s1 is s0 and o1 == o0):
+            if q0 is q1 and not self.folds(1, t1, t0):
                 return self.run_once(tensors, args)  # (folded: as above)
             run = self.bind([(s0.buffer, o0, s0.base_address), (s1.buffer, o1, s1.base_address)])
             if run is None:
@@ -346,6 +346,11 @@ class Form:
         if done is None:  # a lock was taken: ask each queue for a request instead
             return self.run_once(tensors, args, run)
         return self.backend if done else None
+
+    def folds(self, j: int, t: Tensor, out: Tensor) -> bool:
+        """Whether operand ``j`` (``t``) is read through the output's write: a transform's
+        input laid out as its output, over the very same elements of the same storage."""
+        return self.same_layout[j] and t._storage is out._storage and t._offset == out._offset
 
     def ranges(self, tensors: Sequence[Tensor]
                ) -> tuple[list[tuple[Any, int, int]], tuple[bool, ...]] | None:
@@ -376,9 +381,7 @@ class Form:
                 if qj is not qi or not (self.writes[i] or self.writes[j]):
                     continue
                 if ranges[i][1] <= hi and lo <= ranges[i][2]:
-                    if (i == 0 and self.same_layout[j]
-                            and tensors[j]._storage is tensors[0]._storage
-                            and tensors[j]._offset == tensors[0]._offset):
+                    if i == 0 and self.folds(j, tensors[j], tensors[0]):
                         folded = (*folded[:j], True, *folded[j + 1:])
                         continue
                     return None
