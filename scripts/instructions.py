@@ -159,8 +159,16 @@ def measure(name: str, n: int) -> float:
            "UNI_IR_SERVICE": service}
     few = _callgrind(_CHILD_LOOP, {**env, "UNI_IR_PER": str(_FEW)})
     many = _callgrind(_CHILD_LOOP, {**env, "UNI_IR_PER": str(_MANY)})
-    clients: int = 16  # bench_service.CLIENTS
-    return (many - few) / (clients * (_MANY - _FEW))
+    return (many - few) / (_clients() * (_MANY - _FEW))
+
+
+def _clients() -> int:
+    """``bench_service.CLIENTS``: the clients each loop run serves (read, not restated)."""
+    text = (REPO / "benchmarks" / "bench_service.py").read_text()
+    found = re.search(r"^CLIENTS = (\d+)$", text, re.M)
+    if found is None:
+        raise RuntimeError("benchmarks/bench_service.py no longer says CLIENTS = <n>")
+    return int(found.group(1))
 
 
 def reference_of(name: str) -> str | None:
