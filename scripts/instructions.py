@@ -111,6 +111,8 @@ for _ in range(300):
     f()
 for _ in itertools.starmap(f, itertools.repeat((), int(os.environ["UNI_IR_N"]))):
     pass
+import uni
+print(uni.__file__)
 """
 
 _CHILD_LOOP = """\
@@ -126,11 +128,21 @@ def once():
     b._measure(loop, make, per)
 for _ in itertools.starmap(once, [()]):
     pass
+import uni
+print(uni.__file__)
 """
 
 
+#: The uni each child measured (its ``uni.__file__``), as the children report it.
+MEASURED: set[str] = set()
+
+
 def _callgrind(code: str, env: dict[str, str]) -> int:
-    """Instructions callgrind counted inside ``starmap``'s ``next`` in one run of ``code``."""
+    """Instructions callgrind counted inside ``starmap``'s ``next`` in one run of ``code``.
+
+    The child runs in an empty folder: with ``-c`` the current folder comes first on its
+    ``sys.path``, and a checkout there would shadow the tree ``PYTHONPATH`` names.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
         proc = subprocess.run(
@@ -138,9 +150,10 @@ def _callgrind(code: str, env: dict[str, str]) -> int:
              "--toggle-collect=starmap_next", f"--callgrind-out-file={out}",
              sys.executable, "-c", code],
             env={**os.environ, "PYTHONHASHSEED": "0", **env},
-            capture_output=True, text=True, check=False)
+            capture_output=True, text=True, check=False, cwd=tmp)
         if proc.returncode != 0:
             raise RuntimeError(f"the measured program failed:\n{proc.stderr[-2000:]}")
+        MEASURED.add(proc.stdout.strip().splitlines()[-1])
         text = pathlib.Path(out).read_text()
     found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
     if found is None:
@@ -196,9 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     names += [r for c in names if (r := reference_of(c)) is not None and r not in names]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         counts = dict(zip(names, pool.map(lambda c: measure(c, args.n), names), strict=True))
-    import uni  # the tree measured, named in the output
-
-    print(f"callgrind instructions per call (uni from {uni.__file__})")
+    if len(MEASURED) != 1:
+        raise RuntimeError(f"the cases measured different uni trees: {sorted(MEASURED)}")
+    (where,) = MEASURED
+    print(f"callgrind instructions per call (uni from {where})")
     for name in names:
         ref = reference_of(name)
         if any(reference_of(o) == name for o in names):
@@ -208,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             line += f"   {ref:<24} {counts[ref]:>10,.0f}   {counts[name] / counts[ref]:6.1f}x"
         print(line)
     if args.json:
-        result: dict[str, Any] = {"uni": uni.__file__, "instructions": counts}
+        result: dict[str, Any] = {"uni": where, "instructions": counts}
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 

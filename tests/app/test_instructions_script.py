@@ -52,3 +52,22 @@ def test_a_count_is_per_call_whatever_the_number_of_calls(tmp_path: pathlib.Path
         few, many = counts[0][case], counts[1][case]
         assert few > 0 and abs(few - many) / many < 0.05, (case, few, many)
     assert counts[1]["read lease"] > counts[1]["threading.Lock"]
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_the_tree_on_pythonpath_is_measured_not_the_current_folder(tmp_path: pathlib.Path) -> None:
+    # A `uni` in the folder the script is run from must not shadow the tree PYTHONPATH names
+    # (the children's `-c` puts the current folder first on sys.path), and the output names
+    # the tree the children measured.
+    shadow = tmp_path / "elsewhere"
+    (shadow / "uni").mkdir(parents=True)
+    (shadow / "uni" / "__init__.py").write_text("raise ImportError('the shadow was imported')\n")
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cases", "threading.Lock", "--n", "50", "--json",
+         str(out)], capture_output=True, text=True, cwd=shadow, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    measured = json.loads(out.read_text())["uni"]
+    assert pathlib.Path(measured) == REPO / "uni" / "__init__.py"
+    assert f"uni from {measured}" in done.stdout
