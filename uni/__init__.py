@@ -16,7 +16,6 @@ from uni._accessor import ConstAccessor as ConstAccessor
 from uni._accessor import DefaultAccessor as DefaultAccessor
 from uni._accessor import ScaledAccessor as ScaledAccessor
 from uni._accessor import TransformAccessor as TransformAccessor
-from uni._acquire import PendingAcquisition as PendingAcquisition
 from uni._acquire import acquire_host_read_access_async as acquire_host_read_access_async
 from uni._acquire import acquire_host_read_access_sync as acquire_host_read_access_sync
 from uni._acquire import acquire_host_write_access_async as acquire_host_write_access_async
@@ -67,6 +66,7 @@ from uni._handle import HOST as HOST
 from uni._handle import Domain as Domain
 from uni._handle import HostHandle as HostHandle
 from uni._implementations import implementations as implementations
+from uni._implementations import warn_if_stale as _warn_if_stale
 from uni._import import from_dlpack as from_dlpack
 from uni._lease import ReadMdspanLease as ReadMdspanLease
 from uni._lease import ReadTensorLease as ReadTensorLease
@@ -86,6 +86,7 @@ from uni._operations import gemv as gemv
 from uni._operations import gemv_async as gemv_async
 from uni._operations import transform as transform
 from uni._operations import transform_async as transform_async
+from uni._pending import PendingAcquisition as PendingAcquisition
 from uni._probe import Decline as Decline
 from uni._probe import Probe as Probe
 from uni._tensor import Tensor as Tensor
@@ -199,3 +200,6 @@ __all__ = [
     "transform_async",
     "zeros",
 ]
+
+# An edit to a compiled module runs only once uni is built again: say so at import.
+_warn_if_stale()

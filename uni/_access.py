@@ -21,9 +21,10 @@ from __future__ import annotations
 import _thread
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, overload
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, overload
 
+from uni._access_async import open_async, ready
 from uni._core import (
     CURRENT_THREAD,
     AccessQueue,
@@ -45,6 +46,10 @@ __all__ = [
     "poisoned_error",
     "release_from_finalizer",
 ]
+
+#: What the one maker of accesses (register_access) passes to Access(): anything else is
+#: refused.
+_MAKER: Final = object()
 
 #: How long a finalizer waits for the release it handed to a helper thread (seconds).
 FINALIZER_WAIT = 1.0
@@ -170,7 +175,7 @@ def register_access(spec: AccessSpec, queue: AccessQueue | None = None,
     with ``handle``, the one the storage's acquire hook would return; or None, with nothing
     registered (the caller takes the general path, which waits or raises as it must).
     """
-    access: Access = _MadeAccess()
+    access = Access(_MAKER)
     access.spec = spec
     access.poison_range = poison_range
     # What a failure poisons and a successful overwrite clears: the view written, which
@@ -236,7 +241,6 @@ class Access(AccessRequest):
 
     # Stored by the one maker, register_access.
     spec: AccessSpec
-    queue: AccessQueue
     poison_range: tuple[int, int] | None
     written: AccessSpec
     handle: Any
@@ -246,16 +250,19 @@ class Access(AccessRequest):
     _lock: threading.Lock | None
     error: BaseException | None
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("an Access is made by uni._access.register_access(spec, ...), which "
-                        "registers it with its queue; a lease by uni.acquire_host_read_access_"
-                        "sync, uni.acquire_host_write_access_sync or their _async and CUDA "
-                        "forms")
+    # Set by the first share(), which makes _lock.
+    _holders: int
+    failure: BaseException | None
+    fence: Fence | None
 
-    if TYPE_CHECKING:
-        _holders: int
-        failure: BaseException | None
-        fence: Fence | None
+    # Refused unless the maker's key comes (see AccessRequest.__init__: the same check holds
+    # compiled and interpreted); the maker stores the state itself.
+    def __init__(self, key: object = None, *args: object) -> None:
+        if key is not _MAKER:
+            raise TypeError("an Access is made by uni._access.register_access(spec, ...), "
+                            "which registers it with its queue; a lease by uni.acquire_host_"
+                            "read_access_sync, uni.acquire_host_write_access_sync or their "
+                            "_async and CUDA forms")
 
     # ------------------------------------------------------------------ state
 
@@ -288,13 +295,12 @@ class Access(AccessRequest):
         if not request.granted or request.fences:
             self.queue.wait_sync(request, timeout=timeout, async_hint=async_hint)
 
-    async def wait_async(self, *, library: Any = None) -> None:
-        """Park this trio or asyncio task until granted and ready (withdrawn when cancelled).
+    def wait_async(self, *, library: Any = None) -> Awaitable[None]:
+        """Park this trio or asyncio task until granted and ready (withdrawn when cancelled):
+        an awaitable (the coroutine is interpreted, ``uni._core._parking``).
 
         ``library``: ``"trio"`` or ``"asyncio"`` when the caller has asked already."""
-        request = self.request
-        if not request.granted or request.fences:
-            await self.queue.wait_async(request, library=library)
+        return self.queue.wait_async(self, library=library)
 
     def wait_grant_sync(self, *, timeout: float | None = None,
                         async_hint: str = "the _async variant") -> None:
@@ -303,11 +309,10 @@ class Access(AccessRequest):
         if not self.request.granted:
             self.queue.wait_grant_sync(self.request, timeout=timeout, async_hint=async_hint)
 
-    async def wait_grant_async(self, *, library: Any = None) -> None:
+    def wait_grant_async(self, *, library: Any = None) -> Awaitable[None]:
         """Park this trio or asyncio task until granted, not for the fences (see
-        ``wait_grant_sync``)."""
-        if not self.request.granted:
-            await self.queue.wait_grant_async(self.request, library=library)
+        ``wait_grant_sync``): an awaitable, as ``wait_async``'s."""
+        return self.queue.wait_grant_async(self, library=library)
 
     def when_granted(self, callback: Any) -> None:
         self.queue.when_granted(self.request, callback)
@@ -366,23 +371,14 @@ class Access(AccessRequest):
         self._state = _OPEN
         return handle
 
-    async def open_async(self) -> Any:
-        """Like :meth:`open`, awaiting the storage's ``acquire_*_async`` hook when it has one."""
+    def open_async(self) -> Awaitable[Any]:
+        """Like :meth:`open`, awaiting the storage's ``acquire_*_async`` hook when it has one
+        (an awaitable: the coroutine is interpreted, ``uni._access_async``)."""
         spec = self.spec
         opener = getattr(spec.storage, f"acquire_{spec.mode}_async", None)
         if opener is None:
-            return self.open()
-        try:
-            if spec.mode == "read":
-                handle = await opener(spec)
-            else:
-                handle = await opener(spec, overwrite=spec.overwrite)
-        except BaseException:
-            self.withdraw()
-            raise
-        self.handle = handle
-        self._state = _OPEN
-        return handle
+            return ready(self.open())
+        return open_async(self, opener)
 
     def adopt(self, handle: Any) -> None:
         """Mark the access open with a handle obtained by the caller (no hook is called)."""
@@ -539,14 +535,6 @@ class Access(AccessRequest):
         state = "ended" if self.ended else "open" if self.opened else (
             "granted" if self.granted else "pending")
         return f"<Access {self.spec!r} {state}>"
-
-
-class _MadeAccess(Access):
-    """What :func:`register_access` makes: an :class:`Access` whose maker stores its state
-    itself (a plain type call, cheaper than ``object.__new__(Access)``)."""
-
-    __slots__ = ()
-    __init__ = object.__init__
 
 
 class AccessShare:

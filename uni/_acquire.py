@@ -1,6 +1,6 @@
 """The acquire_host_* free functions (sync and async, tensors and mdspecs) and what the
-CUDA ones (``uni.cuda._lease``, a layer above) share with them: ``spec_of`` and
-``PendingAcquisition``.
+CUDA ones (``uni.cuda._lease``, a layer above) share with them: ``spec_of`` (and
+:class:`~uni._pending.PendingAcquisition`, what the ``_async`` forms return).
 
 Each call turns its argument into an :class:`~uni._spec.AccessSpec`, checks the domain and
 (for writes) writability before anything is registered, and then drives one
@@ -9,16 +9,12 @@ Each call turns its argument into an :class:`~uni._spec.AccessSpec`, checks the 
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Generator
-from types import TracebackType
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, overload
 
 import numpy as np
 
-from uni._access import register_access, release_from_finalizer
-from uni._core import normalize_timeout, running_library, unsupported_loop
-from uni._core._owners import TaskOwner
+from uni._access import register_access
+from uni._core import normalize_timeout
 from uni._errors import DomainError, LeaseError
 from uni._handle import HOST, Domain, HostHandle
 from uni._lease import (
@@ -26,13 +22,13 @@ from uni._lease import (
     ReadTensorLease,
     WriteMdspanLease,
     WriteTensorLease,
-    _Lease,
     lease_for,
     make_lease,
 )
 from uni._lease_plan import LeasePlan
 from uni._mapping import check_fits
 from uni._mdspec import DataDescriptor
+from uni._pending import PendingAcquisition
 from uni._spec import AccessSpec, Mode, StorageView
 from uni.concepts import MdspecLike, TensorView
 from uni.storage.host import HostStorage
@@ -48,7 +44,6 @@ __all__ = [
 ]
 
 
-_new = object.__new__
 
 
 def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = False
@@ -171,7 +166,7 @@ def _check_write(spec: AccessSpec, is_tensor: bool, fn: str) -> None:
         )
 
 
-def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float | None,
+def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: Any,
                   overwrite: bool, allow_poisoned: bool) -> Any:
     if timeout is not None:
         timeout = normalize_timeout(timeout)  # refused before anything is registered
@@ -183,81 +178,6 @@ def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: float
     access.check_poison(spec.what, allow_poisoned=allow_poisoned)
     access.open()
     return lease_for(access, is_tensor)
-
-
-#: The lease an acquisition gives: a tensor lease for a tensor view, an mdspan lease for an
-#: mdspec (the overloads of the acquire_* functions say which).
-L = TypeVar("L", bound=_Lease)
-
-
-class PendingAcquisition(Generic[L]):
-    """An ``_async`` acquisition: registered at call time; await it or ``async with`` it,
-    inside a trio or an asyncio task.
-
-    Dropping it without awaiting withdraws the request with a ResourceWarning. Awaited
-    anywhere else (another event loop, a coroutine driven by hand), it raises
-    EventLoopError and withdraws the request, whether or not it would have had to wait.
-    """
-
-    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_is_tensor", "_lease", "_state")
-
-    def __init__(self, spec: AccessSpec, is_tensor: bool, allow_poisoned: bool) -> None:
-        # No owner thread: whoever awaits holds it, and a task never deadlocks a thread.
-        self._access = register_access(spec, owner=None)
-        self._is_tensor = is_tensor
-        self._allow_poisoned = allow_poisoned
-        self._state = "registered"
-        self._lease: _Lease | None = None
-
-    def __await__(self) -> Generator[Any, None, L]:
-        return self._acquire().__await__()
-
-    async def _acquire(self) -> L:
-        if self._state != "registered":
-            raise RuntimeError("this acquisition was already awaited; call acquire_* again")
-        access = self._access
-        # Checked even when nothing is in the way (the trio check is one attribute read): an
-        # acquisition that worked only while uncontended would fail the first time it waits.
-        library = running_library()
-        if library is None:
-            self._state = "failed"
-            access.withdraw()
-            spec = access.spec
-            raise unsupported_loop(
-                f"acquire_{spec.storage.domain.value}_{spec.mode}_access_async(...)")
-        self._state = "awaiting"
-        await access.wait_async(library=library)
-        # Granted: from now on a time-out behind it names this task (SPEC §4: who holds it).
-        access.request.owner_thread = TaskOwner(library)
-        # Before opening: a handle the opener made would never be handed back.
-        access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
-        await access.open_async()
-        self._state = "done"
-        return lease_for(access, self._is_tensor)  # type: ignore[return-value]
-
-    async def __aenter__(self) -> L:
-        self._lease = await self
-        return self._lease
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        # Release synchronously: a checkpoint here could be skipped by a cancelled scope.
-        lease = self._lease
-        if lease is not None:
-            lease.__exit__(exc_type, exc, tb)
-
-    def __del__(self) -> None:
-        if getattr(self, "_state", None) == "registered":
-            self._state = "dropped"
-            access = self._access
-            release_from_finalizer(access.withdraw, access.queue, access)
-            warnings.warn(
-                f"an acquisition of {access.spec.what()} was never "
-                "awaited; its request was withdrawn. Await it (`await acquire_...(x)`) or use "
-                "`async with`",
-                ResourceWarning,
-                stacklevel=1,
-            )
 
 
 def _acquire_async(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool,
@@ -273,8 +193,10 @@ def acquire_host_read_access_sync(x: TensorView, *, timeout: float | None = None
 @overload
 def acquire_host_read_access_sync(x: MdspecLike, *, timeout: float | None = None,
                                   allow_poisoned: bool = False) -> ReadMdspanLease: ...
-def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
-                                  allow_poisoned: bool = False) -> Any:
+def acquire_host_read_access_sync(x: Any, *, timeout: Any = None, allow_poisoned: Any = False
+                                  ) -> Any:
+    # The arguments as they come (Any): compiled, a declared type is checked on entry, and a
+    # wrong one must get uni's own error, not mypyc's TypeError.
     """Read access to ``x``'s host data; blocks this thread until granted.
 
     Returns a ReadTensorLease for a tensor view, a ReadMdspanLease for an mdspec. Raises
@@ -295,7 +217,7 @@ def acquire_host_read_access_sync(x: Any, *, timeout: float | None = None,
             if lease is not None:
                 return lease
     return _acquire_sync(x, "read", HOST, "acquire_host_read_access_sync", timeout=timeout,
-                         overwrite=False, allow_poisoned=allow_poisoned)
+                         overwrite=False, allow_poisoned=bool(allow_poisoned))
 
 
 @overload
@@ -306,8 +228,9 @@ def acquire_host_write_access_sync(x: TensorView, *, timeout: float | None = Non
 def acquire_host_write_access_sync(x: MdspecLike, *, timeout: float | None = None,
                                    overwrite: bool = False, allow_poisoned: bool = False
                                    ) -> WriteMdspanLease: ...
-def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
-                                   overwrite: bool = False, allow_poisoned: bool = False) -> Any:
+def acquire_host_write_access_sync(x: Any, *, timeout: Any = None, overwrite: Any = False,
+                                   allow_poisoned: Any = False) -> Any:
+    # The arguments as they come (Any): see acquire_host_read_access_sync.
     """Exclusive write access to ``x``'s host data; blocks this thread until granted.
 
     ``overwrite=True`` promises to write every element: the storage may skip reading the old
@@ -323,7 +246,7 @@ def acquire_host_write_access_sync(x: Any, *, timeout: float | None = None,
             if lease is not None:
                 return lease
     return _acquire_sync(x, "write", HOST, "acquire_host_write_access_sync", timeout=timeout,
-                         overwrite=overwrite, allow_poisoned=allow_poisoned)
+                         overwrite=bool(overwrite), allow_poisoned=bool(allow_poisoned))
 
 
 @overload
@@ -332,11 +255,11 @@ def acquire_host_read_access_async(x: TensorView, *, allow_poisoned: bool = Fals
 @overload
 def acquire_host_read_access_async(x: MdspecLike, *, allow_poisoned: bool = False
                                    ) -> PendingAcquisition[ReadMdspanLease]: ...
-def acquire_host_read_access_async(x: Any, *, allow_poisoned: bool = False
+def acquire_host_read_access_async(x: Any, *, allow_poisoned: Any = False
                                    ) -> PendingAcquisition[Any]:
     """Register a read request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
     return _acquire_async(x, "read", HOST, "acquire_host_read_access_async", overwrite=False,
-                          allow_poisoned=allow_poisoned)
+                          allow_poisoned=bool(allow_poisoned))
 
 
 @overload
@@ -347,11 +270,11 @@ def acquire_host_write_access_async(x: TensorView, *, overwrite: bool = False,
 def acquire_host_write_access_async(x: MdspecLike, *, overwrite: bool = False,
                                     allow_poisoned: bool = False
                                     ) -> PendingAcquisition[WriteMdspanLease]: ...
-def acquire_host_write_access_async(x: Any, *, overwrite: bool = False,
-                                    allow_poisoned: bool = False) -> PendingAcquisition[Any]:
+def acquire_host_write_access_async(x: Any, *, overwrite: Any = False,
+                                    allow_poisoned: Any = False) -> PendingAcquisition[Any]:
     """Register a write request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
     return _acquire_async(x, "write", HOST, "acquire_host_write_access_async",
-                          overwrite=overwrite, allow_poisoned=allow_poisoned)
+                          overwrite=bool(overwrite), allow_poisoned=bool(allow_poisoned))
 
 
 def try_read_values(view: Any) -> tuple[np.ndarray[Any, Any], BaseException | None] | None:

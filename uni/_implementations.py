@@ -1,19 +1,86 @@
 """Which implementation of each hot path runs in this process (``uni info`` prints it).
 
-The uncontended lease and vector slices have one Python source each and no compiled twin
-(docs/performance.md, "One source for every hot path"); the prepared BLAS call has an optional
-C form that replaces a whole function (``uni.backends.blas._blascall``, reported by
-``uni info`` with the BLAS libraries).
+Every hot path has one Python source (docs/performance.md, "One source for every hot path").
+The lease path -- the ordering kernel and the leases over it, :data:`COMPILED` -- is compiled
+from that source by mypyc when uni is installed (setup.py reads the list from here), and runs
+as it is where it was not (``UNI_PURE_PYTHON=1``, or a checkout on ``PYTHONPATH``). Vector
+slices run interpreted. The prepared BLAS call has an optional C form that replaces a whole
+function (``uni.backends.blas._blascall``, reported by ``uni info`` with the BLAS libraries).
 """
 
 from __future__ import annotations
 
-__all__ = ["implementations"]
+import importlib.machinery
+import os
+import sys
+import warnings
+from typing import Final
 
-_ONE_SOURCE = "Python (one source, no compiled twin: docs/performance.md)"
+__all__ = ["COMPILED", "compiled_modules", "implementations", "warn_if_stale"]
+
+#: The modules mypyc compiles, as one group (native classes call each other's methods
+#: directly): the ordering kernel and the lease path over it. setup.py reads this tuple.
+COMPILED: Final = (
+    "uni._core._owners",
+    "uni._core._request",
+    "uni._core._waiters",
+    "uni._core._queue",
+    "uni._core._held",
+    "uni._access",
+    "uni._lease",
+    "uni._lease_plan",
+    "uni._acquire",
+)
+
+_EXTENSIONS: Final = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def compiled_modules() -> dict[str, bool]:
+    """Each of :data:`COMPILED` (imported) and whether it runs compiled in this process."""
+    return {name: sys.modules[name].__file__.endswith(_EXTENSIONS)  # type: ignore[union-attr]
+            for name in COMPILED if name in sys.modules}
 
 
 def implementations() -> dict[str, str]:
     """Each hot path and the form in use, in words: ``"leases"`` (the uncontended host lease)
     and ``"views"`` (vector slices ``t[i:j]``)."""
-    return {"leases": _ONE_SOURCE, "views": _ONE_SOURCE}
+    compiled = compiled_modules()
+    if compiled and all(compiled.values()):
+        leases = ("compiled code (mypyc, from the one Python source of uni._core, uni._access, "
+                  "uni._lease, uni._acquire: docs/performance.md)")
+    elif any(compiled.values()):
+        leases = ("partly compiled code (" + ", ".join(n for n, c in compiled.items() if c)
+                  + "): reinstall uni (pip install -e .) to compile all of it")
+    else:
+        leases = ("Python (one source, interpreted: this uni was not compiled at install, "
+                  "UNI_PURE_PYTHON or a checkout on PYTHONPATH; pip install -e . compiles it "
+                  "with mypyc: docs/performance.md)")
+    return {"leases": leases, "views": "Python (one source, interpreted: docs/performance.md)"}
+
+
+def warn_if_stale() -> None:
+    """Warn when a compiled module is older than its Python source: an edit made after the
+    install does not run until uni is built again (a few stats, at import)."""
+    # The code is in the group's shared library (a top-level ``<hash>__mypyc`` module); each
+    # module's own extension only loads it, and is not rebuilt when its source changes.
+    libraries = [getattr(m, "__file__", None) for name, m in list(sys.modules.items())
+                 if name.endswith("__mypyc")]
+    built = [os.stat(path).st_mtime for path in libraries if path]
+    stale = []
+    for name in COMPILED:
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None) or ""
+        if not path.endswith(_EXTENSIONS):
+            continue
+        source = os.path.join(os.path.dirname(path), name.rsplit(".", 1)[1] + ".py")
+        try:
+            if os.stat(source).st_mtime > max([os.stat(path).st_mtime, *built]):
+                stale.append(source)
+        except OSError:  # an installed wheel without its sources: nothing to compare
+            continue
+    if stale:
+        warnings.warn(
+            f"uni's compiled lease path is older than its source ({', '.join(stale)}): the "
+            "compiled code runs, not the edit. Rebuild it (pip install -e .), or delete the "
+            "compiled modules beside those files to run the source interpreted",
+            RuntimeWarning, stacklevel=2)

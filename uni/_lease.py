@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import warnings
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+from typing import Any, ClassVar, Final, Self, TypeVar, overload
 
 import numpy as np
+from mypy_extensions import mypyc_attr, trait
 
 from uni import _registry as backends
 from uni._access import _PLAIN, Access, register_access, release_from_finalizer
@@ -26,21 +27,32 @@ __all__ = ["ReadMdspanLease", "ReadTensorLease", "WriteMdspanLease",
            "WriteTensorLease", "lease_for", "make_lease"]
 
 
+#: What the one maker of leases (make_lease) passes to a lease class: anything else is refused.
+_MAKER: Final = object()
+
+
+# Interpreted subclasses: the CUDA leases (uni.cuda._lease), where this module is compiled.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _Lease:
     __slots__ = ("__weakref__", "_access")
 
-    _kind = "lease"
+    _kind: ClassVar[str] = "lease"
     #: The functions that make this kind of lease (named when construction is refused).
-    _made_by = "uni.acquire_host_read_access_sync or uni.acquire_host_write_access_sync"
+    _made_by: ClassVar[str] = (
+        "uni.acquire_host_read_access_sync or uni.acquire_host_write_access_sync")
 
-    # Stored by the one maker of leases, make_lease.
     _access: Access | None
 
-    # __new__, not __init__: refused before an object exists, so no half-made lease ever
-    # reaches __del__ (make_lease calls object.__new__ itself).
-    def __new__(cls, *args: object, **kwargs: object) -> Self:
-        raise TypeError(f"a {cls.__name__} is made by acquiring the data: "
-                        f"{cls._made_by} (or its _async form)")
+    # Refused unless the maker's key comes (compiled, a class cannot be made without its
+    # __init__). An object refused this way holds no access, so its __del__ does nothing.
+    # The arguments as they come (Any): compiled, a declared type would be checked first.
+    def __init__(self, key: object = None, access: Any = None, *args: object,
+                 **kwargs: object) -> None:
+        if key is not _MAKER:
+            self._access = None
+            raise TypeError(f"a {type(self).__name__} is made by acquiring the data: "
+                            f"{self._made_by} (or its _async form)")
+        self._access = access
 
     def _live(self) -> Access:
         access = self._access
@@ -167,30 +179,36 @@ class _Lease:
         return access_array(self.mdspan(), self._kind, dtype, copy)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReadMdspanLease(_Lease):
     """Read access to an mdspec's data: ``.mdspan()`` and ``.release()``."""
 
     __slots__ = ()
-    _kind = "read lease"
-    _made_by = "uni.acquire_host_read_access_sync"
+    _kind: ClassVar[str] = "read lease"
+    _made_by: ClassVar[str] = "uni.acquire_host_read_access_sync"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class WriteMdspanLease(_Lease):
     """Write access to an mdspec's data: ``.mdspan()`` and ``.release()``."""
 
     __slots__ = ()
-    _kind = "write lease"
-    _made_by = "uni.acquire_host_write_access_sync"
+    _kind: ClassVar[str] = "write lease"
+    _made_by: ClassVar[str] = "uni.acquire_host_write_access_sync"
 
 
+# A trait: compiled, a class has one base class and any number of traits.
+@trait
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _TensorLeaseMixin:
     __slots__ = ()
 
-    if TYPE_CHECKING:
+    # The lease's own (first in every tensor lease's method order).
+    def _live(self) -> Access:
+        raise NotImplementedError
 
-        def _live(self) -> Access: ...
-
-        def mdspan(self) -> MdSpan: ...
+    def mdspan(self) -> MdSpan:
+        raise NotImplementedError
 
     def backend_selector(self) -> tuple[Any, ...]:
         return backends.BackendSelector(
@@ -221,6 +239,7 @@ class _TensorLeaseMixin:
         return np.asarray(self.mdspan())
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReadTensorLease(ReadMdspanLease, _TensorLeaseMixin):
     """Read access to a tensor: an immediate tensor view (``.mdspan()``, ``.storage()``)."""
 
@@ -230,6 +249,7 @@ class ReadTensorLease(ReadMdspanLease, _TensorLeaseMixin):
         return self._live().spec.storage
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class WriteTensorLease(WriteMdspanLease, _TensorLeaseMixin):
     """Write access to a tensor: an immediate tensor view (``.mdspan()``); no ``storage()``."""
 
@@ -242,8 +262,6 @@ _LEASES = {
     ("read", False): ReadMdspanLease,
     ("write", False): WriteMdspanLease,
 }
-
-_new = object.__new__
 
 #: id(accessor) -> (accessor, its read-only view): a frozen value, so one view serves every
 #: read lease of the accessor (plain accessors are shared values; found by identity, as
@@ -295,9 +313,7 @@ def make_lease(cls: type[LeaseT], access: Access | None, plan: LeasePlan | None 
         access = register_access(spec, queue, where[1], handle)
         if access is None:
             return None
-    lease = _new(cls)
-    lease._access = access
-    return lease
+    return cls(_MAKER, access)
 
 
 def lease_for(access: Access, is_tensor: bool) -> _Lease:

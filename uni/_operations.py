@@ -241,7 +241,7 @@ def _gemm_job(a: Any, b: Any, c: Any, alpha: Any, beta: Any, backends: Any,
         return GemmCall(_stage_folded(access, 0), _stage_folded(access, 1),
                         access.span(0, "write"), alpha, beta)
 
-    return _job("gemm", [a, b], [c], [beta == 0], build,
+    return _job("gemm", [a, b], [c], [bool(beta == 0)], build,
                 signature(a, b, c, extra=(alpha == 0, beta == 0)), backends, owner,
                 small=c.size * a.shape[-1] <= SMALL_MACS)
 
@@ -257,7 +257,7 @@ def _gemv_job(a: Any, x: Any, y: Any, alpha: Any, beta: Any, backends: Any,
         return GemvCall(_stage_folded(access, 0), _stage_folded(access, 1),
                         access.span(0, "write"), alpha, beta)
 
-    return _job("gemv", [a, x], [y], [beta == 0], build,
+    return _job("gemv", [a, x], [y], [bool(beta == 0)], build,
                 signature(a, x, y, extra=(alpha == 0, beta == 0)), backends, owner,
                 small=y.size * a.shape[-1] <= SMALL_MACS)
 

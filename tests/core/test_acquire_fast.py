@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+from support.compiled import patches_compiled
 
 import uni
 import uni._acquire
@@ -57,6 +58,7 @@ def fast_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return counts
 
 
+@patches_compiled
 def test_an_uncontended_lease_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     t = uni.from_numpy(np.arange(6.0))
     rplan, wplan = warm(t)
@@ -367,6 +369,7 @@ def _run(steps: list[tuple[str, int, int, str]]) -> list[Any]:
     return out
 
 
+@patches_compiled
 @pytest.mark.parametrize("block", range(3))
 def test_fast_and_general_paths_agree(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same grants, errors (with their messages), queue states and poisoning, step by
@@ -387,6 +390,7 @@ def test_fast_and_general_paths_agree(block: int, monkeypatch: pytest.MonkeyPatc
     assert made > 100  # the fast path did take part
 
 
+@patches_compiled
 def test_a_fence_elsewhere_in_the_queue_does_not_stop_the_fast_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A released writer whose work is not over leaves a fence on its range only: a lease of
@@ -435,6 +439,7 @@ def test_a_new_thread_owns_its_fast_leases() -> None:
         pass  # nothing left behind
 
 
+@patches_compiled
 def test_a_failure_inside_the_queue_leaves_it_unlocked_and_unchanged(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A test double makes the queue's own helpers fail: the error reaches the caller, the
@@ -491,6 +496,7 @@ def _state_of(lease: Any) -> dict[str, Any]:
     return {name: getattr(access, name, "<unset>") for name in _ACCESS_STATE}
 
 
+@patches_compiled
 @pytest.mark.parametrize("mode", ["read", "write"])
 def test_the_fast_and_general_makers_make_the_same_lease(
         mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -515,6 +521,7 @@ def test_the_fast_and_general_makers_make_the_same_lease(
     assert t.storage.access_queue.snapshot() == []
 
 
+@patches_compiled
 def test_a_shared_fast_lease_is_held_until_its_last_holder_lets_go(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A DLPack consumer's share of a fast lease's access: releasing the lease must not give

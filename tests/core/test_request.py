@@ -15,7 +15,7 @@ def test_a_request_is_made_by_its_queue_only() -> None:
         AccessRequest("read", False, 0, 3, "me", None)  # type: ignore[call-arg]
     q = AccessQueue("test queue")
     req = q.register("read", 0, 3, holder="me")
-    assert type(req) is not AccessRequest and isinstance(req, AccessRequest)
+    assert isinstance(req, AccessRequest)
     assert (req.mode, req.lo, req.hi, req.holder, req.granted) == ("read", 0, 3, "me", True)
     q.release(req)
 

@@ -35,7 +35,10 @@ class HeldRun:
 
     __slots__ = ("_locks", "_queues")
 
-    def __init__(self, items: list[tuple[AccessQueue, int, int, bool, Any]]) -> None:
+    def __init__(self, items: list[tuple[AccessQueue, int, int, bool, Any]] | None = None
+                 ) -> None:
+        if items is None:  # HeldRun.distinct's, which stores the grouping itself
+            return
         by_queue: dict[int, tuple[AccessQueue, list[tuple[int, int, bool, Any]]]] = {}
         for queue, lo, hi, write, view in items:
             by_queue.setdefault(id(queue), (queue, []))[1].append((lo, hi, write, view))
@@ -48,7 +51,7 @@ class HeldRun:
         """The held run of operands in distinct queues, given grouped as ``HeldRun(items)``
         groups them -- ``((queue, ((lo, hi, write, view),)), ...)`` -- without the grouping:
         a first-sight call makes one per call (``uni._operation_plan``)."""
-        self = object.__new__(cls)
+        self = cls()
         self._queues = queues
         # A list, not a generator: one call instead of one per lock.
         self._locks = tuple([queue._lock for queue, _ in queues])

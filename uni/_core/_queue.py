@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal, NoReturn
 
-import trio
-
+from uni._core import _parking
 from uni._core._eventloop import (
     Library,
     current_library,
@@ -55,12 +54,11 @@ from uni._core._fences import (
     _after_fences,
     _describe_fence,
     run_in_helper_thread,
-    wait_fences_async,
     wait_fences_sync,
 )
 from uni._core._owners import CURRENT_THREAD, Owner, _get_ident, _owner, _Sentinel, current_owner
-from uni._core._request import _NO_FENCES, AccessRequest, Mode, _Fenced, _Made, in_conflict
-from uni._core._waiters import Waiter, _AsyncioWaiter, _CallbackWaiter, _ThreadWaiter, _TrioWaiter
+from uni._core._request import _MAKER, _NO_FENCES, AccessRequest, Mode, _Fenced, _who, in_conflict
+from uni._core._waiters import Waiter, _CallbackWaiter, _ThreadWaiter
 from uni._core._waitgraph import _owned_in_wait_graph
 from uni._errors import (
     LeaseConflictError,
@@ -180,11 +178,12 @@ class AccessQueue:
             if owner is None or owner.ident != _get_ident():
                 owner = current_owner()
             owner_thread = owner
-        # The request's state, stored here (the one maker of requests, see AccessRequest):
-        # a Python __init__ call would cost as much as the lock round trip below.
+        # The request's state, stored here (the one maker of requests, see AccessRequest,
+        # whose __init__ only checks the maker's key): as __init__ arguments it would cost a
+        # second call per grant, interpreted.
         # ``mode`` is read from ``_write``; ``granted`` is stored once, where it is decided
         # (before the request is in the queue: nobody else can see it until then).
-        req: AccessRequest = _Made() if into is None else into
+        req: AccessRequest = AccessRequest(_MAKER) if into is None else into
         req._write = write
         req.lo = lo
         req.hi = hi
@@ -385,45 +384,19 @@ class AccessQueue:
             f"what is {_describe(holders)}"
         )
 
-    async def wait_async(self, req: AccessRequest, *, library: Library | None = None) -> None:
+    def wait_async(self, req: AccessRequest, *, library: Library | None = None
+                   ) -> Coroutine[Any, Any, None]:
         """Park the calling trio or asyncio task until ``req`` is granted and its fences are
-        done.
+        done: a coroutine, :func:`uni._core._parking.wait_async` (which says what it does
+        when cancelled). Interpreted in every install: the compiled modules hold no
+        coroutines (uni._pending says why)."""
+        return _parking.wait_async(self, req, library)
 
-        Already granted with nothing to wait for: returns without a checkpoint (zero
-        schedule points), so the lease layer decides whether an uncontended acquisition
-        checkpoints. Otherwise parking is the one checkpoint. Cancelled while parked (trio's
-        Cancelled, asyncio's CancelledError, a coroutine closed): a request not yet granted
-        is withdrawn; one whose grant raced the cancellation, or that waits on fences, is
-        released; the cancellation propagates. ``library``: the caller's
-        :func:`~uni._core._eventloop.current_library`, when it has asked already; under any other
-        loop this raises EventLoopError (after withdrawing ``req``) once it has to wait.
-        """
-        if not req.granted:
-            if library is None:
-                library = self._library(req)
-            if library == "trio":
-                await self._wait_grant_async(req)
-            else:
-                await self._wait_grant_asyncio(req)
-        if req.fences:
-            try:
-                await wait_fences_async(req.fences, orphaned=lambda: self.release(req),
-                                        library=library)
-            except BaseException:
-                self.release_soon(req)  # possibly a coroutine closed by the collector
-                raise
-
-    async def wait_grant_async(self, req: AccessRequest, *, library: Library | None = None
-                               ) -> None:
+    def wait_grant_async(self, req: AccessRequest, *, library: Library | None = None
+                         ) -> Coroutine[Any, Any, None]:
         """Like :meth:`wait_async` but for the grant only, not its fences (a CUDA stream
         waits for those on the device)."""
-        if not req.granted:
-            if library is None:
-                library = self._library(req)
-            if library == "trio":
-                await self._wait_grant_async(req)
-            else:
-                await self._wait_grant_asyncio(req)
+        return _parking.wait_grant_async(self, req, library)
 
     def wait_grant_sync(self, req: AccessRequest, *, timeout: float | None = None,
                         async_hint: str = "the _async variant") -> None:
@@ -437,40 +410,6 @@ class AccessQueue:
         except BaseException:
             self.release(req)  # nobody can wait for it: it must not hold back later requests
             raise
-
-    async def _wait_grant_asyncio(self, req: AccessRequest) -> None:
-        import asyncio  # deferred: loaded already, since an asyncio task is running
-
-        park = _AsyncioWaiter(asyncio.get_running_loop())
-        with self._lock:
-            if req.granted:
-                return
-            if req.released:
-                raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn")
-            if req._waiter is not None:
-                raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
-            req._waiter = park
-        try:
-            await park.wakeup.future
-        except BaseException:
-            # Cancelled (or the coroutine was closed). asyncio delivers the cancellation
-            # after the fact, so decide here, under the lock, as trio's abort does: a wake-up
-            # nobody claimed will never come, and withdrawing is final; a claimed one means
-            # the request was granted (or withdrawn) meanwhile: give the grant back. A
-            # coroutine abandoned on a stopped or closed loop is closed by the garbage
-            # collector, which may fire inside this thread's own critical section of this
-            # very queue: then the lock is held (by this thread, perhaps), and the decision
-            # goes to a helper thread (a claimed request already released by its waker, when
-            # the loop is closed, needs nothing).
-            if req._waiter is not park and req.released:
-                raise
-            if self._lock.locked():
-                run_in_helper_thread(lambda: self._abandon(req, park))
-            else:
-                self._abandon(req, park)
-            raise
-        if not req.granted:
-            raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn while waiting")
 
     def _abandon(self, req: AccessRequest, park: Waiter) -> None:
         """Give up ``req``, waited for by ``park`` which will never take it: withdraw it
@@ -497,39 +436,6 @@ class AccessQueue:
             run_in_helper_thread(lambda: self.release(req))
         else:
             self.release(req)
-
-    async def _wait_grant_async(self, req: AccessRequest) -> None:
-        park = _TrioWaiter(trio.lowlevel.current_task(), trio.lowlevel.current_trio_token())
-        with self._lock:
-            if req.granted:
-                return
-            if req.released:
-                raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn")
-            if req._waiter is not None:
-                raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
-            req._waiter = park
-
-        def abort(raise_cancel: Callable[[], NoReturn]) -> trio.lowlevel.Abort:
-            with self._lock:
-                if req._waiter is park:
-                    # Nobody has claimed the wake-up, so nobody ever will: withdrawing
-                    # now is final, and trio reschedules the task with Cancelled.
-                    req._waiter = None
-                    woken = self._remove_locked(req)
-                else:
-                    park.raise_cancel = raise_cancel
-                    woken = None
-            if woken is None:
-                return trio.lowlevel.Abort.FAILED
-            self._wake(woken)
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
-        if park.raise_cancel is not None:
-            self.release(req)
-            park.raise_cancel()
-        if not req.granted:
-            raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn while waiting")
 
     def when_granted(self, req: AccessRequest, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once ``req`` is granted (or withdrawn), without blocking.
@@ -618,7 +524,9 @@ class AccessQueue:
             return
         self._wake(woken)
 
-    withdraw = release
+    def withdraw(self, req: AccessRequest, fence: Fence | None = None) -> None:
+        """:meth:`release`, by the name that says a pending request is given up."""
+        self.release(req, fence)
 
     def wake(self, woken: list[tuple[AccessRequest, Waiter]]) -> None:
         """Wake the waiters a deferred :meth:`release` granted (see its ``wakes``)."""
@@ -906,17 +814,7 @@ def _inside(loop: Library) -> str:
     return "inside the asyncio event loop running in this thread"
 
 
-def _who(req: AccessRequest) -> str:
-    """The request's holder in words, with the thread that owns it (messages only)."""
-    text = str(req.holder)
-    owner = req.owner_thread
-    if owner is not None and " from thread " not in text:
-        text += f" from {owner.describe()}"
-    return text
-
-
-
-def normalize_timeout(timeout: float | None) -> float | None:
+def normalize_timeout(timeout: object) -> float | None:
     """A timeout in seconds, ``None``/``inf`` meaning forever; LeaseError otherwise.
 
     Infinity waits forever (it would overflow the lock's own limit); negative means "do not
@@ -925,7 +823,7 @@ def normalize_timeout(timeout: float | None) -> float | None:
     if timeout is None:
         return None
     try:
-        value = float(timeout)
+        value = float(timeout)  # type: ignore[arg-type]  # refused below if it is not a number
     except (TypeError, ValueError):
         raise LeaseError(f"timeout must be a number of seconds or None, got {timeout!r}") from None
     if value != value:

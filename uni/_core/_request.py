@@ -19,6 +19,10 @@ __all__ = ["AccessRequest", "Mode", "in_conflict"]
 
 # ------------------------------------------------------------------------------ requests
 
+#: What the one maker of requests (AccessQueue.try_grant) passes to AccessRequest(): anything
+#: else is refused.
+_MAKER: Final = object()
+
 
 class AccessRequest:
     """One request for read or write access to the inclusive unit range ``[lo, hi]``.
@@ -43,7 +47,7 @@ class AccessRequest:
     granted: bool
     released: bool
     fences: list[Fence]
-    queue: AccessQueue | None
+    queue: AccessQueue
     #: The requests of one operation, registered together: a granted member whose
     #: siblings still wait is waiting too (for self-deadlock detection).
     group: tuple[AccessRequest, ...] | None
@@ -51,9 +55,12 @@ class AccessRequest:
     # request takes it (under the queue lock), so each waiter is woken exactly once.
     _waiter: Waiter | None
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("an AccessRequest is made by its queue: AccessQueue.register(mode, lo, "
-                        "hi, holder=...) or AccessQueue.try_grant(...)")
+    # Refused unless the queue's key comes: compiled (setup.py), a class cannot be made
+    # without calling its __init__, so the maker passes the key instead of skipping it.
+    def __init__(self, key: object = None, *args: object) -> None:
+        if key is not _MAKER:
+            raise TypeError("an AccessRequest is made by its queue: AccessQueue.register(mode, "
+                            "lo, hi, holder=...) or AccessQueue.try_grant(...)")
 
     @property
     def mode(self) -> Mode:
@@ -89,13 +96,6 @@ def in_conflict(others: Iterable[_Ranged], lo: int, hi: int, write: bool) -> boo
 _NO_FENCES: Final[list[Fence]] = []
 
 
-class _Made(AccessRequest):
-    """An :class:`AccessRequest` whose maker stores its state itself (no ``__init__`` call)."""
-
-    __slots__ = ()
-    __init__ = object.__init__
-
-
 class _Fenced:
     """A released request whose work is not over yet: kept until its fence is done."""
 
@@ -106,3 +106,12 @@ class _Fenced:
         self.hi = hi
         self._write = write
         self.fence = fence
+
+
+def _who(req: AccessRequest) -> str:
+    """The request's holder in words, with the thread that owns it (messages only)."""
+    text = str(req.holder)
+    owner = req.owner_thread
+    if owner is not None and " from thread " not in text:
+        text += f" from {owner.describe()}"
+    return text

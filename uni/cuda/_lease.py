@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import warnings
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, overload
 
 from uni._access import Access, register_access, release_from_finalizer
 from uni._accessor import ConstAccessor
-from uni._acquire import PendingAcquisition, spec_of
+from uni._acquire import spec_of
 from uni._core import running_library, wait_fences_async
 from uni._core._owners import TaskOwner
 from uni._dlpack import kDLCUDA
@@ -48,6 +48,7 @@ from uni._lease import (
     make_lease,
 )
 from uni._mdspec import MdSpan
+from uni._pending import PendingAcquisition
 from uni._spec import AccessSpec, Mode, StorageView
 from uni.concepts import MdspecLike, TensorView
 from uni.cuda import _interop
@@ -96,8 +97,8 @@ class _CudaLease:
     _access: Access | None
     _stream: Any
     _moved: CudaStorage | None
-    _kind: str
-    _read: bool
+    _kind: ClassVar[str]
+    _read: ClassVar[bool]
 
     if TYPE_CHECKING:
 

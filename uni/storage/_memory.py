@@ -45,36 +45,43 @@ class _Region:
     """A stretch of host memory ``[lo, hi)`` and the queue that orders every access to it.
 
     ``origin`` is the address of the queue's unit 0 (the first member's buffer start).
-    The region holds its queue weakly: the member storages hold it (``access_queue``), so
-    the registry keeps nothing alive -- not even a poisoned storage, whose poison record
-    holds a failure whose traceback may hold the storage (a cycle the collector frees).
+    The region holds no reference to its queue: every live member storage holds it
+    (``access_queue``), and the region finds it through one of them. So the registry keeps
+    nothing alive -- not even a poisoned storage, whose poison record holds a failure whose
+    traceback may hold the storage (a cycle the collector frees) -- and needs no weak
+    reference to the queue (the queue is a compiled class, which cannot be weakly referenced:
+    setup.py).
     """
 
-    __slots__ = ("__weakref__", "_queue", "hi", "lo", "members", "origin")
+    __slots__ = ("__weakref__", "hi", "lo", "members", "origin")
 
-    def __init__(self, lo: int, hi: int, queue: AccessQueue) -> None:
+    def __init__(self, lo: int, hi: int) -> None:
         self.lo = lo
         self.hi = hi
         self.origin = lo
-        self._queue = weakref.ref(queue)
         # id(storage) -> (weak reference, buffer start address)
         self.members: dict[int, tuple[_Member, int]] = {}
 
+    def live_queue(self) -> AccessQueue | None:
+        """The queue, read from a live member; None when every member died (their weakref
+        callbacks not drained yet)."""
+        for ref, _ in self.members.values():
+            member = ref()
+            if member is not None:
+                queue: AccessQueue = member.access_queue
+                return queue
+        return None
+
     @property
     def queue(self) -> AccessQueue:
-        queue = self._queue()
-        # A live member holds the queue; a region whose members all went is dropped under
-        # the lock (_drop_dead_locked) before anyone asks.
+        queue = self.live_queue()
+        # A region whose members all went is dropped under the lock (_drop_dead_locked)
+        # before anyone asks.
         assert queue is not None, "a memory region outlived every storage over it"
         return queue
 
-    @queue.setter
-    def queue(self, queue: AccessQueue) -> None:
-        self._queue = weakref.ref(queue)
-
 
 _new = object.__new__
-_weak = weakref.ref
 _lock = threading.Lock()
 _starts: list[int] = []  # the regions' lo, sorted
 _regions: list[_Region] = []  # in the same order
@@ -126,11 +133,10 @@ def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
             while last < len(_regions) and _regions[last].lo < hi:
                 last += 1
             if first == last:  # memory new to uni (a fresh array): its own queue orders it
-                # _Region(lo, hi, own) without the call: every fresh array comes here.
+                # _Region(lo, hi) without the call: every fresh array comes here.
                 region = _new(_Region)
                 region.lo = region.origin = lo
                 region.hi = hi
-                region._queue = _weak(own)
                 region.members = {}
                 _starts.insert(first, lo)
                 _regions.insert(first, region)
@@ -140,7 +146,7 @@ def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
             # Strong references for the rest of this section: a collection running meanwhile
             # must not take a queue from under us. A region whose queue is gone already lost
             # its last storage just now (the weakref callbacks are not drained yet): drop it.
-            queues = [region._queue() for region in touched]
+            queues = [region.live_queue() for region in touched]
             if None not in queues:
                 region = touched[0] if len(touched) == 1 else _merge(touched, first, last)
                 if lo < region.lo or hi > region.hi:
@@ -204,12 +210,13 @@ def _merge(touched: list[_Region], first: int, last: int) -> _Region:
             + f". {_sentence(', '.join(todo))} first, or wrap the whole allocation before "
             "any part of it"
         )
+    queue = keep.queue  # read before any member moves
     for region in retired:
         for ref, start in region.members.values():
             member = ref()
             if member is not None:
                 member.queue_offset = start - keep.origin
-                member.access_queue = keep.queue
+                member.access_queue = queue
             ref.region = keep
         keep.members.update(region.members)
         keep.lo = min(keep.lo, region.lo)

@@ -1,0 +1,98 @@
+"""The ``_async`` acquisition: what ``acquire_host_*_access_async`` (and the CUDA forms, a
+layer above) return, registered at call time and awaited for its lease.
+
+Interpreted in every install: the modules mypyc compiles (uni._implementations.COMPILED)
+hold no coroutines. A compiled coroutine lost its local variables when an exception was
+thrown into it at an await (a cancellation: ``TypeError: ... expected; got None``), and
+what awaiting costs is the loop's, not this code's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Generator
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from uni._access import register_access, release_from_finalizer
+from uni._core import running_library, unsupported_loop
+from uni._core._owners import TaskOwner
+from uni._lease import _Lease, lease_for
+from uni._spec import AccessSpec
+
+__all__ = ["PendingAcquisition"]
+
+
+#: The lease an acquisition gives: a tensor lease for a tensor view, an mdspan lease for an
+#: mdspec (the overloads of the acquire_* functions say which).
+L = TypeVar("L", bound=_Lease)
+
+
+class PendingAcquisition(Generic[L]):
+    """An ``_async`` acquisition: registered at call time; await it or ``async with`` it,
+    inside a trio or an asyncio task.
+
+    Dropping it without awaiting withdraws the request with a ResourceWarning. Awaited
+    anywhere else (another event loop, a coroutine driven by hand), it raises
+    EventLoopError and withdraws the request, whether or not it would have had to wait.
+    """
+
+    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_is_tensor", "_lease", "_state")
+
+    def __init__(self, spec: AccessSpec, is_tensor: bool, allow_poisoned: bool) -> None:
+        # No owner thread: whoever awaits holds it, and a task never deadlocks a thread.
+        self._access = register_access(spec, owner=None)
+        self._is_tensor = is_tensor
+        self._allow_poisoned = allow_poisoned
+        self._state = "registered"
+        self._lease: _Lease | None = None
+
+    def __await__(self) -> Generator[Any, None, L]:
+        return self._acquire().__await__()
+
+    async def _acquire(self) -> L:
+        if self._state != "registered":
+            raise RuntimeError("this acquisition was already awaited; call acquire_* again")
+        access = self._access
+        # Checked even when nothing is in the way (the trio check is one attribute read): an
+        # acquisition that worked only while uncontended would fail the first time it waits.
+        library = running_library()
+        if library is None:
+            self._state = "failed"
+            access.withdraw()
+            spec = access.spec
+            raise unsupported_loop(
+                f"acquire_{spec.storage.domain.value}_{spec.mode}_access_async(...)")
+        self._state = "awaiting"
+        await access.wait_async(library=library)
+        # Granted: from now on a time-out behind it names this task (SPEC §4: who holds it).
+        access.request.owner_thread = TaskOwner(library)
+        # Before opening: a handle the opener made would never be handed back.
+        access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
+        await access.open_async()
+        self._state = "done"
+        return lease_for(access, self._is_tensor)  # type: ignore[return-value]
+
+    async def __aenter__(self) -> L:
+        self._lease = await self
+        return self._lease
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        # Release synchronously: a checkpoint here could be skipped by a cancelled scope.
+        lease = self._lease
+        if lease is not None:
+            lease.__exit__(exc_type, exc, tb)
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) == "registered":
+            self._state = "dropped"
+            access = self._access
+            release_from_finalizer(access.withdraw, access.queue, access)
+            warnings.warn(
+                f"an acquisition of {access.spec.what()} was never "
+                "awaited; its request was withdrawn. Await it (`await acquire_...(x)`) or use "
+                "`async with`",
+                ResourceWarning,
+                stacklevel=1,
+            )
