@@ -18,7 +18,7 @@ from uni._core._eventloop import Library
 from uni._core._fences import run_in_helper_thread, wait_fences_async
 from uni._core._request import AccessRequest, _who
 from uni._core._waiters import _AsyncioWaiter, _TrioWaiter
-from uni._errors import LeaseError, LeaseReleasedError
+from uni._errors import LeaseReleasedError
 
 if TYPE_CHECKING:
     from uni._core._queue import AccessQueue  # annotations only (TYPE_CHECKING): it imports this
@@ -42,10 +42,7 @@ async def wait_async(queue: AccessQueue, req: AccessRequest, library: Library | 
     if not req.granted:
         if library is None:
             library = queue._library(req)
-        if library == "trio":
-            await _park_trio(queue, req)
-        else:
-            await _park_asyncio(queue, req)
+        await _park(queue, req, library)
     if req.fences:
         try:
             await wait_fences_async(req.fences, orphaned=lambda: queue.release(req),
@@ -55,18 +52,19 @@ async def wait_async(queue: AccessQueue, req: AccessRequest, library: Library | 
             raise
 
 
-
 async def wait_grant_async(queue: AccessQueue, req: AccessRequest, library: Library | None
                            ) -> None:
     """Like :func:`wait_async` but for the grant only, not its fences (a CUDA stream
     waits for those on the device)."""
     if not req.granted:
-        if library is None:
-            library = queue._library(req)
-        if library == "trio":
-            await _park_trio(queue, req)
-        else:
-            await _park_asyncio(queue, req)
+        await _park(queue, req, queue._library(req) if library is None else library)
+
+
+async def _park(queue: AccessQueue, req: AccessRequest, library: Library) -> None:
+    if library == "trio":
+        await _park_trio(queue, req)
+    else:
+        await _park_asyncio(queue, req)
 
 
 async def _park_asyncio(queue: AccessQueue, req: AccessRequest) -> None:
@@ -76,10 +74,7 @@ async def _park_asyncio(queue: AccessQueue, req: AccessRequest) -> None:
     with queue._lock:
         if req.granted:
             return
-        if req.released:
-            raise LeaseReleasedError(f"{_who(req)} on {queue.label} was withdrawn")
-        if req._waiter is not None:
-            raise LeaseError(f"{_who(req)} on {queue.label} is already being waited for")
+        queue._check_waitable_locked(req)
         req._waiter = park
     try:
         await park.wakeup.future
@@ -109,10 +104,7 @@ async def _park_trio(queue: AccessQueue, req: AccessRequest) -> None:
     with queue._lock:
         if req.granted:
             return
-        if req.released:
-            raise LeaseReleasedError(f"{_who(req)} on {queue.label} was withdrawn")
-        if req._waiter is not None:
-            raise LeaseError(f"{_who(req)} on {queue.label} is already being waited for")
+        queue._check_waitable_locked(req)
         req._waiter = park
 
     def abort(raise_cancel: Callable[[], NoReturn]) -> trio.lowlevel.Abort:

@@ -267,6 +267,14 @@ class AccessQueue:
         if req.fences:
             self._wait_fences_sync(req, timeout, async_hint)
 
+    def _check_waitable_locked(self, req: AccessRequest) -> None:
+        """Under the lock, for a request not granted: raise unless a waiter may park on it
+        (withdrawn, or somebody waits for it already)."""
+        if req.released:
+            raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn")
+        if req._waiter is not None:
+            raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
+
     def _wait_grant_sync(self, req: AccessRequest, timeout: float | None,
                          async_hint: str) -> None:
         loop = loop_in_this_thread()
@@ -274,10 +282,7 @@ class AccessQueue:
         with self._lock:
             if req.granted:
                 return
-            if req.released:
-                raise LeaseReleasedError(f"{_who(req)} on {self.label} was withdrawn")
-            if req._waiter is not None:
-                raise LeaseError(f"{_who(req)} on {self.label} is already being waited for")
+            self._check_waitable_locked(req)
             blockers = self._blockers_locked(req)
             mine = [b for b in blockers if b.owner_thread is me]
             if loop is None and not mine:
