@@ -11,6 +11,8 @@
 """
 
 import ast
+import hashlib
+import json
 import os
 import pathlib
 
@@ -26,6 +28,15 @@ def compiled_modules() -> list[str]:
     raise RuntimeError("uni/_implementations.py no longer says COMPILED: Final = (...)")
 
 
+def record_sources(files: list[str]) -> None:
+    """Write each compiled module's source digest beside the package
+    (uni/_compiled_sources.json): importing uni warns when a source no longer matches the
+    build (an edit made after it), whatever the files' times say."""
+    digests = {f.removesuffix(".py").replace("/", "."):
+               hashlib.sha256(pathlib.Path(f).read_bytes()).hexdigest() for f in files}
+    pathlib.Path("uni/_compiled_sources.json").write_text(json.dumps(digests, indent=1) + "\n")
+
+
 extensions = [
     Extension("uni.backends.blas._blascall", ["uni/backends/blas/_blascall.c"], optional=True),
 ]
@@ -34,6 +45,7 @@ if os.environ.get("UNI_PURE_PYTHON", "") not in ("", "0"):
 else:
     from mypyc.build import mypycify
 
+    record_sources(compiled_modules())
     extensions += mypycify(compiled_modules(), opt_level="3")
 
 setup(ext_modules=extensions)

@@ -10,7 +10,9 @@ function (``uni.backends.blas._blascall``, reported by ``uni info`` with the BLA
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
+import json
 import os
 import sys
 import warnings
@@ -58,14 +60,22 @@ def implementations() -> dict[str, str]:
     return {"leases": leases, "views": "Python (one source, interpreted: docs/performance.md)"}
 
 
-def warn_if_stale() -> None:
-    """Warn when a compiled module is older than its Python source: an edit made after the
-    install does not run until uni is built again (a few stats, at import)."""
-    # The code is in the group's shared library (a top-level ``<hash>__mypyc`` module); each
-    # module's own extension only loads it, and is not rebuilt when its source changes.
-    libraries = [getattr(m, "__file__", None) for name, m in list(sys.modules.items())
-                 if name.endswith("__mypyc")]
-    built = [os.stat(path).st_mtime for path in libraries if path]
+def warn_if_stale(record: str | None = None) -> None:
+    """Warn when a compiled module's source differs from the one it was compiled from (an
+    edit made after the install, which does not run until uni is built again).
+
+    ``record``: the digests setup.py wrote when it compiled (default: the package's
+    ``_compiled_sources.json``; none, nothing to compare). Only a source newer than the
+    record is read and hashed, so an unchanged checkout costs a few stats at import.
+    """
+    if record is None:
+        record = os.path.join(os.path.dirname(__file__), "_compiled_sources.json")
+    try:
+        built = os.stat(record).st_mtime
+        with open(record, encoding="utf-8") as file:
+            digests = json.load(file)
+    except (OSError, ValueError):
+        return
     stale = []
     for name in COMPILED:
         module = sys.modules.get(name)
@@ -74,13 +84,17 @@ def warn_if_stale() -> None:
             continue
         source = os.path.join(os.path.dirname(path), name.rsplit(".", 1)[1] + ".py")
         try:
-            if os.stat(source).st_mtime > max([os.stat(path).st_mtime, *built]):
-                stale.append(source)
+            if os.stat(source).st_mtime <= built:
+                continue
+            with open(source, "rb") as file:
+                digest = hashlib.sha256(file.read()).hexdigest()
         except OSError:  # an installed wheel without its sources: nothing to compare
             continue
+        if digest != digests.get(name):
+            stale.append(source)
     if stale:
         warnings.warn(
-            f"uni's compiled lease path is older than its source ({', '.join(stale)}): the "
-            "compiled code runs, not the edit. Rebuild it (pip install -e .), or delete the "
-            "compiled modules beside those files to run the source interpreted",
-            RuntimeWarning, stacklevel=2)
+            f"uni's compiled lease path was built from other sources than these "
+            f"({', '.join(stale)}): the compiled code runs, not the edit. Rebuild it (pip "
+            "install -e .), or delete the compiled modules beside those files to run the "
+            "source interpreted", RuntimeWarning, stacklevel=2)

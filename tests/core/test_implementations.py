@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import importlib.machinery
+import json
 import os
 import pathlib
 import sys
@@ -64,22 +66,22 @@ def test_setup_compiles_exactly_the_modules_named(tmp_path: pathlib.Path) -> Non
     assert all((REPO / f).is_file() for f in files)
 
 
-def test_a_compiled_module_older_than_its_source_is_said(tmp_path: pathlib.Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    # A test double: a "compiled" uni._lease whose extension file is older than the .py
-    # beside it (an edit after the build), and a shared library as old.
+def test_a_compiled_module_built_from_another_source_is_said(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A test double: a "compiled" uni._lease (an extension file beside its .py) and the
+    # digests recorded at its build. Touching the source says nothing (a checkout, a copy);
+    # changing it says what to do.
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     built, source = tmp_path / f"_lease{suffix}", tmp_path / "_lease.py"
-    library = tmp_path / f"abc__mypyc{suffix}"
-    for path in (built, library, source):
-        path.write_text("")
-    os.utime(built, (1_000, 1_000))
-    os.utime(library, (1_000, 1_000))
+    built.write_text("")
+    source.write_text("x = 1\n")
+    record = tmp_path / "_compiled_sources.json"
+    record.write_text(json.dumps({"uni._lease": hashlib.sha256(b"x = 1\n").hexdigest()}))
+    os.utime(record, (1_000, 1_000))
     monkeypatch.setitem(sys.modules, "uni._lease", types.SimpleNamespace(__file__=str(built)))
-    monkeypatch.setitem(sys.modules, "abc__mypyc", types.SimpleNamespace(__file__=str(library)))
-    with pytest.warns(RuntimeWarning, match=r"older than its source \(.*_lease\.py\).*Rebuild "
-                                            r"it \(pip install -e \.\)"):
-        _implementations.warn_if_stale()
-    os.utime(library, None)  # rebuilt: the shared library is newer than the source again
-    os.utime(source, (2_000, 2_000))
-    _implementations.warn_if_stale()  # no warning (the suite turns warnings into errors)
+    _implementations.warn_if_stale(str(record))  # newer, the same bytes: no warning
+    source.write_text("x = 2\n")
+    with pytest.warns(RuntimeWarning, match=r"built from other sources than these "
+                                            r"\(.*_lease\.py\).*Rebuild it \(pip install -e \.\)"):
+        _implementations.warn_if_stale(str(record))
+    _implementations.warn_if_stale(str(tmp_path / "missing.json"))  # no record: no check
