@@ -116,7 +116,7 @@ def _from_tensor_view(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpe
     return _from_mdspec(spec, mode, overwrite, fn)
 
 
-def _check_layout(mapping: Any, offset: int, storage: Any, fn: str) -> None:
+def _check_layout(mapping: Any, offset: Any, storage: Any, fn: str) -> None:
     # Tensors checked their layout when built; anything else is checked here, before a
     # storage is ever asked for (or writes back) elements outside its buffer.
     check_fits(mapping, offset, storage.size, what=f"storage ({type(storage).__name__})")

@@ -49,7 +49,7 @@ def implementations() -> dict[str, str]:
     compiled = compiled_modules()
     if compiled and all(compiled.values()):
         leases = ("compiled code (mypyc, from the one Python source of uni._core, uni._access, "
-                  "uni._lease, uni._acquire: docs/performance.md)")
+                  "uni._lease, uni._lease_plan, uni._acquire: docs/performance.md)")
     elif any(compiled.values()):
         leases = ("partly compiled code (" + ", ".join(n for n, c in compiled.items() if c)
                   + "): reinstall uni (pip install -e .) to compile all of it")

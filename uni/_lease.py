@@ -54,6 +54,13 @@ class _Lease:
                             f"{self._made_by} (or its _async form)")
         self._access = access
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # copy.copy, copy.deepcopy and pickle would make a second lease over this access
+        # (or one over nothing): refused as direct construction is.
+        raise TypeError(f"a {type(self).__name__} cannot be copied or pickled: it is made by "
+                        f"acquiring the data: {self._made_by} (or its _async form); "
+                        "transfer() moves it")
+
     def _live(self) -> Access:
         access = self._access
         if access is None or not access.active:
@@ -163,8 +170,9 @@ class _Lease:
                 f"dtype={spec.accessor.element_type.name}>")
 
     # -- DLPack and numpy boundary (uni._export) ------------------------------------------
-    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
-                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+    # The arguments as they come (Any): uni._export checks them, with its own errors.
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
         """Export the leased view through DLPack (read-only under a read lease). The capsule
         holds its own share of this access until the consumer releases it, so releasing
         the lease never pulls memory away from a consumer. See docs/interop.md."""

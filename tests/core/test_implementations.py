@@ -53,7 +53,7 @@ def test_the_compiled_modules_hold_no_coroutines() -> None:
 def test_setup_compiles_exactly_the_modules_named(tmp_path: pathlib.Path) -> None:
     # setup.py reads the list from uni/_implementations.py: run its reader on this checkout.
     source = (REPO / "setup.py").read_text()
-    reader = source[source.index("def compiled_modules"):source.index("\nextensions = [")]
+    reader = source[source.index("def compiled_modules"):source.index("\ndef digests")]
     space: dict[str, object] = {"ast": ast, "pathlib": pathlib}
     exec(reader, space)
     cwd = os.getcwd()

@@ -125,6 +125,19 @@ def test_a_lease_is_made_only_by_acquiring(cls: type[Any], maker: str) -> None:
     assert_idle(t)
 
 
+def test_a_lease_is_not_copied_or_pickled(tensor: uni.Tensor, kind: str) -> None:
+    # A copy would be a second lease over the same access (two releases of one grant).
+    import copy
+    import pickle
+
+    with acquire(tensor, kind) as lease:
+        for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match=r"cannot be copied or pickled.*transfer\(\)"):
+                duplicate(lease)
+        assert lease.active
+    assert_idle(tensor)
+
+
 def test_lease_is_a_context_manager(tensor: uni.Tensor, kind: str) -> None:
     lease = acquire(tensor, kind)
     with lease as entered:

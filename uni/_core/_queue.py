@@ -94,8 +94,8 @@ class AccessQueue:
     __slots__ = ("__weakref__", "_entries", "_lock", "_pending", "_poison", "_tail",
                  "has_poison", "label", "retired", "unit")
 
-    def __init__(self, label: str, *, unit: int = 1) -> None:
-        self.label = label
+    def __init__(self, label: Any, *, unit: int = 1) -> None:
+        self.label = label  # (Any: a custom storage may name its queue with any object)
         #: Bytes per queue unit: ranges registered here count in these units.
         self.unit = unit
         self._lock = threading.Lock()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, overloa
 from uni._access import Access, register_access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._acquire import spec_of
-from uni._core import running_library, wait_fences_async
+from uni._core import normalize_timeout, running_library, wait_fences_async
 from uni._core._owners import TaskOwner
 from uni._dlpack import kDLCUDA
 from uni._errors import DomainError, LeaseError, LeaseReleasedError
@@ -272,7 +272,8 @@ def _spec(x: Any, mode: Mode, fn: str, *, overwrite: bool, move: bool
     """The access ``fn`` makes of ``x``, checked; for ``move``, the storage it takes."""
     if not isinstance(move, bool):
         raise TypeError(f"{fn}: move must be True or False, got {move!r}")
-    spec, is_tensor = spec_of(x, mode, CUDA, fn, overwrite=overwrite)
+    # bool(): the compiled spec_of checks its declared types (a numpy bool is not a bool).
+    spec, is_tensor = spec_of(x, mode, CUDA, fn, overwrite=bool(overwrite))
     storage = spec.storage
     if getattr(storage, "moved", False):
         raise LeaseReleasedError(f"{fn}: {spec.what()} was moved into a lease (move=True); "
@@ -302,13 +303,15 @@ def _device_of(spec: AccessSpec) -> int:
 # -- sync ------------------------------------------------------------------------------------
 def _acquire_sync(x: Any, mode: Mode, fn: str, *, timeout: float | None, overwrite: bool,
                   allow_poisoned: bool, move: bool) -> Any:
+    if timeout is not None:
+        timeout = normalize_timeout(timeout)  # refused before anything is registered
     spec, is_tensor, moved = _spec(x, mode, fn, overwrite=overwrite, move=move)
     if moved is not None:
         moved.moved = True  # later acquisitions fail at once
     access = register_access(spec)
     try:
         access.wait_sync(timeout=timeout, async_hint=fn.replace("_sync", "_async"))
-        access.check_poison(spec.what, allow_poisoned=allow_poisoned)
+        access.check_poison(spec.what, allow_poisoned=bool(allow_poisoned))
         access.open()
     except BaseException:
         if moved is not None:
@@ -398,7 +401,7 @@ class PendingCudaAcquisition(PendingAcquisition[CL], Generic[CL]):
             except BaseException:
                 access.withdraw()
                 raise
-        access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
+        access.check_poison(access.spec.what, allow_poisoned=bool(self._allow_poisoned))
         await access.open_async()
         self._state = "done"
         lease: CL = _lease(access, self._read, self._is_tensor, stream, self._moved)

@@ -49,8 +49,8 @@ class _Region:
     (``access_queue``), and the region finds it through one of them. So the registry keeps
     nothing alive -- not even a poisoned storage, whose poison record holds a failure whose
     traceback may hold the storage (a cycle the collector frees) -- and needs no weak
-    reference to the queue (the queue is a compiled class, which cannot be weakly referenced:
-    setup.py).
+    reference to the queue (mypyc's native classes, as the compiled AccessQueue is, cannot be
+    weakly referenced). The queues a registration touches are read once and held by it.
     """
 
     __slots__ = ("__weakref__", "hi", "lo", "members", "origin")
@@ -143,20 +143,24 @@ def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
                 queue = own
                 break
             touched = _regions[first:last]
-            # Strong references for the rest of this section: a collection running meanwhile
-            # must not take a queue from under us. A region whose queue is gone already lost
-            # its last storage just now (the weakref callbacks are not drained yet): drop it.
-            queues = [region.live_queue() for region in touched]
-            if None not in queues:
-                region = touched[0] if len(touched) == 1 else _merge(touched, first, last)
+            # The queues, read once and held for the rest of this section: another thread may
+            # drop a region's last storage meanwhile, and a region then finds no queue. A
+            # region without one already lost its last storage (the weakref callbacks are not
+            # drained yet): drop it.
+            found = [region.live_queue() for region in touched]
+            queues = [q for q in found if q is not None]
+            if len(queues) == len(touched):
+                if len(touched) == 1:
+                    region, queue = touched[0], queues[0]
+                else:
+                    region, queue = _merge(touched, queues, first, last)
                 if lo < region.lo or hi > region.hi:
                     index = _index_of(region)
                     region.lo = min(region.lo, lo)
                     region.hi = max(region.hi, hi)
                     _starts[index] = region.lo
-                queue = region.queue
                 break
-            for region, gone in zip(touched, queues, strict=True):
+            for region, gone in zip(touched, found, strict=True):
                 if gone is None:
                     _drop_region_locked(region)
         ref = _Member(storage, _died)
@@ -173,8 +177,10 @@ def _index_of(region: _Region) -> int:
     return index
 
 
-def _merge(touched: list[_Region], first: int, last: int) -> _Region:
-    """Join regions a new range bridges into one of them (all but one must be idle).
+def _merge(touched: list[_Region], queues: list[AccessQueue], first: int, last: int
+           ) -> tuple[_Region, AccessQueue]:
+    """Join regions a new range bridges into one of them (all but one must be idle): the
+    region kept and its queue. ``queues``: each touched region's, held by the caller.
 
     Each absorbed queue is retired (checked idle and closed to registration under its own
     lock) before its storages move, queue offset first, queue last: a thread that read a
@@ -184,21 +190,21 @@ def _merge(touched: list[_Region], first: int, last: int) -> _Region:
     """
     # Every queue that is idle is retired; the one in use, if any, is kept (its requests
     # stay where they are), else the first, which takes registrations again at once.
-    retired: list[_Region] = []
-    refused: list[tuple[_Region, str]] = []
-    for region in touched:
-        reason = region.queue.retire()
+    retired: list[tuple[_Region, AccessQueue]] = []
+    refused: list[tuple[_Region, AccessQueue, str]] = []
+    for region, its in zip(touched, queues, strict=True):
+        reason = its.retire()
         if reason is None:
-            retired.append(region)
+            retired.append((region, its))
         else:
-            refused.append((region, reason))
+            refused.append((region, its, reason))
     if len(refused) <= 1:
-        keep = refused[0][0] if refused else retired.pop(0)
-        keep.queue.unretire()  # (a no-op for the one in use)
+        keep, queue = refused[0][:2] if refused else retired.pop(0)
+        queue.unretire()  # (a no-op for the one in use)
     else:
-        for region in retired:
-            region.queue.unretire()
-        whys = " ".join(why for _, why in refused)
+        for _, its in retired:
+            its.unretire()
+        whys = " ".join(why for _, _, why in refused)
         todo = [fix for word, fix in (("leases", "release those leases"),
                                       ("running", "wait for that work to finish"),
                                       ("poisoned", "rewrite the poisoned data with "
@@ -206,12 +212,11 @@ def _merge(touched: list[_Region], first: int, last: int) -> _Region:
         raise StorageError(
             "this memory overlaps memory that uni already orders through separate queues; "
             "they can be joined only while at most one of them is in use, and "
-            + "; ".join(f"in {r.queue.label} {why}" for r, why in refused)
+            + "; ".join(f"in {its.label} {why}" for _, its, why in refused)
             + f". {_sentence(', '.join(todo))} first, or wrap the whole allocation before "
             "any part of it"
         )
-    queue = keep.queue  # read before any member moves
-    for region in retired:
+    for region, _ in retired:
         for ref, start in region.members.values():
             member = ref()
             if member is not None:
@@ -226,7 +231,7 @@ def _merge(touched: list[_Region], first: int, last: int) -> _Region:
     index = bisect.bisect_left(_starts, keep.lo)
     _starts.insert(index, keep.lo)
     _regions.insert(index, keep)
-    return keep
+    return keep, queue
 
 
 def _sentence(text: str) -> str:
