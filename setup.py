@@ -21,7 +21,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 
-def compiled_modules() -> list[str]:
+def compiled_files() -> list[str]:
     """The files mypyc compiles: uni._implementations.COMPILED, read without importing uni."""
     tree = ast.parse(pathlib.Path("uni/_implementations.py").read_text())
     for node in tree.body:
@@ -57,7 +57,7 @@ def drop_compiled() -> None:
     """Remove compiled modules an earlier in-place build left (UNI_PURE_PYTHON: they would
     still be imported before the sources) and their record."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    for name in compiled_modules():
+    for name in compiled_files():
         stem = pathlib.Path(name).with_suffix("")
         for path in stem.parent.glob(stem.name + ".*"):
             if path.name.endswith(suffixes):
@@ -78,7 +78,7 @@ if os.environ.get("UNI_PURE_PYTHON", "") not in ("", "0"):
 else:
     from mypyc.build import mypycify
 
-    COMPILED = compiled_modules()
+    COMPILED = compiled_files()
     extensions += mypycify(COMPILED, opt_level="3")
 
 setup(ext_modules=extensions, cmdclass={"build_ext": BuildExt})

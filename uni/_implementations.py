@@ -35,6 +35,9 @@ COMPILED: Final = (
 )
 
 _EXTENSIONS: Final = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+#: COMPILED in words: uni._core's modules as the package, in COMPILED's order.
+_PACKAGES: Final = ", ".join(dict.fromkeys(
+    n.rsplit(".", 1)[0] if n.startswith("uni._core.") else n for n in COMPILED))
 
 
 def compiled_modules() -> dict[str, bool]:
@@ -48,8 +51,8 @@ def implementations() -> dict[str, str]:
     and ``"views"`` (vector slices ``t[i:j]``)."""
     compiled = compiled_modules()
     if compiled and all(compiled.values()):
-        leases = ("compiled code (mypyc, from the one Python source of uni._core, uni._access, "
-                  "uni._lease, uni._lease_plan, uni._acquire: docs/performance.md)")
+        leases = (f"compiled code (mypyc, from the one Python source of {_PACKAGES}: "
+                  "docs/performance.md)")
     elif any(compiled.values()):
         leases = ("partly compiled code (" + ", ".join(n for n, c in compiled.items() if c)
                   + "): reinstall uni (pip install -e .) to compile all of it")

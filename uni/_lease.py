@@ -46,8 +46,8 @@ class _Lease:
     # Refused unless the maker's key comes (compiled, a class cannot be made without its
     # __init__). An object refused this way holds no access, so its __del__ does nothing.
     # The arguments as they come (Any): compiled, a declared type would be checked first.
-    def __init__(self, key: object = None, access: Any = None, *args: object,
-                 **kwargs: object) -> None:
+    # (*args, no **kwargs: an empty dict would be made on every lease, interpreted.)
+    def __init__(self, key: object = None, access: Any = None, *args: object) -> None:
         if key is not _MAKER:
             self._access = None
             raise TypeError(f"a {type(self).__name__} is made by acquiring the data: "

@@ -53,13 +53,13 @@ def test_the_compiled_modules_hold_no_coroutines() -> None:
 def test_setup_compiles_exactly_the_modules_named(tmp_path: pathlib.Path) -> None:
     # setup.py reads the list from uni/_implementations.py: run its reader on this checkout.
     source = (REPO / "setup.py").read_text()
-    reader = source[source.index("def compiled_modules"):source.index("\ndef digests")]
+    reader = source[source.index("def compiled_files"):source.index("\ndef digests")]
     space: dict[str, object] = {"ast": ast, "pathlib": pathlib}
     exec(reader, space)
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
-        files = space["compiled_modules"]()  # type: ignore[operator]
+        files = space["compiled_files"]()  # type: ignore[operator]
     finally:
         os.chdir(cwd)
     assert files == [n.replace(".", "/") + ".py" for n in _implementations.COMPILED]
