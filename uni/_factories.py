@@ -23,7 +23,8 @@ from uni._extents import Extents
 from uni._mapping import _NUMPY as _NUMPY_MAPPINGS
 from uni._mapping import best_mapping, c_strides, f_strides, numpy_mapping
 from uni._tensor import Tensor
-from uni.storage.host import HostStorage, storage_for_array
+from uni.storage._numpy import storage_for_array
+from uni.storage.host import HostStorage
 
 __all__ = ["arange", "empty", "from_numpy", "full", "register_device", "zeros"]
 

@@ -21,7 +21,9 @@ from typing import Final
 __all__ = ["COMPILED", "compiled_modules", "implementations", "warn_if_stale"]
 
 #: The modules mypyc compiles, as one group (native classes call each other's methods
-#: directly): the ordering kernel and the lease path over it. setup.py reads this tuple.
+#: directly): the ordering kernel, the lease path over it, and the wrapping of host memory
+#: (the storages uni.from_numpy and uni.from_dlpack make, and the memory registry). setup.py
+#: reads this tuple.
 COMPILED: Final = (
     "uni._core._owners",
     "uni._core._request",
@@ -32,6 +34,8 @@ COMPILED: Final = (
     "uni._lease",
     "uni._lease_plan",
     "uni._acquire",
+    "uni.storage._memory",
+    "uni.storage._numpy",
 )
 
 _EXTENSIONS: Final = tuple(importlib.machinery.EXTENSION_SUFFIXES)

@@ -20,7 +20,7 @@ from uni._dlpack import CapsuleType, import_dlpack, import_flat, peek_capsule
 from uni._factories import from_numpy
 from uni._mapping import best_mapping, layout_stride
 from uni._tensor import Tensor
-from uni.storage.host import HostStorage
+from uni.storage._numpy import storage_over
 
 __all__ = ["from_dlpack", "register_importer"]
 
@@ -94,6 +94,6 @@ def _tensor_over(buffer: np.ndarray[Any, np.dtype[Any]], offset: int, shape: tup
     # import_flat made ``buffer`` a contiguous 1-D view of a uni dtype (checked) spanning
     # exactly the elements ``(shape, strides)`` reach from ``offset``, writable unless
     # ``readonly``: the storage and the tensor are built without checking that again.
-    storage = HostStorage._over(buffer, buffer.dtype, readonly)
+    storage = storage_over(buffer, buffer.dtype, readonly)
     mapping = best_mapping(shape, strides) if 0 not in shape else layout_stride(shape, strides)
     return Tensor._view(storage, mapping, plain_accessor(storage.dtype, readonly), offset)

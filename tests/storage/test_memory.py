@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.compiled import patches_compiled
 
 import uni
 from uni._access import register_access
@@ -164,6 +165,7 @@ def test_a_range_bridging_two_idle_regions_joins_them() -> None:
             uni.acquire_host_read_access_sync(right[0])
 
 
+@patches_compiled  # replaces _memory.register, which the compiled storages call directly
 def test_a_join_right_after_a_storage_registered_is_not_undone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Another thread joins the memory the moment the registry's lock is released, before the
@@ -366,15 +368,15 @@ def test_a_join_keeps_the_one_queue_in_use_whichever_it_is(busy: str) -> None:
 
 
 def test_a_wrapped_array_that_dies_frees_its_entries() -> None:
-    from uni.storage import host  # the shared-storage table from_numpy fills
+    from uni.storage import _numpy  # the shared-storage table from_numpy fills
 
     gc.collect()
-    regions, shared = _memory.region_count(), len(host._shared)
+    regions, shared = _memory.region_count(), len(_numpy._shared)
     t = uni.from_numpy(np.empty(64))
     view = uni.from_numpy(np.empty(64)[8:])  # a view: its allocation's storage
-    assert _memory.region_count() == regions + 2 and len(host._shared) == shared + 2
+    assert _memory.region_count() == regions + 2 and len(_numpy._shared) == shared + 2
     del t, view  # no collection needed: plain reference counting frees them
-    assert _memory.region_count() == regions and len(host._shared) == shared
+    assert _memory.region_count() == regions and len(_numpy._shared) == shared
 
 
 def test_every_member_reference_shares_one_callback() -> None:
@@ -382,7 +384,7 @@ def test_every_member_reference_shares_one_callback() -> None:
     # and carry the key that names their entry.
     tensors = [uni.from_numpy(np.empty(16)) for _ in range(3)]
     with _memory._lock:
-        refs = [ref for region in _memory._regions for ref, _ in region.members.values()]
+        refs = [ref for region in _memory._index.all() for ref, _ in region.members.values()]
     mine = [ref for ref in refs if any(ref() is t.storage for t in tensors)]
     assert len(mine) == 3
     assert {id(ref.__callback__) for ref in mine} == {id(_memory._died)}
@@ -410,7 +412,7 @@ def test_memory_reused_after_its_storage_died_gets_a_queue_of_its_own() -> None:
     s = uni.from_numpy(fresh).storage
     assert s.queue_offset == 0 and _memory.region_count() == regions + 1
     with _memory._lock:
-        (region,) = [r for r in _memory._regions if r.lo == address]
+        (region,) = [r for r in _memory._index.all() if r.lo == address]
     assert region.queue is s.access_queue and len(region.members) == 1
 
 
