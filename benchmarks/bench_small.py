@@ -20,7 +20,8 @@ Every figure of issue 11 section 3, each against its reference measured in the s
   (``numpy.copyto`` C->C): a bandwidth ratio (goal >= 0.75);
 - fresh *data* (issue 21): ``uni.from_numpy`` of a new array, and a copy, an add and an 8x8
   gemm on new arrays wrapped each call, against numpy doing the same with the same arrays
-  (goals: wrapping <= 3 us; first-sight ops <= 15 us; the gemm <= 15x numpy);
+  (goals: wrapping <= 3 us, also with 50,000 wrapped tensors alive; first-sight ops <= 15 us;
+  the gemm <= 15x numpy);
 - first sight (issue 21): the same copy, add and 8x8 gemm on tensors wrapped before the
   timed loop, new ones every call: the operation's own cost on memory it has never seen.
 
@@ -57,6 +58,9 @@ Result = dict[str, Any]
 #: Each case's goal, for the table: (kind, value). "us": uni <= value microseconds per call;
 #: "x": uni <= value times the reference; "above": uni - reference <= value microseconds;
 #: "bw": reference_s / uni_s >= value (bandwidth ratio).
+#: Tensors kept alive for the many-tensors wrap case (about 100 MB of them).
+ALIVE = 50_000
+
 GOALS: dict[str, tuple[str, float]] = {
     "copy 1000 f64": ("us", 8.0),
     "copy 1000 f64, fresh views": ("us", 8.0),
@@ -75,6 +79,7 @@ GOALS: dict[str, tuple[str, float]] = {
     "copy C->F 4096^2 f64": ("bw", 0.75),
     # Issue 21: first sight of data uni has never seen (new arrays every call).
     "from_numpy, fresh array": ("us", 3.0),
+    f"from_numpy, fresh array, {ALIVE:,} tensors alive": ("us", 3.0),
     "copy 64 f64, fresh data": ("us", 15.0),
     "transform(add) 64 f64, fresh data": ("us", 15.0),
     "gemm 8x8, fresh data": ("x", 15.0),
@@ -269,6 +274,14 @@ def _fresh_data_cases(out: list[Result], number: int, repeats: int) -> None:
 
     _case(out, "from_numpy, fresh array", lambda: uni.from_numpy(np.empty(64)),
           "numpy.empty (the same array)", lambda: np.empty(64), number, repeats)
+
+    # The same with many tensors alive: the memory registry's index must not make each wrap
+    # (and each drop) cost in proportion to the memory uni already holds.
+    alive = [uni.from_numpy(np.empty(64)) for _ in range(ALIVE)]
+    _case(out, f"from_numpy, fresh array, {ALIVE:,} tensors alive",
+          lambda: uni.from_numpy(np.empty(64)), "numpy.empty (the same array)",
+          lambda: np.empty(64), number, repeats)
+    del alive
 
     def copy_uni() -> None:
         uni.copy(uni.from_numpy(v64.copy()), uni.from_numpy(np.empty(64)))
