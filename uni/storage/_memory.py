@@ -77,7 +77,8 @@ _BLOCK: Final = 256
 
 
 class _Index:
-    """The regions, disjoint and ordered by address, in blocks of at most ``2 * _BLOCK``.
+    """The regions, disjoint and ordered by address, in blocks of at most ``2 * _BLOCK``
+    (no block is empty, but for a sole one).
 
     A sorted list of every region would move all the regions after a new one's place on each
     registration and on each drop (memory reused at a low address moves them all: 200 us per
@@ -160,13 +161,16 @@ class _Index:
         los, regions = self.los[b], self.regions[b]
         i = _bisect_left(los, region.lo)
         assert regions[i] is region  # regions are disjoint: one per start address
-        del los[i]
-        del regions[i]
+        los.pop(i)  # (pop: a list primitive compiled, where del is the generic protocol)
+        regions.pop(i)
         self.count -= 1
         if not los:
-            del self.heads[b]
-            del self.los[b]
-            del self.regions[b]
+            # An empty block goes, but the last one stays (empty, its head stale): a program
+            # that wraps one array after another would make and drop a block per wrap.
+            if len(self.heads) > 1:
+                self.heads.pop(b)
+                self.los.pop(b)
+                self.regions.pop(b)
         elif i == 0:
             self.heads[b] = los[0]
 
@@ -185,6 +189,7 @@ _index: Final = _Index()
 _dead: Final[collections.deque[_Member]] = collections.deque()
 # One callback for every member, no closure per storage: the dead reference carries its key.
 _died: Final = _dead.append
+_popleft: Final = _dead.popleft
 # Storage serials: unlike ids, never reused by a later storage.
 _next_serial: Final = itertools.count(1).__next__
 # Bound once: compiled, a module's Final names are C statics, other globals dict lookups.
@@ -313,12 +318,14 @@ def _sentence(text: str) -> str:
 
 def _drop_dead_locked() -> None:
     while _dead:
-        ref = _dead.popleft()
-        members = ref.region.members
+        ref = _popleft()
+        # Typed, so that compiled code reads the region's slots directly (the reference is
+        # an interpreted object: what it carries is Any).
+        region: _Region = ref.region
+        members = region.members
         # None: its region was dropped already (_drop_region_locked) or it was not a member.
         if members.pop(ref.key, None) is None:
             continue
-        region = ref.region
         if not members:  # its last storage went: the memory is no longer uni's
             _index.remove(region)
 
