@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
+from support.compiled import patches_compiled
 from support.strategies import (
     ViewStep,
     as_view_key,
@@ -784,20 +785,25 @@ def test_a_read_only_storage_gives_read_only_tensors() -> None:
         uni.acquire_host_write_access_sync(t)
 
 
+@patches_compiled  # the slow double replaces uni.storage._numpy.storage_over
 def test_concurrent_from_numpy_of_one_array_finds_one_storage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import threading
     import time
 
+    from uni.storage import _numpy
+
     a = np.zeros((4, 4))
-    original = HostStorage.wrap.__func__  # type: ignore[attr-defined]
+    original = _numpy.storage_over
+    made: list[Any] = []
 
-    def slow_wrap(cls: type, *args: Any, **kwargs: Any) -> Any:
+    def slow_over(*args: Any) -> Any:
         time.sleep(0.05)  # widen the window between "not found" and "registered"
-        return original(cls, *args, **kwargs)
+        made.append(original(*args))
+        return made[-1]
 
-    monkeypatch.setattr(HostStorage, "wrap", classmethod(slow_wrap))
+    monkeypatch.setattr(_numpy, "storage_over", slow_over)
     found: list[Any] = [None, None]
     barrier = threading.Barrier(2)
 
@@ -811,6 +817,7 @@ def test_concurrent_from_numpy_of_one_array_finds_one_storage(
     for th in threads:
         th.join()
     assert found[0] is found[1]
+    assert len(made) == 1  # the double ran, once: the other thread found its storage
 
 
 # -- the shared strategies reach every kind of layout the oracle tests rely on ----------------

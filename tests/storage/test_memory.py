@@ -431,3 +431,40 @@ def test_a_fresh_array_and_a_torch_tensor_over_it_share_one_queue() -> None:
             uni.acquire_host_write_access_sync(a)
     finally:
         held.release()
+
+
+def test_joins_refusals_and_growth_across_the_index_blocks() -> None:
+    # Enough regions that the registry's index holds several blocks: a join, a refused join
+    # and a region growing down all reach across them.
+    gc.collect()
+    regions = _memory.region_count()
+    raw = bytearray(1200 * 60 * 8)
+    memory = np.frombuffer(raw, dtype=np.float64)  # not an allocation: each view its region
+    tiles = [uni.from_numpy(memory[i * 60:i * 60 + 10]) for i in range(1200)]
+    assert _memory.region_count() == regions + 1200
+    assert len(_memory._index.heads) > 2
+    first = uni.acquire_host_write_access_sync(tiles[5])
+    last = uni.acquire_host_write_access_sync(tiles[1100])
+    before = [list(block) for block in _memory._index.los]
+    with pytest.raises(uni.StorageError, match="Release those leases"):
+        uni.from_numpy(memory[:1150 * 60])
+    assert [list(block) for block in _memory._index.los] == before  # refused: untouched
+    last.release()
+    whole = uni.from_numpy(memory[:1150 * 60])  # one tile in use: the others join its queue
+    queue = whole.storage.access_queue
+    assert queue is tiles[5].storage.access_queue
+    assert all(t.storage.access_queue is queue for t in tiles[:1150])
+    assert tiles[1150].storage.access_queue is not queue
+    assert _memory.region_count() == regions + 1 + 50  # the join, and tiles 1150..1199
+    with pytest.raises(uni.LeaseConflictError):  # tile 5, written, lies inside
+        uni.acquire_host_read_access_sync(whole)
+    first.release()
+    # A range from below tile 1170 into it: the tile's region grows down, its place moves.
+    grown = uni.from_dlpack(memory[1170 * 60 - 20:1170 * 60 + 3].__dlpack__(), writable=True)
+    assert grown.storage.access_queue is tiles[1170].storage.access_queue
+    with uni.acquire_host_write_access_sync(grown):
+        with pytest.raises(uni.LeaseConflictError):
+            uni.acquire_host_read_access_sync(tiles[1170][:3])
+    del tiles, whole, grown, first, last  # (a released lease still names its tensor)
+    gc.collect()  # the refusals' tracebacks: frames that hold what they were wrapping
+    assert _memory.region_count() == regions

@@ -15,16 +15,31 @@ def _overlapping(model: list[_memory._Region], lo: int, hi: int) -> list[_memory
     return sorted((r for r in model if r.lo < hi and r.hi > lo), key=lambda r: r.lo)
 
 
+def _check_blocks(index: _memory._Index) -> None:
+    # What the index keeps true: each head its block's first start, starts sorted within
+    # and across blocks, no block over 2 * _BLOCK, and no empty block but a sole one.
+    assert len(index.heads) == len(index.los) == len(index.regions)
+    assert sum(map(len, index.regions)) == index.count
+    starts = [lo for los in index.los for lo in los]
+    assert starts == sorted(starts) == [r.lo for r in index.all()]
+    for head, los, regions in zip(index.heads, index.los, index.regions, strict=True):
+        assert len(los) == len(regions) <= 2 * _memory._BLOCK
+        assert los or len(index.heads) == 1
+        if los:
+            assert head == los[0]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_index_finds_what_a_linear_search_finds(seed: int) -> None:
     rng = random.Random(seed)
     index = _memory._Index()
     model: list[_memory._Region] = []
     taken: set[int] = set()  # slots of 16 bytes: a region covers whole slots, disjoint
-    most = 0
+    most = emptied = 0
+    blocks = 1
     for step in range(8000):
         # Mostly adds first (blocks fill and split), mostly drops after (blocks empty).
-        grow = 0.8 if step < 4000 else 0.25
+        grow = 0.8 if step < 4000 else 0.15
         roll = rng.random()
         most = max(most, len(model))
         if roll < grow or not model:  # a new region in free slots
@@ -37,10 +52,17 @@ def test_the_index_finds_what_a_linear_search_finds(seed: int) -> None:
             index.add(region)
             model.append(region)
             taken |= slots
-        elif roll < grow + (1 - grow) * 0.7:  # a region dropped
+        elif roll < grow + (1 - grow) * 0.6:  # a region dropped
             region = model.pop(rng.randrange(len(model)))
             index.remove(region)
             taken -= set(range(region.lo // 16, region.hi // 16))
+        elif step >= 4000 and roll < grow + (1 - grow) * 0.7:  # a stretch: blocks empty
+            lo = rng.randrange(8000) * 16
+            hi = lo + rng.choice((160, 1600, 16000, 48000))
+            for region in [r for r in model if lo <= r.lo < hi]:
+                model.remove(region)
+                index.remove(region)
+                taken -= set(range(region.lo // 16, region.hi // 16))
         else:  # a region grows down into a free slot: its place moves
             region = rng.choice(model)
             below = region.lo // 16 - 1
@@ -53,10 +75,14 @@ def test_the_index_finds_what_a_linear_search_finds(seed: int) -> None:
         if step % 50 == 0:
             assert index.all() == sorted(model, key=lambda r: r.lo)
             assert index.count == len(model)
+            _check_blocks(index)
+        emptied += len(index.heads) < blocks
+        blocks = len(index.heads)
         lo = rng.randrange(-16, 8000 * 16)
         hi = lo + rng.choice((1, 8, 16, 17, 100, 1000, 70000))
         assert (index.overlapping(lo, hi) or []) == _overlapping(model, lo, hi), (step, lo, hi)
     assert most > 4 * _memory._BLOCK  # the blocks split (more than one was exercised)
+    assert emptied >= 2  # and blocks went while the queries went on
     for region in list(model):
         index.remove(region)
     assert index.all() == [] and index.count == 0 and len(index.heads) == 1  # one, empty

@@ -72,7 +72,12 @@ def _root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
 
 
 def _forget(ref: _SharedRef) -> None:
-    _shared.pop(ref.key, None)
+    # Only its own entry: a collection clears every weak reference before it calls their
+    # callbacks, and another callback (or thread) may have wrapped the allocation again in
+    # between, putting a newer storage's reference under the same key.
+    key = ref.key
+    if _shared.get(key) is ref:
+        del _shared[key]
 
 
 def storage_for_array(array: np.ndarray[Any, Any],

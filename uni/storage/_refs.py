@@ -23,7 +23,7 @@ class MemberRef(weakref.ref):  # type: ignore[type-arg]
 
 
 class SharedRef(weakref.ref):  # type: ignore[type-arg]
-    """The storage shared by the views of one numpy allocation (``uni.storage.host``) and
+    """The storage shared by the views of one numpy allocation (``uni.storage._numpy``) and
     its key there."""
 
     __slots__ = ("key",)
