@@ -55,12 +55,12 @@ import uni
 
 Result = dict[str, Any]
 
-#: Each case's goal, for the table: (kind, value). "us": uni <= value microseconds per call;
-#: "x": uni <= value times the reference; "above": uni - reference <= value microseconds;
-#: "bw": reference_s / uni_s >= value (bandwidth ratio).
 #: Tensors kept alive for the many-tensors wrap case (about 100 MB of them).
 ALIVE = 50_000
 
+#: Each case's goal, for the table: (kind, value). "us": uni <= value microseconds per call;
+#: "x": uni <= value times the reference; "above": uni - reference <= value microseconds;
+#: "bw": reference_s / uni_s >= value (bandwidth ratio).
 GOALS: dict[str, tuple[str, float]] = {
     "copy 1000 f64": ("us", 8.0),
     "copy 1000 f64, fresh views": ("us", 8.0),
