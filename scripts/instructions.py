@@ -67,6 +67,9 @@ SYNC: dict[str, tuple[str, str | None]] = {
     "read lease + mdspan": (
         "with uni.acquire_host_read_access_sync(y64) as l: np.asarray(l.mdspan())", None),
     "from_numpy(np.empty(64))": ("uni.from_numpy(np.empty(64))", "np.empty(64)"),
+    "read lease + mdspan of fresh data": (
+        "with uni.acquire_host_read_access_sync(uni.from_numpy(np.empty(64))) as l:"
+        " np.asarray(l.mdspan())", "np.empty(64)"),
     "np.empty(64)": ("np.empty(64)", None),
     "copy 64 repeated": ("uni.copy(s64, d64)", "np.copyto 64"),
     "np.copyto 64": ("np.copyto(d64n, s64n)", None),

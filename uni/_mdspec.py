@@ -155,15 +155,24 @@ def host_view(handle: HostHandle, mapping: Any, *, writeable: bool) -> np.ndarra
         if not writeable:
             view.flags.writeable = False
         return view
-    itemsize = buffer.dtype.itemsize
-    # An extent-1 axis never moves: a stride there too big for numpy's byte strides is
-    # dropped rather than handed over (numpy would refuse the whole view).
-    strides = tuple(0 if n == 1 and abs(s * itemsize) > _MAX_BYTE_STRIDE else s * itemsize
-                    for n, s in zip(shape, mapping.strides, strict=True))
     if not writeable:
         # A read-only view whose flag cannot be flipped back: numpy refuses writeable=True
         # on a view of a read-only buffer it did not allocate.
         buffer = handle.readonly_buffer()
+    element_strides = mapping.strides
+    if len(shape) == 1 and element_strides[0] == 1:
+        # A contiguous vector (what a fresh array wrapped is): a slice of the buffer, a
+        # seventh of the constructor's cost. A slice clamps where the constructor raises,
+        # so it is taken only when the elements lie inside the buffer.
+        start = handle.offset
+        stop = start + shape[0]
+        if 0 <= start and stop <= buffer.shape[0]:
+            return buffer[start:stop]  # (read-only when the buffer is the read-only twin)
+    itemsize = buffer.dtype.itemsize
+    # An extent-1 axis never moves: a stride there too big for numpy's byte strides is
+    # dropped rather than handed over (numpy would refuse the whole view).
+    strides = tuple(0 if n == 1 and abs(s * itemsize) > _MAX_BYTE_STRIDE else s * itemsize
+                    for n, s in zip(shape, element_strides, strict=True))
     view = np.ndarray(shape, buffer.dtype, buffer=buffer, offset=handle.offset * itemsize,
                       strides=strides)
     if not writeable and view.flags.writeable:  # pragma: no cover - a read-only buffer

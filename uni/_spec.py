@@ -26,6 +26,9 @@ class StorageView:
     slots directly instead of importing the class that adds views, factories and printing.
     ``_read_plan``/``_write_plan`` hold the :class:`LeasePlan` of the host leases on this
     view, made by the first one (a view never changes, so neither does what it leases).
+    Every way uni makes a view sets both to None: reading an unset slot raises, and the
+    AttributeError (its message formatted, then dropped) cost more than the rest of a first
+    lease on a fresh tensor. A view made elsewhere may leave them unset; readers allow that.
     """
 
     __slots__ = ("_accessor", "_mapping", "_offset", "_read_plan", "_storage", "_write_plan")

@@ -78,6 +78,7 @@ class Tensor(StorageView):
         self._mapping = mapping
         self._accessor = accessor
         self._offset = offset
+        self._read_plan = self._write_plan = None
 
     @classmethod
     def from_storage(
@@ -94,6 +95,7 @@ class Tensor(StorageView):
         self._mapping = mapping
         self._accessor = accessor
         self._offset = offset
+        self._read_plan = self._write_plan = None
         return self
 
     # -- observers ---------------------------------------------------------------------
@@ -208,6 +210,7 @@ class Tensor(StorageView):
                     out._accessor = self._accessor
                     out._mapping = found if found is not None else _vector_mapping(count, stride)
                     out._offset = self._offset + start * stride if count else self._offset
+                    out._read_plan = out._write_plan = None
                     return out
         return self._getitem_general(key)
 
@@ -280,6 +283,7 @@ class Tensor(StorageView):
         view._mapping = found
         # An empty view reaches nothing: it keeps this view's offset (as _basic_index does).
         view._offset = self._offset + r0 * s0 + c0 * s1 if nr and nc else self._offset
+        view._read_plan = view._write_plan = None
         return view
 
     @property
@@ -296,6 +300,7 @@ class Tensor(StorageView):
         view._mapping = found[1]
         view._accessor = self._accessor
         view._offset = self._offset
+        view._read_plan = view._write_plan = None
         return view
 
     @property

@@ -14,6 +14,7 @@ from support.strategies import dtypes, reachable_offsets, sample_values, seeds, 
 
 import uni
 import uni.cuda
+from uni._mdspec import host_view
 from uni.storage import HostStorage
 
 
@@ -261,6 +262,29 @@ def test_asarray_applies_the_accessor_transform_and_is_read_only(make: Any, expe
     np.testing.assert_array_equal(view, expected(reference))
     assert not view.flags.writeable
     assert buffer[0] == 7j  # the buffer is untouched
+
+
+def test_asarray_of_a_contiguous_vector_is_the_buffers_own_slice() -> None:
+    # The quick state of host_view (a slice where the constructor would be called): the
+    # same view, read-only for good through a const accessor.
+    buffer = np.arange(10.0)
+    view = np.asarray(span_over(buffer, uni.layout_right((4,)), offset=3))
+    assert view.flags.writeable and np.shares_memory(view, buffer)
+    np.testing.assert_array_equal(view, [3.0, 4.0, 5.0, 6.0])
+    const = np.asarray(span_over(buffer, uni.layout_right((4,)),
+                                 uni.ConstAccessor(uni.DefaultAccessor(np.float64)), offset=3))
+    assert not const.flags.writeable
+    with pytest.raises(ValueError):
+        const.flags.writeable = True
+
+
+@pytest.mark.parametrize(("size", "offset", "n"), [(4, 2, 4), (6, -1, 3), (4, 5, 1)])
+def test_a_vector_past_its_buffer_is_refused_not_clamped(size: int, offset: int, n: int) -> None:
+    # A slice would clamp (buffer[2:6] of 4 elements is 2 long); the view must refuse.
+    handle = uni.HostHandle(np.zeros(size), offset)
+    for writeable in (True, False):
+        with pytest.raises(ValueError):
+            host_view(handle, uni.layout_right((n,)), writeable=writeable)
 
 
 def test_asarray_of_an_empty_span_has_its_shape() -> None:

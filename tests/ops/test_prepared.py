@@ -800,6 +800,35 @@ def _out(op: str, operands: tuple[Any, ...]) -> Any:
     return operands[0] if op == "transform" else operands[-1]
 
 
+def test_ieee_results_on_every_path_leave_the_callers_error_state_alone() -> None:
+    # Each kernel runs under numpy's "ignore" error state (IEEE results are the semantics),
+    # set per run: the general path, first sight, the plan's repeat and its identity record
+    # give inf and nan without a warning (pytest turns warnings into errors), on each
+    # backend the walk picks, and the caller's own state -- here "raise" -- is what it was.
+    ran: set[str] = set()
+
+    def run(out: uni.Tensor, x: uni.Tensor, y: uni.Tensor, f: uni.Tensor, i: uni.Tensor,
+            h: uni.Tensor) -> None:
+        ran.add(uni.transform_async(out, uni.ops.divide, x, y).result())
+        ran.add(uni.copy_async(f, i).result())  # nan and inf into int32: the cast's warning
+        ran.add(uni.copy_async(f, h).result())  # into float16: inf stays, nan stays
+
+    with np.errstate(all="raise"):
+        for _ in range(2):  # fresh memory: the general path, then first sight
+            operands = (uni.zeros(3), uni.from_numpy(np.array([1.0, -1.0, 0.0])), uni.zeros(3),
+                        uni.from_numpy(np.array([np.nan, np.inf, 1e300])),
+                        uni.zeros(3, dtype="int32"), uni.zeros(3, dtype="float32"))
+            run(*operands)
+        for _ in range(3):  # the same tensors: planned, then found by identity
+            run(*operands)
+        np.testing.assert_array_equal(operands[0].to_numpy(), [np.inf, -np.inf, np.nan])
+        np.testing.assert_array_equal(operands[5].to_numpy(), [np.nan, np.inf, np.inf])
+        assert np.geterr()["divide"] == "raise"
+        with pytest.raises(FloatingPointError):
+            np.divide(np.ones(1), np.zeros(1))
+    assert ran == {"blas", "numpy"}, ran  # both backends' kernels ran (numpy: the casts)
+
+
 @pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
 def test_first_sight_runs_on_its_form_then_plans_on_the_second_sighting(op: str) -> None:
     getattr(uni, op)(*_fresh(op))  # the general path keeps the form

@@ -17,12 +17,48 @@ from uni._accessor import (
 from uni._handle import HOST
 from uni.ops import is_element_op
 
-__all__ = ["Operand", "address_of", "host_signature", "host_spans", "unvectorised",
-           "transform_binder", "view_former", "views_binder"]
+__all__ = ["ERRSTATE", "IGNORE", "Operand", "address_of", "host_signature", "host_spans",
+           "quiet", "transform_binder", "unvectorised", "view_former", "views_binder"]
 
 #: One operand of a form's binding (``prepare_form``): the storage's flat host buffer, the
 #: element offset of the view's first index in it, and the buffer's address.
 Operand: TypeAlias = tuple[np.ndarray[Any, Any], int, int]
+
+# numpy keeps its floating-point error state in a context variable; ``np.errstate`` builds a
+# new state object on every entry (about 0.9 us), and as a decorator it wraps the function
+# anew (1.7 us: too much to pay per binding). A kernel sets the one "ignore" state made here
+# instead. The variable is private to numpy: without it, errstate as usual. (The state is
+# numpy's at import with every error ignored: a buffer size set later with np.setbufsize
+# is not seen inside the kernel, which changes how fast numpy loops, not what they give.)
+ERRSTATE: Any
+try:
+    import numpy._core._ufunc_config as _ufunc_config
+
+    ERRSTATE = getattr(_ufunc_config, "_extobj_contextvar", None)
+except ImportError:  # another numpy layout
+    ERRSTATE = None
+IGNORE: Any = None
+if ERRSTATE is not None:
+    with np.errstate(all="ignore"):
+        IGNORE = ERRSTATE.get()
+
+
+def quiet(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run under ``np.errstate(all="ignore")`` (IEEE results are the semantics): made
+    once per kernel, not per binding."""
+    if ERRSTATE is None:
+        return np.errstate(all="ignore")(fn)
+    var, state = ERRSTATE, IGNORE
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = var.set(state)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            var.reset(token)
+
+    return run
+
 
 _PLAIN = (DefaultAccessor, ConstAccessor, ConjugateAccessor, ScaledAccessor)
 

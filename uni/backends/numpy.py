@@ -42,6 +42,7 @@ from uni.backends._common import (
     Operand,
     host_signature,
     host_spans,
+    quiet,
     transform_binder,
     unvectorised,
     views_binder,
@@ -240,16 +241,16 @@ def _prepare_copy(call: CopyCall) -> Callable[[Sequence[Operand]], Callable[[], 
     plain = _plain_cast(call.src.dtype, out.dtype)
     store = out.dtype
 
-    def make(src: Array, out: Array) -> Callable[[], bool]:
-        @np.errstate(all="ignore")
-        def run() -> bool:
-            if plain:
-                np.copyto(out, src, casting="unsafe")
-            else:
-                store_cast(src, store, out=out)
-            return True
+    @quiet  # once per form: the error state is set per run, not wrapped per binding
+    def copy(src: Array, out: Array) -> bool:
+        if plain:
+            np.copyto(out, src, casting="unsafe")
+        else:
+            store_cast(src, store, out=out)
+        return True
 
-        return run
+    def make(src: Array, out: Array) -> Callable[[], bool]:
+        return lambda: copy(src, out)
 
     return views_binder(spans, make)
 
@@ -279,23 +280,23 @@ def _prepare_ufunc(ufunc: np.ufunc, out: Array, inputs: list[Any]
                   for i, x in enumerate(inputs) if not isinstance(x, np.ndarray)]
     direct = loop[-1] == out.dtype and _direct(out)
 
+    @quiet  # IEEE results, as uni.ops' own ops give them (once per form, not per binding)
+    def kernel(out: Array, args: list[Any]) -> None:
+        if direct:
+            ufunc(*args, out=out, signature=loop, casting="unsafe")
+        else:
+            _store(np.asarray(ufunc(*args, signature=loop, casting="unsafe")), out)
+
     def bind(out: Array, arrays: Sequence[Array]) -> Callable[..., bool]:
         template = base.copy()
         for i, x in zip(positions, arrays, strict=True):
             template[i] = x
 
-        @np.errstate(all="ignore")  # IEEE results, as uni.ops' own ops give them
-        def kernel(args: list[Any]) -> None:
-            if direct:
-                ufunc(*args, out=out, signature=loop, casting="unsafe")
-            else:
-                _store(np.asarray(ufunc(*args, signature=loop, casting="unsafe")), out)
-
         def run(*scalars: Any) -> bool:
             args = with_scalars(template, converters, scalars)
             if args is None:
                 return False
-            kernel(args)
+            kernel(out, args)
             return True
 
         return run

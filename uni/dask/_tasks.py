@@ -131,7 +131,7 @@ def run_tile_task(task: TileTask, deps: Any = None) -> Token:
 def _host_view(lease: Any) -> Iterator[uni.Tensor]:
     """The write lease's buffer as a host tensor (zero-copy) for uni's operations.
 
-    On the way out its storage drops its kept handles (which refer back to it), so that
+    On the way out its storage drops its kept handles (each holds the buffer), so that
     nothing refers to the buffer once the task is done with it: the commit can then hand
     the buffer on to the next task (``uni.dask._cache``) instead of faulting in new memory.
     """

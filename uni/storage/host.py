@@ -103,10 +103,10 @@ class HostStorage(StorageBase):
         return found
 
     def drop_handles(self) -> None:
-        """Forget the kept handles. Each refers back to this storage, so while one is kept
-        the storage (and its buffer) outlives its last user until the next garbage
-        collection; a caller that wants the memory back at once (uni.dask reuses chunk
-        buffers) drops them when it is done."""
+        """Forget the kept handles. They refer to this storage weakly (no cycle: the storage
+        and its buffer go with their last user, without waiting for the garbage collector),
+        but each holds the buffer: a caller that hands the buffer on and wants no reference
+        of uni's left behind (uni.dask reuses chunk buffers) drops them when it is done."""
         self._handles = {}
 
     def acquire_read(self, region: Region) -> HostHandle:

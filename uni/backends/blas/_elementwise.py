@@ -20,6 +20,9 @@ from uni import _promotion
 from uni._dtypes import as_dtype
 from uni._errors import DTypeError, LayoutError, ShapeError
 from uni._promotion import Category, DType, PythonScalar
+from uni.backends._common import ERRSTATE as _ERRSTATE
+from uni.backends._common import IGNORE as _IGNORE
+from uni.backends._common import quiet
 from uni.ops import ElementOp, is_element_op
 
 Array: TypeAlias = np.ndarray[Any, Any]
@@ -27,36 +30,6 @@ Input: TypeAlias = Array | np.generic | PythonScalar
 
 # Bound on np.shares_memory's exact overlap search; past it, staging is the safe answer.
 _SHARES_MEMORY_MAX_WORK = 1 << 16
-
-# numpy keeps its floating-point error state in a context variable; ``np.errstate`` builds a
-# new state object on every entry. A prepared repeat sets the one "ignore" state made here
-# instead (half the cost). The variable is private to numpy: without it, errstate as usual.
-_ERRSTATE: Any
-try:
-    import numpy._core._ufunc_config as _ufunc_config
-
-    _ERRSTATE = getattr(_ufunc_config, "_extobj_contextvar", None)
-except ImportError:  # another numpy layout
-    _ERRSTATE = None
-if _ERRSTATE is not None:
-    with np.errstate(all="ignore"):
-        _IGNORE = _ERRSTATE.get()
-
-
-def quiet(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run under ``np.errstate(all="ignore")`` (IEEE results are the semantics)."""
-    if _ERRSTATE is None:
-        return np.errstate(all="ignore")(fn)
-    var, state = _ERRSTATE, _IGNORE
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        token = var.set(state)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            var.reset(token)
-
-    return run
 
 
 def _check_out(out: object) -> Array:
