@@ -180,6 +180,21 @@ def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: Any,
     return lease_for(access, is_tensor)
 
 
+def _opened_now(x: Any, mode: Mode, fn: str) -> PendingAcquisition[Any] | None:
+    """The uncontended ``_async`` acquisition of a tensor view over plain memory: its plan's
+    access (the sync lease's first step, held by no thread: the task that awaits it will),
+    granted and opened at call time, in an acquisition that hands it over when awaited; or
+    None, with nothing registered (the general path)."""
+    try:
+        plan = x._read_plan if mode == "read" else x._write_plan
+    except AttributeError:
+        return None  # not a view uni made
+    if plan is None:
+        plan = plan_of(x, mode, fn)
+    access = plan.open_access(None)
+    return None if access is None else PendingAcquisition.opened(access)
+
+
 def _acquire_async(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool,
                    allow_poisoned: bool) -> PendingAcquisition[Any]:
     spec, is_tensor = spec_of(x, mode, domain, fn, overwrite=overwrite)
@@ -209,9 +224,12 @@ def acquire_host_read_access_sync(x: Any, *, timeout: Any = None, allow_poisoned
         # The uncontended lease on a tensor view over plain memory (make_lease's first step);
         # anything else, or anything in the way, takes the general path.
         try:
-            plan = x._read_plan  # a tensor view's plan, once its first lease made it
+            plan = x._read_plan  # a tensor view's plan, made by its first lease
         except AttributeError:
-            plan = None
+            plan = None  # not a view uni made
+        else:
+            if plan is None:  # the view's first lease: its plan (checked), then the same step
+                plan = plan_of(x, "read", "acquire_host_read_access_sync")
         if plan is not None:
             lease = make_lease(plan.lease, None, plan)  # the uncontended first step
             if lease is not None:
@@ -238,9 +256,12 @@ def acquire_host_write_access_sync(x: Any, *, timeout: Any = None, overwrite: An
     """
     if timeout is None and not overwrite:
         try:
-            plan = x._write_plan  # a tensor view's plan, once its first lease made it
+            plan = x._write_plan  # a tensor view's plan, made by its first lease
         except AttributeError:
             plan = None
+        else:
+            if plan is None:
+                plan = plan_of(x, "write", "acquire_host_write_access_sync")
         if plan is not None:
             lease = make_lease(plan.lease, None, plan)  # the uncontended first step
             if lease is not None:
@@ -258,6 +279,9 @@ def acquire_host_read_access_async(x: MdspecLike, *, allow_poisoned: bool = Fals
 def acquire_host_read_access_async(x: Any, *, allow_poisoned: Any = False
                                    ) -> PendingAcquisition[Any]:
     """Register a read request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
+    pending = _opened_now(x, "read", "acquire_host_read_access_async")
+    if pending is not None:
+        return pending
     return _acquire_async(x, "read", HOST, "acquire_host_read_access_async", overwrite=False,
                           allow_poisoned=bool(allow_poisoned))
 
@@ -273,6 +297,10 @@ def acquire_host_write_access_async(x: MdspecLike, *, overwrite: bool = False,
 def acquire_host_write_access_async(x: Any, *, overwrite: Any = False,
                                     allow_poisoned: Any = False) -> PendingAcquisition[Any]:
     """Register a write request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
+    if not overwrite:
+        pending = _opened_now(x, "write", "acquire_host_write_access_async")
+        if pending is not None:
+            return pending
     return _acquire_async(x, "write", HOST, "acquire_host_write_access_async",
                           overwrite=bool(overwrite), allow_poisoned=bool(allow_poisoned))
 

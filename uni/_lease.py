@@ -16,8 +16,9 @@ import numpy as np
 from mypy_extensions import mypyc_attr, trait
 
 from uni import _registry as backends
-from uni._access import _PLAIN, Access, register_access, release_from_finalizer
+from uni._access import _PLAIN, Access, release_from_finalizer
 from uni._accessor import ConstAccessor
+from uni._core import CURRENT_THREAD
 from uni._errors import LeaseError, LeaseReleasedError
 from uni._export import access_array, dlpack_device_of, export_access
 from uni._lease_plan import LeasePlan, plain_storage
@@ -310,15 +311,7 @@ def make_lease(cls: type[LeaseT], access: Access | None, plan: LeasePlan | None 
     if access is None:
         # The overloads say a plan comes without an access (no assert, no cast() call: this
         # is the hot path of every lease).
-        handle = plan.handle  # type: ignore[union-attr]
-        if handle is None:
-            return None
-        spec = plan.spec  # type: ignore[union-attr]
-        queue = spec.storage.access_queue  # the queue first, then the offset
-        where = plan.where  # type: ignore[union-attr]
-        if where is None or where[0] is not queue:
-            where = plan.where_for(queue)  # type: ignore[union-attr]
-        access = register_access(spec, queue, where[1], handle)
+        access = plan.open_access(CURRENT_THREAD)  # type: ignore[union-attr]
         if access is None:
             return None
     return cls(_MAKER, access)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from uni._access import Access, register_access
 from uni._core import AccessQueue, Mode
 from uni._handle import HOST
 from uni._spec import AccessSpec, queue_range
@@ -69,6 +70,23 @@ class LeasePlan:
         # (queue, (lo, hi)): the range in the queue it was last worked out for, in one
         # tuple so that a thread never sees one queue's range with another queue.
         self.where: tuple[AccessQueue, tuple[int, int]] | None = None
+
+    def open_access(self, owner: Any) -> Access | None:
+        """The uncontended access on this plan: the first step of the one maker of accesses
+        (:func:`~uni._access.register_access`), granted and opened at once for ``owner``
+        (``CURRENT_THREAD``, or None for a task that will hold it), or None with nothing
+        registered (not plain memory, or something in the way: the general path)."""
+        handle = self.handle
+        if handle is None:
+            return None
+        spec = self.spec
+        queue = spec.storage.access_queue  # the queue first, then the range
+        where = self.where
+        if where is None or where[0] is not queue:
+            where = self.where_for(queue)
+        # (Positional: on 3.11 a keyword argument costs a dict lookup, on every lease.)
+        access: Access | None = register_access(spec, queue, where[1], handle, None, owner)
+        return access
 
     def where_for(self, queue: AccessQueue) -> tuple[AccessQueue, tuple[int, int]]:
         """``(queue, (lo, hi))``: the view's range in ``queue``'s units, worked out and kept."""

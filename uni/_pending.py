@@ -14,7 +14,7 @@ from collections.abc import Generator
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from uni._access import register_access, release_from_finalizer
+from uni._access import Access, register_access, release_from_finalizer
 from uni._core import running_library, unsupported_loop
 from uni._core._owners import TaskOwner
 from uni._lease import _Lease, lease_for
@@ -47,11 +47,24 @@ class PendingAcquisition(Generic[L]):
         self._state = "registered"
         self._lease: _Lease | None = None
 
+    @classmethod
+    def opened(cls, access: Access) -> PendingAcquisition[Any]:
+        """The acquisition of a tensor view whose ``access`` the uncontended first step
+        granted and opened at call time (held by no thread: by the task that awaits it)."""
+        self = cls.__new__(cls)
+        self._access = access
+        self._is_tensor = True
+        self._allow_poisoned = False  # (granted only with no poison in the queue)
+        self._state = "opened"
+        self._lease = None
+        return self
+
     def __await__(self) -> Generator[Any, None, L]:
         return self._acquire().__await__()
 
     async def _acquire(self) -> L:
-        if self._state != "registered":
+        state = self._state
+        if state != "registered" and state != "opened":
             raise RuntimeError("this acquisition was already awaited; call acquire_* again")
         access = self._access
         # Checked even when nothing is in the way (the trio check is one attribute read): an
@@ -64,12 +77,14 @@ class PendingAcquisition(Generic[L]):
             raise unsupported_loop(
                 f"acquire_{spec.storage.domain.value}_{spec.mode}_access_async(...)")
         self._state = "awaiting"
-        await access.wait_async(library=library)
+        if state == "registered":
+            await access.wait_async(library=library)
         # Granted: from now on a time-out behind it names this task (SPEC §4: who holds it).
         access.request.owner_thread = TaskOwner(library)
-        # Before opening: a handle the opener made would never be handed back.
-        access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
-        await access.open_async()
+        if state == "registered":
+            # Before opening: a handle the opener made would never be handed back.
+            access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
+            await access.open_async()
         self._state = "done"
         return lease_for(access, self._is_tensor)  # type: ignore[return-value]
 
@@ -85,7 +100,7 @@ class PendingAcquisition(Generic[L]):
             lease.__exit__(exc_type, exc, tb)
 
     def __del__(self) -> None:
-        if getattr(self, "_state", None) == "registered":
+        if getattr(self, "_state", None) in ("registered", "opened"):
             self._state = "dropped"
             access = self._access
             release_from_finalizer(access.withdraw, access.queue, access)

@@ -21,12 +21,14 @@ import numpy as np
 import pytest
 import trio
 from support.compiled import patches_compiled
+from support.loops import Loop, each_loop
 
 import uni
 import uni._acquire
 import uni._lease
 from uni._access import register_access
 from uni._core import HostFence
+from uni._core._owners import TaskOwner
 from uni._lease_plan import LeasePlan, plain_storage
 from uni._spec import AccessSpec
 
@@ -34,7 +36,7 @@ read = uni.acquire_host_read_access_sync
 write = uni.acquire_host_write_access_sync
 
 def warm(t: uni.Tensor) -> tuple[LeasePlan, LeasePlan]:
-    """Make ``t``'s plans (the first lease of each mode takes the general path)."""
+    """Make ``t``'s plans (the first lease of each mode makes them)."""
     with read(t):
         pass
     with write(t):
@@ -543,3 +545,81 @@ def test_a_shared_fast_lease_is_held_until_its_last_holder_lets_go(
     assert queue.active_count() == 0
     with read(t):
         pass
+
+
+# -- a view's first lease, and the _async forms: the same first step ------------------------
+@patches_compiled
+def test_a_views_first_lease_makes_its_plan_and_takes_the_fast_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    t = uni.from_numpy(np.arange(6.0))
+    counts = fast_count(monkeypatch)
+    with read(t[1:4]) as lease:
+        np.testing.assert_array_equal(lease.numpy(), [1.0, 2.0, 3.0])
+    with write(t) as lease:
+        lease.numpy()[:] = 7.0
+    assert counts == [2, 0]
+    assert t._read_plan is None and t._write_plan is not None  # each view its own plans
+    # A view its first lease cannot have at once still gets its plan, then waits.
+    u = uni.from_numpy(np.zeros(3))
+    with read(u):
+        with pytest.raises(uni.LeaseConflictError):
+            write(u)
+    assert counts == [3, 1] and u._write_plan is not None
+
+
+def _async_state(lease: Any) -> dict[str, Any]:
+    state = _state_of(lease)
+    owner = state.pop("owner_thread")
+    assert type(owner) is TaskOwner and owner.ident is None
+    return state
+
+
+@patches_compiled
+@pytest.mark.parametrize("mode", ["read", "write"])
+@each_loop
+async def test_the_fast_and_general_async_acquisitions_make_the_same_lease(
+        loop: Loop, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Granted and opened at call time when nothing is in the way (its queue shows the grant
+    # before the await, as the general path's registration does), held by no thread until
+    # awaited, then by the awaiting task: field by field what the general path makes.
+    acquire = (uni.acquire_host_read_access_async if mode == "read"
+               else uni.acquire_host_write_access_async)
+    states = []
+    for fast in (True, False):
+        if not fast:
+            monkeypatch.setattr(uni._acquire, "_opened_now", lambda x, mode, fn: None)
+        t = uni.from_numpy(np.arange(4.0))
+        pending = acquire(t[1:])
+        assert [(m, g) for m, _, _, _, g in t.storage.access_queue.snapshot()] == [
+            (mode, True)]
+        assert pending._access.request.owner_thread is None
+        async with pending as lease:
+            assert type(lease) is (uni.ReadTensorLease if mode == "read"
+                                   else uni.WriteTensorLease)
+            states.append(_async_state(lease))
+            assert pending._access._state == (3 if fast else 1)  # _PLAIN: no hook to undo
+        assert t.storage.access_queue.snapshot() == []
+    fast_state, general_state = states
+    for state in states:  # each its own tensor: what differs is which storage
+        for name in ("spec", "written", "handle", "queue"):
+            state.pop(name)
+    assert fast_state == general_state
+
+
+@each_loop
+async def test_an_uncontended_async_acquisition_orders_what_comes_after_it(loop: Loop) -> None:
+    # Registered at call time, like the general path: a later writer waits for it even
+    # before it is awaited (here it would block the loop), and a poisoned view still refuses
+    # (the general path's check).
+    t = uni.from_numpy(np.zeros(4))
+    pending = uni.acquire_host_read_access_async(t)
+    with pytest.raises(uni.WouldBlockError, match="waits for what is held by read lease"):
+        write(t)
+    async with pending as lease:
+        np.testing.assert_array_equal(lease.numpy(), 0.0)
+    with pytest.raises(KeyError), write(t[:2]):
+        raise KeyError("failed writer")
+    with pytest.raises(uni.PoisonedError):
+        await uni.acquire_host_read_access_async(t[1:3])
+    async with uni.acquire_host_read_access_async(t[2:]) as lease:  # not poisoned there
+        np.testing.assert_array_equal(lease.numpy(), 0.0)
