@@ -10,7 +10,6 @@ handle holds a numpy buffer or a device pointer.
 from __future__ import annotations
 
 import enum
-import weakref
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -50,54 +49,19 @@ class Handle(Protocol):
         ...
 
 
-class _Held:
-    """A strong reference with a weak reference's call: for an owner that cannot be weakly
-    referenced."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __call__(self) -> Any:
-        return self.obj
-
-
-def _owner_ref(owner: Any) -> Any:
-    # Weak: a storage keeps the handles it hands out (uni.storage.HostStorage.handle), and a
-    # strong reference back made every storage that was ever leased a reference cycle, freed
-    # only by the garbage collector -- with its buffer, queue and memory region kept until
-    # then, and the collection's cost paid by whatever allocation set it off.
-    if owner is None:
-        return None
-    try:
-        return weakref.ref(owner)
-    except TypeError:  # an owner without weak references (a slotted custom storage)
-        return _Held(owner)
-
-
 @attrs.frozen
 class HostHandle:
     """A host data handle: a flat numpy buffer and the element offset of index (0, ..., 0).
 
     ``owner`` is the storage the buffer belongs to (None for a bare buffer); acquisition
-    through an mdspan with an owner still goes through that storage's access queue. The
-    handle refers to its owner weakly (where the owner allows it): ``owner`` is None once
-    the storage is gone, and the handle is then a bare buffer (the buffer itself stays alive
-    with the handle).
+    through an mdspan with an owner still goes through that storage's access queue.
     """
 
     buffer: np.ndarray[Any, Any] = attrs.field(eq=False)
     offset: int = 0
-    _owner: Any = attrs.field(default=None, eq=False, repr=False, alias="owner",
-                              converter=_owner_ref)
+    owner: Any = attrs.field(default=None, eq=False)
     # The same memory as a read-only array (made on first use, then kept with the handle).
     _readonly: Any = attrs.field(default=None, eq=False, repr=False, alias="_readonly")
-
-    @property
-    def owner(self) -> Any:
-        ref = self._owner
-        return None if ref is None else ref()
 
     @property
     def domain(self) -> Domain:

@@ -22,14 +22,16 @@ __all__ = ["LeasePlan", "plain_storage"]
 
 
 _plain_types: dict[type, bool] = {}
+_ASYNC_HOOKS: Final = ("acquire_read_async", "acquire_write_async")
 _HOOK_NAMES: Final = frozenset(
-    {"acquire_read", "acquire_write", "handle", "release_read", "release_write"})
+    {"acquire_read", "acquire_write", "handle", "release_read", "release_write", *_ASYNC_HOOKS})
 
 
 def plain_storage(storage: Any) -> bool:
     """Plain host memory: its acquire hooks return ``handle(region.offset)`` and its release
-    hooks do nothing, as :class:`~uni.storage.HostStorage`'s own do (a subclass that overrides
-    any of them, or an instance that does, is not plain)."""
+    hooks do nothing, as :class:`~uni.storage.HostStorage`'s own do, and it has no
+    ``acquire_*_async`` hook for the ``_async`` acquisitions to await (a subclass that
+    overrides or adds any of them, or an instance that does, is not plain)."""
     cls = type(storage)
     known = _plain_types.get(cls)
     if known is None:
@@ -37,7 +39,8 @@ def plain_storage(storage: Any) -> bool:
             getattr(cls, "immediate", False) and getattr(cls, "release_is_noop", False)
             and issubclass(cls, HostStorage)
             and cls.acquire_read is _PLAIN_HOOKS[0] and cls.acquire_write is _PLAIN_HOOKS[1]
-            and cls.handle is _PLAIN_HOOKS[2])
+            and cls.handle is _PLAIN_HOOKS[2]
+            and not any(hasattr(cls, name) for name in _ASYNC_HOOKS))
     # An instance that patched a hook is not plain (isdisjoint: no set built per call).
     return known and storage.domain is HOST and vars(storage).keys().isdisjoint(_HOOK_NAMES)
 

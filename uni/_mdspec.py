@@ -160,13 +160,15 @@ def host_view(handle: HostHandle, mapping: Any, *, writeable: bool) -> np.ndarra
         # on a view of a read-only buffer it did not allocate.
         buffer = handle.readonly_buffer()
     element_strides = mapping.strides
-    if len(shape) == 1 and element_strides[0] == 1:
+    if len(shape) == 1 and element_strides[0] == 1 and type(buffer) is np.ndarray:
         # A contiguous vector (what a fresh array wrapped is): a slice of the buffer, a
         # seventh of the constructor's cost. A slice clamps where the constructor raises,
-        # so it is taken only when the elements lie inside the buffer.
+        # and follows the buffer's own shape and strides where the constructor refuses
+        # them, so it is taken only for a flat contiguous buffer whose elements it reaches.
         start = handle.offset
         stop = start + shape[0]
-        if 0 <= start and stop <= buffer.shape[0]:
+        if (0 <= start and stop <= buffer.shape[0] and buffer.ndim == 1
+                and buffer.flags.c_contiguous):
             return buffer[start:stop]  # (read-only when the buffer is the read-only twin)
     itemsize = buffer.dtype.itemsize
     # An extent-1 axis never moves: a stride there too big for numpy's byte strides is

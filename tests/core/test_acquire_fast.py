@@ -623,3 +623,34 @@ async def test_an_uncontended_async_acquisition_orders_what_comes_after_it(loop:
         await uni.acquire_host_read_access_async(t[1:3])
     async with uni.acquire_host_read_access_async(t[2:]) as lease:  # not poisoned there
         np.testing.assert_array_equal(lease.numpy(), 0.0)
+
+
+@each_loop
+async def test_a_storage_with_async_hooks_has_them_awaited(loop: Loop) -> None:
+    # Not plain memory, even with the sync hooks untouched: the _async acquisitions await its
+    # acquire_*_async hooks (the storage protocol's promise), with a plan or without.
+    calls: list[str] = []
+
+    class Prefetched(uni.storage.HostStorage):
+        release_is_noop = True
+
+        async def acquire_read_async(self, region: Any) -> Any:
+            calls.append("read")
+            await loop.checkpoint()
+            return self.handle(region.offset)
+
+        async def acquire_write_async(self, region: Any, *, overwrite: bool) -> Any:
+            calls.append("write")
+            return self.handle(region.offset)
+
+    t = uni.Tensor.from_storage(Prefetched(4), uni.layout_right((4,)))
+    assert not plain_storage(t.storage)
+    for _ in range(2):  # the second time with the view's plans made
+        async with uni.acquire_host_read_access_async(t):
+            pass
+        async with uni.acquire_host_write_access_async(t):
+            pass
+    assert calls == ["read", "write"] * 2
+    plain = uni.storage.HostStorage(4)
+    plain.acquire_read_async = Prefetched.acquire_read_async  # on the instance: not plain
+    assert not plain_storage(plain)

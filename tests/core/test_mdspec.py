@@ -287,6 +287,28 @@ def test_a_vector_past_its_buffer_is_refused_not_clamped(size: int, offset: int,
             host_view(handle, uni.layout_right((n,)), writeable=writeable)
 
 
+@pytest.mark.parametrize("kind", ["2-D", "strided", "memmap"])
+def test_a_vector_over_an_unusual_buffer_is_viewed_as_the_constructor_views_it(
+        kind: str, tmp_path: Any) -> None:
+    # The slice is for flat, contiguous, plain ndarray buffers: anything else gets the
+    # constructor's answer (a flat view of exactly the elements, or its refusal).
+    if kind == "memmap":
+        buffer: Any = np.memmap(tmp_path / "m", np.float64, "w+", shape=(6,))
+        buffer[:] = np.arange(6.0)
+    else:
+        buffer = np.arange(12.0).reshape(3, 4) if kind == "2-D" else np.arange(12.0)[::2]
+    handle = uni.HostHandle(buffer, 1)
+    try:
+        expected: Any = np.ndarray((2,), buffer.dtype, buffer=buffer, offset=8, strides=(8,))
+    except (TypeError, ValueError) as err:
+        with pytest.raises(type(err)):
+            host_view(handle, uni.layout_right((2,)), writeable=True)
+        return
+    view = host_view(handle, uni.layout_right((2,)), writeable=True)
+    assert type(view) is np.ndarray and view.shape == (2,)
+    np.testing.assert_array_equal(view, expected)
+
+
 def test_asarray_of_an_empty_span_has_its_shape() -> None:
     span = span_over(np.zeros(0), uni.layout_right((3, 0)))
     assert np.asarray(span).shape == (3, 0)

@@ -62,13 +62,9 @@ def device_span(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any = n
     return MdSpan(CudaHandle(FAKE_PTR, device, offset), uni.layout_stride(shape, strides), acc)
 
 
-# A pinned stand-in, kept alive here: a handle refers to its owner weakly.
-_PINNED = PinnedStorage.__new__(PinnedStorage)
-
-
 def host_span(array: np.ndarray[Any, Any], pinned: bool = False, accessor: Any = None
               ) -> MdSpan:
-    owner = _PINNED if pinned else None
+    owner = PinnedStorage.__new__(PinnedStorage) if pinned else None  # a pinned stand-in
     flat = array.reshape(-1)
     handle = uni.HostHandle(flat, 0, owner)
     acc = uni.DefaultAccessor(array.dtype) if accessor is None else accessor

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
 
 import uni
-from uni.storage import HostStorage
+from uni.storage.mapped import MappedFileStorage
 
 
 def test_reshaping_the_wrapped_array_in_place_leaves_the_storage_as_it_was() -> None:
@@ -54,21 +55,35 @@ def test_a_leased_storage_goes_with_its_last_user_without_the_garbage_collector(
         gc.enable()
 
 
-def test_a_handle_refers_to_its_owner_while_it_lives() -> None:
-    storage = HostStorage(4, np.float64)
-    handle = storage.handle(1)
-    assert handle.owner is storage
-    del storage
-    assert handle.owner is None  # now a bare buffer, still readable
-    assert handle.buffer.shape == (4,) and handle.shifted(1).owner is None
+def test_an_mdspan_kept_after_its_tensor_still_goes_through_the_storage() -> None:
+    # A handle holds its storage: acquiring through the mdspan of a lease (or the tensor's
+    # mdspec) after the tensor went still meets the storage's queue, poison and hooks.
+    t = uni.from_numpy(np.arange(4.0))
+    with pytest.raises(ValueError), uni.acquire_host_write_access_sync(t):
+        raise ValueError("half-written")
+    spec = t.mdspec()
+    with uni.acquire_host_read_access_sync(t, allow_poisoned=True) as lease:
+        span = lease.mdspan()
+    storage = weakref.ref(t.storage)
+    del t, lease
+    gc.collect()
+    assert storage() is not None
+    for kept in (spec, span):
+        with pytest.raises(uni.PoisonedError):
+            uni.acquire_host_read_access_sync(kept)
 
 
-def test_an_owner_without_weak_references_is_held() -> None:
-    class Slotted:
-        __slots__ = ()
-
-    owner = Slotted()
-    handle = uni.HostHandle(np.zeros(2), 0, owner)
-    del owner
-    assert type(handle.owner) is Slotted
-    assert handle.shifted(1).owner is handle.owner
+def test_a_write_through_a_mapped_files_kept_mdspan_reaches_the_file(tmp_path: Any) -> None:
+    path = tmp_path / "f.bin"
+    np.arange(4.0).tofile(path)
+    t = uni.Tensor.from_storage(MappedFileStorage(path, np.float64, mode="r+"),
+                                uni.layout_right((4,)))
+    with uni.acquire_host_write_access_sync(t) as lease:
+        span = lease.mdspan()
+    del t, lease
+    gc.collect()
+    with uni.acquire_host_write_access_sync(span) as lease:
+        np.asarray(lease.mdspan())[:] = 7.0
+    del span, lease
+    gc.collect()
+    np.testing.assert_array_equal(np.fromfile(path), 7.0)

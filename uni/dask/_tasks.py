@@ -29,7 +29,6 @@ from uni.dask._chunk_storage import (
 )
 from uni.dask._grid import Index, broadcast_box, covering, tile_box
 from uni.dask._tiled import TiledTensor
-from uni.storage import HostStorage
 
 #: What a task returns: ("done" | "skipped", tile index, epoch, ((op, backend), ...)).
 Token = tuple[str, Index, int | None, tuple[tuple[str, str | None], ...]]
@@ -131,17 +130,11 @@ def run_tile_task(task: TileTask, deps: Any = None) -> Token:
 def _host_view(lease: Any) -> Iterator[uni.Tensor]:
     """The write lease's buffer as a host tensor (zero-copy) for uni's operations.
 
-    On the way out its storage drops its kept handles (each holds the buffer), so that
-    nothing refers to the buffer once the task is done with it: the commit can then hand
-    the buffer on to the next task (``uni.dask._cache``) instead of faulting in new memory.
+    Nothing of uni's refers to the buffer once the task lets go of the tensor (no reference
+    cycle keeps its storage), so the commit can hand the buffer on to the next task
+    (``uni.dask._cache``) instead of faulting in new memory.
     """
-    tensor = uni.from_numpy(np.asarray(lease.mdspan()))
-    try:
-        yield tensor
-    finally:
-        storage = tensor.storage
-        if isinstance(storage, HostStorage):
-            storage.drop_handles()
+    yield uni.from_numpy(np.asarray(lease.mdspan()))
 
 
 def _compute_dtype(*dtypes: np.dtype[Any], alpha: Any, beta: Any) -> np.dtype[Any]:
