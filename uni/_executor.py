@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextvars
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -241,6 +242,28 @@ def _run_granted(job: Job, run: Callable[[], None], to_workers: Callable[[], Non
             to_workers()
 
 
+def _to_workers(job: Job, run: Callable[[], None],
+                future: concurrent.futures.Future[Any]) -> None:
+    """Hand granted ``job`` (``run``) to a worker. Takes a worker only once every lease is
+    granted: a worker never blocks on a grant, so runnable operations never starve behind
+    ones waiting (whatever the number of workers, and whichever thread registered first or
+    submitted first). Runs in the thread that released the last lease in the way, possibly
+    inside a finalizer that interrupted this very function in the same thread: the
+    executor's locks are not reentrant, so such a call submits from a fresh thread instead."""
+    if getattr(_submitting, "active", False):
+        threading.Thread(target=_to_workers, args=(job, run, future), name="uni-dispatch",
+                         daemon=True).start()
+        return
+    _submitting.active = True
+    try:
+        _workers().submit(run)
+    except BaseException as err:  # interpreter shutdown: no new threads
+        job.fail(err)
+        future.set_exception(err)
+    finally:
+        _submitting.active = False
+
+
 def submit(job: Job, stream: Any = None) -> OpFuture:
     """The host async executor: run ``job`` once its accesses are ready.
 
@@ -275,26 +298,10 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
             if not future.done():  # it failed before it held anything (e.g. poisoned input)
                 future.set_exception(err)
 
-    def to_workers() -> None:
-        # Takes a worker only once every lease is granted: a worker never blocks on a grant,
-        # so runnable operations never starve behind ones waiting (whatever the number of
-        # workers, and whichever thread registered first or submitted first). Runs in the
-        # thread that released the last lease in the way, possibly inside a finalizer that
-        # interrupted this very function in the same thread: the executor's locks are not
-        # reentrant, so such a call submits from a fresh thread instead.
-        if getattr(_submitting, "active", False):
-            threading.Thread(target=to_workers, name="uni-dispatch", daemon=True).start()
-            return
-        _submitting.active = True
-        try:
-            _workers().submit(run)
-        except BaseException as err:  # interpreter shutdown: no new threads
-            job.fail(err)
-            future.set_exception(err)
-        finally:
-            _submitting.active = False
-
-    dispatch = to_workers
+    # (A partial, not a closure that names itself to start its fresh thread: that would be a
+    # reference cycle holding the job, and its operands' memory, until a garbage collection.)
+    to_workers = functools.partial(_to_workers, job, run, future)
+    dispatch: Callable[[], None] = to_workers
     if fast and loop_in_this_thread() is not None:
         home = _get_ident()
 

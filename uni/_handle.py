@@ -76,11 +76,20 @@ class HostHandle:
         twin = self._readonly
         if twin is None:
             buffer = self.buffer
-            twin = np.frombuffer(memoryview(buffer).toreadonly(),  # type: ignore[arg-type]
-                                 dtype=buffer.dtype)
+            # A host storage makes a handle per acquisition and keeps the twin of its buffer
+            # itself (uni.storage.HostStorage._readonly_twin): made once per storage.
+            kept = getattr(self.owner, "_readonly_twin", None)
+            twin = kept(buffer) if kept is not None else readonly_twin(buffer)
             object.__setattr__(self, "_readonly", twin)  # a cache, not a new value
         result: np.ndarray[Any, Any] = twin
         return result
 
 
-__all__ = ["CUDA", "HOST", "Domain", "Handle", "HostHandle"]
+def readonly_twin(buffer: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``buffer``'s memory as a read-only array whose views numpy never lets anyone make
+    writeable again (``flags.writeable = True`` raises)."""
+    return np.frombuffer(memoryview(buffer).toreadonly(),  # type: ignore[arg-type]
+                         dtype=buffer.dtype)
+
+
+__all__ = ["CUDA", "HOST", "Domain", "Handle", "HostHandle", "readonly_twin"]

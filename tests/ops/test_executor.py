@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -485,3 +487,26 @@ async def test_a_failed_operation_run_on_release_poisons_its_output(loop: Loop) 
     with pytest.raises(uni.PoisonedError):
         await future
     assert poisoned(out) and len(where.threads) == 1
+
+
+@pytest.mark.parametrize("size", [64, 200_000], ids=["inline", "on a worker"])
+@each_loop
+async def test_an_async_operation_leaves_no_cycle_holding_its_operands(
+        loop: Loop, size: int) -> None:
+    # Done and dropped, an operation's operands go by reference counting alone, whether it
+    # ran in the caller's thread or on a worker: a cycle (its requests' group, the hand-over
+    # to the workers) would keep their memory until a garbage collection.
+    gc.disable()
+    try:
+        a, b = uni.from_numpy(np.ones(size)), uni.from_numpy(np.zeros(size))
+        storages = (weakref.ref(a.storage), weakref.ref(b.storage))
+        await uni.copy_async(a, b)
+        await uni.transform_async(b, uni.ops.add, a, b)
+        with uni.acquire_host_read_access_sync(b) as lease:
+            assert lease.numpy()[0] == 2.0
+        del a, b, lease
+        # (A worker may still be finishing the job a moment after the future says done.)
+        await loop.until(lambda: all(s() is None for s in storages),
+                         "the operands' storages to go without a collection")
+    finally:
+        gc.enable()

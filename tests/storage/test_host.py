@@ -87,3 +87,15 @@ def test_a_write_through_a_mapped_files_kept_mdspan_reaches_the_file(tmp_path: A
     del span, lease
     gc.collect()
     np.testing.assert_array_equal(np.fromfile(path), 7.0)
+
+
+def test_the_read_only_twin_of_a_buffer_is_made_once_per_storage() -> None:
+    # Handles are made per acquisition: the read-only array read leases view is the
+    # storage's, not each handle's, and it holds the buffer, not the storage.
+    t = uni.from_numpy(np.arange(6.0))
+    first, second = t.storage.handle(0).readonly_buffer(), t.storage.handle(2).readonly_buffer()
+    assert first is second and not first.flags.writeable
+    assert np.shares_memory(first, t.storage.buffer)
+    storage = weakref.ref(t.storage)
+    del t
+    assert storage() is None and first[5] == 5.0

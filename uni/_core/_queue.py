@@ -502,6 +502,9 @@ class AccessQueue:
             if req.released:
                 return
             req.released = True
+            # An async operation's requests are linked in a group that holds each of them:
+            # released, one no longer waits for anything, and the group would be a cycle.
+            req.group = None
             try:
                 del self._entries[req]
             except KeyError:  # an empty range, never queued

@@ -8,7 +8,7 @@ import numpy as np
 
 from uni._address import data_address
 from uni._errors import AllocationError, LayoutError
-from uni._handle import HostHandle
+from uni._handle import HostHandle, readonly_twin
 from uni.storage import _memory
 from uni.storage._base import StorageBase
 from uni.storage._protocol import Region
@@ -96,6 +96,17 @@ class HostStorage(StorageBase):
         # and the storage, its buffer and its queue would wait for the garbage collector,
         # whose passes every allocation then pays for.
         return HostHandle(self.buffer, offset, self)
+
+    def _readonly_twin(self, buffer: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        # The read-only twin of this storage's buffer, made once and kept (it holds the
+        # buffer, not the storage) for the handles, which are made per acquisition.
+        kept = self.__dict__
+        if buffer is not kept.get("buffer"):  # (a subclass may hand out another buffer)
+            return readonly_twin(buffer)
+        twin: np.ndarray[Any, Any] | None = kept.get("_twin")
+        if twin is None:
+            twin = self._twin = readonly_twin(buffer)
+        return twin
 
     def acquire_read(self, region: Region) -> HostHandle:
         return self.handle(region.offset)
