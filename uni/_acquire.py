@@ -107,6 +107,17 @@ def plan_of(view: StorageView, mode: Mode, fn: str) -> LeasePlan:
     return plan
 
 
+def view_plan(x: Any, mode: Mode, fn: str) -> LeasePlan | None:
+    """The :class:`~uni._lease_plan.LeasePlan` of host ``mode`` leases on ``x``, a tensor
+    view (made by its first lease, :func:`plan_of`: raises as ``spec_of`` does); None for
+    anything else (an mdspec, a view made without uni's plan slots)."""
+    try:
+        plan: LeasePlan | None = x._read_plan if mode == "read" else x._write_plan
+    except AttributeError:
+        return None
+    return plan if plan is not None else plan_of(x, mode, fn)
+
+
 def _from_tensor_view(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
     storage = getattr(x, "storage", None)
     if storage is not None and not callable(storage):
@@ -185,12 +196,9 @@ def _opened_now(x: Any, mode: Mode, fn: str) -> PendingAcquisition[Any] | None:
     access (the sync lease's first step, held by no thread: the task that awaits it will),
     granted and opened at call time, in an acquisition that hands it over when awaited; or
     None, with nothing registered (the general path)."""
-    try:
-        plan = x._read_plan if mode == "read" else x._write_plan
-    except AttributeError:
-        return None  # not a view uni made
+    plan = view_plan(x, mode, fn)
     if plan is None:
-        plan = plan_of(x, mode, fn)
+        return None
     access = plan.open_access(None)
     return None if access is None else PendingAcquisition.opened(access)
 
@@ -223,13 +231,7 @@ def acquire_host_read_access_sync(x: Any, *, timeout: Any = None, allow_poisoned
     if timeout is None:
         # The uncontended lease on a tensor view over plain memory (make_lease's first step);
         # anything else, or anything in the way, takes the general path.
-        try:
-            plan = x._read_plan  # a tensor view's plan, made by its first lease
-        except AttributeError:
-            plan = None  # not a view uni made
-        else:
-            if plan is None:  # the view's first lease: its plan (checked), then the same step
-                plan = plan_of(x, "read", "acquire_host_read_access_sync")
+        plan = view_plan(x, "read", "acquire_host_read_access_sync")
         if plan is not None:
             lease = make_lease(plan.lease, None, plan)  # the uncontended first step
             if lease is not None:
@@ -255,13 +257,7 @@ def acquire_host_write_access_sync(x: Any, *, timeout: Any = None, overwrite: An
     contents, poisoning does not stop the acquisition, and success clears it.
     """
     if timeout is None and not overwrite:
-        try:
-            plan = x._write_plan  # a tensor view's plan, made by its first lease
-        except AttributeError:
-            plan = None
-        else:
-            if plan is None:
-                plan = plan_of(x, "write", "acquire_host_write_access_sync")
+        plan = view_plan(x, "write", "acquire_host_write_access_sync")
         if plan is not None:
             lease = make_lease(plan.lease, None, plan)  # the uncontended first step
             if lease is not None:
