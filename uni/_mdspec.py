@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from uni._accessor import _check_accessor
+from uni._accessor import ConstAccessor, DefaultAccessor, _check_accessor
 from uni._errors import LayoutError
 from uni._extents import Extents
 from uni._handle import HOST, HostHandle
@@ -150,7 +150,7 @@ def host_view(handle: HostHandle, mapping: Any, *, writeable: bool) -> np.ndarra
     """
     buffer = handle.buffer
     shape = mapping.extents.shape
-    if mapping.extents.size() == 0:
+    if 0 in shape:  # no elements (a rank-0 view has one)
         view = np.empty(shape, dtype=buffer.dtype)
         if not writeable:
             view.flags.writeable = False
@@ -238,8 +238,15 @@ class MdSpan(_Observers):
 
     def to_numpy(self) -> np.ndarray[Any, Any]:
         """A strided numpy view (writeable only for plain, writable accessors)."""
-        handle = self._host_handle()
         accessor = self.accessor
+        handle = self.data_handle
+        kind = type(accessor)
+        # The spans leases hand out, asked nothing: the stored elements in host memory
+        # (a write lease's), or a read-only view of them (a read lease's).
+        if type(handle) is HostHandle and (kind is DefaultAccessor or (
+                kind is ConstAccessor and type(accessor.base) is DefaultAccessor)):
+            return host_view(handle, self.mapping, writeable=kind is DefaultAccessor)
+        handle = self._host_handle()
         transforms = bool(getattr(accessor, "transforms_values", False))
         plain = not accessor.readonly and not transforms
         view = host_view(handle, self.mapping, writeable=plain)

@@ -75,7 +75,7 @@ from uni._calls import CopyCall, GemmCall, GemvCall, TransformCall, plain_scalar
 from uni._core import HeldRun
 from uni._dispatch import EVER_SET, diagnostics_now, on_forget, overrides_now, plain
 from uni._handle import HOST
-from uni._lease_plan import _HOOK_NAMES, plain_storage
+from uni._lease_plan import plain_storage
 from uni._mdspec import trusted_span
 from uni._operation_access import SMALL_ELEMENTS, SMALL_MACS
 from uni._prepared_access import PreparedAccess, PreparedGroup
@@ -195,7 +195,9 @@ def _storage_part(t: Tensor) -> tuple[Any, ...] | None:
     """What a tensor's storage decides about a call (its type, dtype and writability, and
     whether the view's first element is aligned); None for a storage that is not plain."""
     s = t._storage
-    if not plain_storage(s):
+    # The domain of its type as well as its own: Form.fits asks no more of an instance that
+    # has no attributes of its own than its type.
+    if not plain_storage(s) or getattr(type(s), "domain", None) is not HOST:
         return None
     dtype = s.dtype
     return (type(s), dtype, s.readonly,
@@ -282,8 +284,11 @@ class Form:
                 return False
             if (not (s.base_address + t._offset * itemsize) % alignment) is not aligned:
                 return False
-            # What plain_storage asks of an instance (its type is known plain: the form's).
-            if s.domain is not HOST or not _HOOK_NAMES.isdisjoint(s.__dict__):
+            # What plain_storage asks of an instance, asked only of one that has attributes
+            # of its own (a storage's own are slots: its __dict__ is empty unless something
+            # was set on it, such as a patched hook). The form's storage type is plain and
+            # of the host domain (_storage_part): so is an instance with nothing of its own.
+            if s.__dict__ and not plain_storage(s):
                 return False
         return True
 

@@ -1108,6 +1108,19 @@ def test_a_storage_with_a_patched_hook_is_not_run_on_first_sight() -> None:
     np.testing.assert_array_equal(dst.to_numpy(), 2.0)
 
 
+def test_a_storage_with_an_attribute_of_its_own_that_is_no_hook_still_runs_on_first_sight(
+        ) -> None:
+    # Form.fits asks plain_storage only of an instance with attributes of its own: one that
+    # is not a hook leaves the instance plain, and its call runs through the form.
+    uni.copy(uni.from_numpy(np.ones(8)), uni.from_numpy(np.zeros(8)))
+    src, dst = uni.from_numpy(np.full(8, 3.0)), uni.from_numpy(np.zeros(8))
+    dst.storage.note = "a user's own attribute"
+    before = _plan.first_sight_runs()
+    uni.copy(src, dst)
+    assert _plan.first_sight_runs() == before + 1
+    np.testing.assert_array_equal(dst.to_numpy(), 3.0)
+
+
 @pytest.mark.parametrize("route", ["identity", "value", "first sight"])
 def test_the_first_override_or_diagnostics_block_of_a_process_stops_the_plans(
         route: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -99,3 +99,22 @@ def test_the_read_only_twin_of_a_buffer_is_made_once_per_storage() -> None:
     storage = weakref.ref(t.storage)
     del t
     assert storage() is None and first[5] == 5.0
+
+
+@pytest.mark.parametrize("made_by", ["from_numpy", "zeros", "HostStorage"])
+def test_a_storage_keeps_what_uni_sets_on_it_out_of_its_instance_dict(made_by: str) -> None:
+    # The operation plans read a storage's attributes on every first sight and ask its
+    # __dict__ only whether something of its own was set there (a patched hook): uni's own
+    # attributes are slots, so the dict holds exactly what a user or subclass set.
+    if made_by == "HostStorage":
+        storage = uni.storage.HostStorage(8, np.float64)
+        t = uni.Tensor(storage, uni.layout_right(uni.Extents((8,))))
+    else:
+        t = uni.from_numpy(np.zeros(8)) if made_by == "from_numpy" else uni.zeros((8,))
+        storage = t.storage
+    uni.copy(uni.from_numpy(np.ones(8)), t)
+    with uni.acquire_host_read_access_sync(t) as lease:
+        assert np.asarray(lease.mdspan()).sum() == 8.0
+    assert vars(storage) == {}
+    storage.note = "mine"
+    assert vars(storage) == {"note": "mine"} and storage.note == "mine"

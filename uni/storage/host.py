@@ -41,6 +41,9 @@ def _bytes(n: int) -> str:
 class HostStorage(StorageBase):
     """A flat host buffer. Handles are the buffer itself: acquisition moves no data."""
 
+    __slots__ = ("_twin", "base_address", "buffer")
+    _twin: np.ndarray[Any, Any]
+
     immediate = True
     #: release_read/release_write do nothing here; leases may skip calling them.
     release_is_noop = True
@@ -100,10 +103,12 @@ class HostStorage(StorageBase):
     def _readonly_twin(self, buffer: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         # The read-only twin of this storage's buffer, made once and kept (it holds the
         # buffer, not the storage) for the handles, which are made per acquisition.
-        kept = self.__dict__
-        if buffer is not kept.get("buffer"):  # (a subclass may hand out another buffer)
+        # (A subclass may hand out another buffer, or have none of its own yet.)
+        if buffer is not getattr(self, "buffer", None):
             return readonly_twin(buffer)
-        twin: np.ndarray[Any, Any] | None = kept.get("_twin")
+        # (getattr: until the first read-only view the slot is unset, and an AttributeError
+        # raised and caught here would cost as much as the twin.)
+        twin: np.ndarray[Any, Any] | None = getattr(self, "_twin", None)
         if twin is None:
             twin = self._twin = readonly_twin(buffer)
         return twin
