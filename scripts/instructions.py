@@ -34,6 +34,7 @@ import numpy as np
 import uni
 lock = threading.Lock()
 y64 = uni.from_numpy(np.zeros(64))
+sp64 = y64.mdspec()
 s64 = uni.from_numpy(np.ones(64))
 d64 = uni.from_numpy(np.zeros(64))
 a8, b8, c8 = (uni.from_numpy(np.ones((8, 8))) for _ in range(3))
@@ -64,6 +65,8 @@ def numpy_request():
 SYNC: dict[str, tuple[str, str | None]] = {
     "read lease": ("uni.acquire_host_read_access_sync(y64).release()", "threading.Lock"),
     "threading.Lock": ("lock.acquire(); lock.release()", None),
+    "read lease of an mdspec": ("uni.acquire_host_read_access_sync(sp64).release()",
+                                "threading.Lock"),
     "read lease + mdspan": (
         "with uni.acquire_host_read_access_sync(y64) as l: np.asarray(l.mdspan())", None),
     "from_numpy(np.empty(64))": ("uni.from_numpy(np.empty(64))", "np.empty(64)"),

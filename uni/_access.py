@@ -177,6 +177,7 @@ def register_access(spec: AccessSpec, queue: AccessQueue | None = None,
     """
     access = Access(_MAKER)
     access.spec = spec
+    access.plan = None
     access.poison_range = poison_range
     # What a failure poisons and a successful overwrite clears: the view written, which
     # is less than what is leased for an output widened over an input it overlaps.
@@ -237,10 +238,14 @@ class Access(AccessRequest):
     """
 
     __slots__ = ("__weakref__", "_holders", "_lock", "_primary_done", "_state", "error",
-                 "failure", "fence", "handle", "poison_range", "spec", "unclaimed", "written")
+                 "failure", "fence", "handle", "plan", "poison_range", "spec", "unclaimed",
+                 "written")
 
     # Stored by the one maker, register_access.
     spec: AccessSpec
+    #: The view's LeasePlan whose first step made this access (its spec and handle are the
+    #: plan's), else None. (Any: the plan's module is above this one.)
+    plan: Any
     poison_range: tuple[int, int] | None
     written: AccessSpec
     handle: Any

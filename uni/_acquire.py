@@ -9,6 +9,8 @@ Each call turns its argument into an :class:`~uni._spec.AccessSpec`, checks the 
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any, overload
 
 import numpy as np
@@ -27,7 +29,7 @@ from uni._lease import (
 )
 from uni._lease_plan import LeasePlan
 from uni._mapping import check_fits
-from uni._mdspec import DataDescriptor
+from uni._mdspec import DataDescriptor, MdSpan, MdSpec
 from uni._pending import PendingAcquisition
 from uni._spec import AccessSpec, Mode, StorageView
 from uni.concepts import MdspecLike, TensorView
@@ -109,13 +111,68 @@ def plan_of(view: StorageView, mode: Mode, fn: str) -> LeasePlan:
 
 def view_plan(x: Any, mode: Mode, fn: str) -> LeasePlan | None:
     """The :class:`~uni._lease_plan.LeasePlan` of host ``mode`` leases on ``x``, a tensor
-    view (made by its first lease, :func:`plan_of`: raises as ``spec_of`` does); None for
-    anything else (an mdspec, a view made without uni's plan slots)."""
+    view or uni's own mdspec (made by its first lease, :func:`plan_of`,
+    :func:`mdspec_plan`: raises as ``spec_of`` does); None for anything else (another
+    library's mdspec, a view made without uni's plan slots)."""
+    kind = type(x)
+    if kind is MdSpan or kind is MdSpec:
+        return mdspec_plan(x, mode, fn)
     try:
         plan: LeasePlan | None = x._read_plan if mode == "read" else x._write_plan
     except AttributeError:
         return None
     return plan if plan is not None else plan_of(x, mode, fn)
+
+
+#: id(mdspec) -> [a weak reference to it, its read plan, its write plan]: the lease plans
+#: of uni's mdspecs (frozen values: an MdSpan over a storage's handle, an MdSpec of a
+#: storage's region), which have no slots to keep them in. Found by identity; an entry goes
+#: with its mdspec (the reference's callback), and holds nothing that holds the mdspec.
+_MDSPEC_PLANS: dict[int, list[Any]] = {}
+
+
+def _forget_mdspec(key: int, ref: Any) -> None:
+    # No lock: dict operations are atomic, and this may run inside a garbage collection
+    # anywhere. Only its own entry (the id may already be another mdspec's).
+    entry = _MDSPEC_PLANS.get(key)
+    if entry is not None and entry[0] is ref:
+        _MDSPEC_PLANS.pop(key, None)
+
+
+def mdspec_plan(x: Any, mode: Mode, fn: str) -> LeasePlan | None:
+    """The :class:`~uni._lease_plan.LeasePlan` of host ``mode`` leases on ``x``, exactly a
+    uni MdSpan or MdSpec, made by its first lease as ``spec_of`` checks it (raising as it
+    does, and then nothing is kept), and kept for the mdspec's life; None for a span over a
+    bare buffer (each lease wraps it anew, as the general path does) or a descriptor of
+    another kind."""
+    key = id(x)
+    entry = _MDSPEC_PLANS.get(key)
+    if entry is not None and entry[0]() is x:
+        kept: LeasePlan | None = entry[1] if mode == "read" else entry[2]
+        if kept is not None:
+            return kept
+    else:
+        entry = None
+    if type(x) is MdSpan:
+        handle = x.data_handle
+        if type(handle) is not HostHandle or handle.owner is None:
+            return None
+        storage, offset = handle.owner, handle.offset
+    else:
+        descriptor = x.data_descriptor
+        if type(descriptor) is not DataDescriptor:
+            return None
+        storage, offset = descriptor.storage, descriptor.offset
+    _check_layout(x.mapping, offset, storage, fn)
+    spec = AccessSpec(storage, x.mapping, x.accessor, offset, mode)
+    spec.label = "mdspec"
+    _check_spec(spec, mode, HOST, fn, False)
+    plan = LeasePlan(spec, ReadMdspanLease if mode == "read" else WriteMdspanLease)
+    if entry is None:
+        entry = [weakref.ref(x, functools.partial(_forget_mdspec, key)), None, None]
+        _MDSPEC_PLANS[key] = entry
+    entry[1 if mode == "read" else 2] = plan
+    return plan
 
 
 def _from_tensor_view(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
@@ -200,7 +257,10 @@ def _opened_now(x: Any, mode: Mode, fn: str) -> PendingAcquisition[Any] | None:
     if plan is None:
         return None
     access = plan.open_access(None)
-    return None if access is None else PendingAcquisition.opened(access)
+    if access is None:
+        return None
+    kind = plan.lease
+    return PendingAcquisition.opened(access, kind is ReadTensorLease or kind is WriteTensorLease)
 
 
 def _acquire_async(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool,

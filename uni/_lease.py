@@ -79,6 +79,13 @@ class _Lease:
 
     def mdspan(self) -> MdSpan:
         access = self._live()
+        # An access a view's lease plan opened has the plan's spec and handle: the plan's
+        # span (a frozen value) is this lease's.
+        plan = access.plan
+        if plan is not None:
+            kept: MdSpan | None = plan.span
+            if kept is not None:
+                return kept
         spec = access.spec
         accessor = spec.accessor
         if spec.mode == "read" and not accessor.readonly:
@@ -87,7 +94,10 @@ class _Lease:
         # checked against when it was made; a storage's own hook may return anything, so
         # its span is checked as a user's would be.
         if access._state == _PLAIN or plain_storage(spec.storage):
-            return trusted_span(access.handle, spec.mapping, accessor)
+            span = trusted_span(access.handle, spec.mapping, accessor)
+            if plan is not None:
+                plan.span = span
+            return span
         return MdSpan(access.handle, spec.mapping, accessor)
 
     def release(self) -> None:

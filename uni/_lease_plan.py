@@ -60,7 +60,7 @@ class LeasePlan:
     ``lease`` is the lease type to wrap the access in (the layer above chooses it).
     """
 
-    __slots__ = ("handle", "lease", "mode", "spec", "where", "write")
+    __slots__ = ("handle", "lease", "mode", "span", "spec", "where", "write")
 
     def __init__(self, spec: AccessSpec, lease: Any) -> None:
         self.spec = spec
@@ -73,6 +73,10 @@ class LeasePlan:
         # (queue, (lo, hi)): the range in the queue it was last worked out for, in one
         # tuple so that a thread never sees one queue's range with another queue.
         self.where: tuple[AccessQueue, tuple[int, int]] | None = None
+        #: The MdSpan of this plan's leases (the layer above builds it on the first
+        #: ``mdspan()``): every access the plan opens has its spec and its handle, so one
+        #: frozen span serves them all. (Any: the span's module is above this one.)
+        self.span: Any = None
 
     def open_access(self, owner: Any) -> Access | None:
         """The uncontended access on this plan: the first step of the one maker of accesses
@@ -89,6 +93,8 @@ class LeasePlan:
             where = self.where_for(queue)
         # (Positional: on 3.11 a keyword argument costs a dict lookup, on every lease.)
         access: Access | None = register_access(spec, queue, where[1], handle, None, owner)
+        if access is not None:
+            access.plan = self
         return access
 
     def where_for(self, queue: AccessQueue) -> tuple[AccessQueue, tuple[int, int]]:

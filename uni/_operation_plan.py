@@ -196,7 +196,7 @@ def _storage_part(t: Tensor) -> tuple[Any, ...] | None:
     whether the view's first element is aligned); None for a storage that is not plain."""
     s = t._storage
     # The domain of its type as well as its own: Form.fits asks no more of an instance that
-    # has no attributes of its own than its type.
+    # has no attributes of its own than its type's.
     if not plain_storage(s) or getattr(type(s), "domain", None) is not HOST:
         return None
     dtype = s.dtype
@@ -286,9 +286,10 @@ class Form:
                 return False
             # What plain_storage asks of an instance, asked only of one that has attributes
             # of its own (a storage's own are slots: its __dict__ is empty unless something
-            # was set on it, such as a patched hook). The form's storage type is plain and
-            # of the host domain (_storage_part): so is an instance with nothing of its own.
-            if s.__dict__ and not plain_storage(s):
+            # was set on it, such as a patched hook). The form's storage type is plain
+            # (_storage_part): so is an instance with nothing of its own, while its type's
+            # domain is still the host's (a class-level change after the form was made).
+            if stype.domain is not HOST or (s.__dict__ and not plain_storage(s)):
                 return False
         return True
 

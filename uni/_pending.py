@@ -48,12 +48,13 @@ class PendingAcquisition(Generic[L]):
         self._lease: _Lease | None = None
 
     @classmethod
-    def opened(cls, access: Access) -> PendingAcquisition[Any]:
-        """The acquisition of a tensor view whose ``access`` the uncontended first step
-        granted and opened at call time (held by no thread: by the task that awaits it)."""
+    def opened(cls, access: Access, is_tensor: bool) -> PendingAcquisition[Any]:
+        """The acquisition of a tensor view or an mdspec whose ``access`` the uncontended
+        first step granted and opened at call time (held by no thread: by the task that
+        awaits it)."""
         self = cls.__new__(cls)
         self._access = access
-        self._is_tensor = True
+        self._is_tensor = is_tensor
         self._allow_poisoned = False  # (granted only with no poison in the queue)
         self._state = "opened"
         self._lease = None

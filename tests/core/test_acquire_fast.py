@@ -14,6 +14,7 @@ import random
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +36,13 @@ from uni._spec import AccessSpec
 read = uni.acquire_host_read_access_sync
 write = uni.acquire_host_write_access_sync
 
-def warm(t: uni.Tensor) -> tuple[LeasePlan, LeasePlan]:
+def warm(t: Any) -> tuple[LeasePlan | None, LeasePlan | None]:
     """Make ``t``'s plans (the first lease of each mode makes them)."""
     with read(t):
         pass
     with write(t):
         pass
-    return t._read_plan, t._write_plan
+    return uni._acquire.view_plan(t, "read", "warm"), uni._acquire.view_plan(t, "write", "warm")
 
 
 def fast_count(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -336,9 +337,20 @@ def _program(seed: int) -> list[tuple[str, int, int, str]]:
     return steps
 
 
-def _run(steps: list[tuple[str, int, int, str]]) -> list[Any]:
+def _way_in(view: uni.Tensor, way: str) -> Any:
+    """What is leased: the tensor view, its mdspec (an MdSpan over plain memory), or an
+    MdSpec of its region of the storage (uni's own mdspecs have lease plans too)."""
+    if way == "tensor":
+        return view
+    if way == "mdspan":
+        return view.mdspec()
+    return uni.MdSpec(uni.DataDescriptor(view.storage, view.offset), view.mapping,
+                      view.accessor)
+
+
+def _run(steps: list[tuple[str, int, int, str]], way: str = "tensor") -> list[Any]:
     t = uni.from_numpy(np.zeros(8))
-    views = {(lo, hi): t[lo:hi] for lo, hi in VIEWS}
+    views = {(lo, hi): _way_in(t[lo:hi], way) for lo, hi in VIEWS}
     for view in views.values():
         warm(view)
     held: list[Any] = []
@@ -372,10 +384,13 @@ def _run(steps: list[tuple[str, int, int, str]]) -> list[Any]:
 
 
 @patches_compiled
+@pytest.mark.parametrize("way", ["tensor", "mdspan", "mdspec"])
 @pytest.mark.parametrize("block", range(3))
-def test_fast_and_general_paths_agree(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fast_and_general_paths_agree(block: int, way: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The same grants, errors (with their messages), queue states and poisoning, step by
-    step, with the fast path on and off, on 20 seeded random programs per block."""
+    step, with the fast path on and off, on 20 seeded random programs per block, leasing
+    tensor views or uni's mdspecs of them."""
     original = uni._acquire.make_lease
     made = 0
     for seed in range(block * 20, block * 20 + 20):
@@ -384,9 +399,9 @@ def test_fast_and_general_paths_agree(block: int, monkeypatch: pytest.MonkeyPatc
             warnings.simplefilter("error")
             monkeypatch.setattr(uni._acquire, "make_lease", original)
             counts = fast_count(monkeypatch)
-            fast = _run(steps)
+            fast = _run(steps, way)
             monkeypatch.setattr(uni._acquire, "make_lease", lambda cls, access, plan: None)
-            general = _run(steps)
+            general = _run(steps, way)
         assert fast == general, f"seed {seed}"
         made += counts[0]
     assert made > 100  # the fast path did take part
@@ -654,3 +669,54 @@ async def test_a_storage_with_async_hooks_has_them_awaited(loop: Loop) -> None:
     plain = uni.storage.HostStorage(4)
     plain.acquire_read_async = Prefetched.acquire_read_async  # on the instance: not plain
     assert not plain_storage(plain)
+
+
+# -- what a lease plan keeps: the span of its leases; an mdspec's plan -------------------------
+def test_the_leases_of_one_plan_share_its_span() -> None:
+    # Every access a view's plan opens has the plan's spec and handle: one frozen span
+    # serves all its leases; each mode has its own (a read lease's is read-only).
+    t = uni.from_numpy(np.arange(4.0))
+    with read(t) as first:
+        span = first.mdspan()
+    with read(t) as second:
+        assert second.mdspan() is span
+        assert not np.asarray(span).flags.writeable
+    with write(t) as lease:
+        written = lease.mdspan()
+        assert written is not span
+        np.asarray(written)[0] = 9.0
+    np.testing.assert_array_equal(np.asarray(span), [9.0, 1.0, 2.0, 3.0])
+    with pytest.raises(uni.LeaseReleasedError):
+        second.mdspan()  # a released lease's span is refused as before, kept or not
+
+
+@pytest.mark.parametrize("way", ["mdspan", "mdspec"])
+def test_an_mdspecs_lease_plan_is_made_once_and_goes_with_it(way: str) -> None:
+    t = uni.from_numpy(np.arange(4.0))
+    spec = _way_in(t, way)
+    with read(spec) as lease:
+        assert type(lease) is uni.ReadMdspanLease
+    plan = uni._acquire.view_plan(spec, "read", "test")
+    assert plan is not None and plan.spec.label == "mdspec"
+    with read(spec):
+        assert uni._acquire.view_plan(spec, "read", "test") is plan
+    storage, key = weakref.ref(t.storage), id(spec)
+    gc.collect()
+    gc.disable()  # the plan holds nothing that holds the mdspec: reference counting frees it
+    try:
+        del t, spec, lease, plan
+        assert storage() is None
+        assert key not in uni._acquire._MDSPEC_PLANS
+    finally:
+        gc.enable()
+
+
+def test_an_mdspec_refused_by_its_first_lease_keeps_no_plan_and_is_refused_again() -> None:
+    t = uni.from_numpy(np.arange(4.0)).as_readonly()
+    spec = t.mdspec()
+    for _ in range(2):
+        with pytest.raises(uni.LeaseError, match="read-only"):
+            write(spec)
+    assert uni._acquire._MDSPEC_PLANS.get(id(spec)) is None
+    with read(spec) as lease:
+        np.testing.assert_array_equal(np.asarray(lease.mdspan()), np.arange(4.0))

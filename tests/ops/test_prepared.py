@@ -1121,6 +1121,25 @@ def test_a_storage_with_an_attribute_of_its_own_that_is_no_hook_still_runs_on_fi
     np.testing.assert_array_equal(dst.to_numpy(), 3.0)
 
 
+def test_a_storage_type_moved_out_of_the_host_domain_is_not_run_on_first_sight() -> None:
+    # Form.fits asks no more of an instance with nothing of its own than its type: a class
+    # whose domain changed after its form was made must not fit that form any more.
+    class Moved(uni.storage.HostStorage):
+        release_is_noop = True
+
+    def make(value: float) -> uni.Tensor:
+        return uni.Tensor.from_storage(Moved.wrap(np.full(8, value)), uni.layout_right((8,)))
+
+    for _ in range(3):
+        uni.copy(make(1.0), make(0.0))
+    src, dst = make(3.0), make(0.0)
+    Moved.domain = uni.CUDA
+    before = _plan.first_sight_runs()
+    with pytest.raises(uni.DomainError):
+        uni.copy(src, dst)
+    assert _plan.first_sight_runs() == before
+
+
 @pytest.mark.parametrize("route", ["identity", "value", "first sight"])
 def test_the_first_override_or_diagnostics_block_of_a_process_stops_the_plans(
         route: str, monkeypatch: pytest.MonkeyPatch) -> None:
