@@ -114,14 +114,18 @@ def view_plan(x: Any, mode: Mode, fn: str) -> LeasePlan | None:
     view or uni's own mdspec (made by its first lease, :func:`plan_of`,
     :func:`mdspec_plan`: raises as ``spec_of`` does); None for anything else (another
     library's mdspec, a view made without uni's plan slots)."""
-    kind = type(x)
-    if kind is MdSpan or kind is MdSpec:
-        return mdspec_plan(x, mode, fn)
     try:
         plan: LeasePlan | None = x._read_plan if mode == "read" else x._write_plan
     except AttributeError:
         return None
-    return plan if plan is not None else plan_of(x, mode, fn)
+    if plan is not None:
+        return plan
+    # A view's first lease, or any lease of an mdspec (its plan is kept elsewhere: uni's
+    # mdspecs say None for both slots, as a class attribute).
+    kind = type(x)
+    if kind is MdSpan or kind is MdSpec:
+        return mdspec_plan(x, mode, fn)
+    return plan_of(x, mode, fn)
 
 
 #: id(mdspec) -> [a weak reference to it, its read plan, its write plan]: the lease plans

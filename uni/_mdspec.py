@@ -110,6 +110,10 @@ class MdSpec(_Observers):
     data_descriptor: Any
     mapping: Any = attrs.field(validator=_check_mapping)
     accessor: Any = attrs.field(validator=_check_accessor)
+    # Not fields: a lease asks a tensor view for its lease plans in these slots; an mdspec's
+    # are kept by uni._acquire (mdspec_plan), and it answers None, as a view without one.
+    _read_plan = None
+    _write_plan = None
 
     def __getitem__(self, index: Any) -> Any:
         raise TypeError(
@@ -193,6 +197,9 @@ class MdSpan(_Observers):
     data_handle: Any
     mapping: Any = attrs.field(validator=_check_mapping)
     accessor: Any = attrs.field(validator=_check_accessor)
+    # Not fields: see MdSpec.
+    _read_plan = None
+    _write_plan = None
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.data_handle, HostHandle):
