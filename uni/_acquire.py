@@ -121,11 +121,12 @@ def view_plan(x: Any, mode: Mode, fn: str) -> LeasePlan | None:
     if plan is not None:
         return plan
     # A view's first lease, or any lease of an mdspec (its plan is kept elsewhere: uni's
-    # mdspecs say None for both slots, as a class attribute).
+    # mdspecs say None for both slots, as a class attribute, and so do their subclasses,
+    # which are not planned: the general path asks them what they are).
     kind = type(x)
     if kind is MdSpan or kind is MdSpec:
         return mdspec_plan(x, mode, fn)
-    return plan_of(x, mode, fn)
+    return plan_of(x, mode, fn) if isinstance(x, StorageView) else None
 
 
 #: id(mdspec) -> [a weak reference to it, its read plan, its write plan]: the lease plans

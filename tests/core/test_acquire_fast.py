@@ -720,3 +720,29 @@ def test_an_mdspec_refused_by_its_first_lease_keeps_no_plan_and_is_refused_again
     assert uni._acquire._MDSPEC_PLANS.get(id(spec)) is None
     with read(spec) as lease:
         np.testing.assert_array_equal(np.asarray(lease.mdspan()), np.arange(4.0))
+
+
+@pytest.mark.parametrize("way", ["mdspan", "mdspec"])
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_subclass_of_uni_mdspecs_is_leased_through_the_general_path(way: str,
+                                                                     mode: str) -> None:
+    # Only uni's own mdspec classes are planned; a subclass inherits their None plan slots
+    # and must still be leased (as its class says it is), not taken for a tensor view.
+    import attrs
+
+    base = uni.MdSpan if way == "mdspan" else uni.MdSpec
+
+    @attrs.frozen(eq=False)
+    class Mine(base):  # type: ignore[misc, valid-type]
+        pass
+
+    t = uni.from_numpy(np.arange(4.0))
+    spec = _way_in(t, way)
+    mine = Mine(*(getattr(spec, f.name) for f in attrs.fields(type(spec))))
+    acquire = read if mode == "read" else write
+    for _ in range(2):
+        with acquire(mine) as lease:
+            assert type(lease) is (uni.ReadMdspanLease if mode == "read"
+                                   else uni.WriteMdspanLease)
+            np.testing.assert_array_equal(np.asarray(lease.mdspan()), np.arange(4.0))
+    assert id(mine) not in uni._acquire._MDSPEC_PLANS
