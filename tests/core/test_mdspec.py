@@ -348,6 +348,53 @@ def test_span_values_match_the_mapping_for_random_layouts(
         assert span[index] == expected[k]
 
 
+@attrs.frozen
+class _AnyHandle(uni.HostHandle):
+    """A HostHandle of another class: to_numpy asks its accessor everything (the general
+    path), where a plain HostHandle's spans skip the questions."""
+
+
+@settings(max_examples=200)
+@given(strided_layouts(), dtypes(), seeds(), st.integers(0, 3), st.data())
+def test_to_numpys_plain_spans_are_what_the_general_path_makes(
+    layout: tuple[tuple[int, ...], tuple[int, ...]],
+    dtype: np.dtype[Any],
+    seed: int,
+    slack: int,
+    data: st.DataObject,
+) -> None:
+    # MdSpan.to_numpy's quick state (a plain HostHandle under a DefaultAccessor or a read
+    # lease's ConstAccessor over one) against the general path on the same memory: the
+    # same view (shape, strides, values, the same memory), as writable, and as impossible
+    # to make writable again, on random layouts (negative, zero and padded strides, empty
+    # and rank-0 shapes), with the buffer read-only or not, owned by a storage or not.
+    shape, strides = layout
+    m = uni.layout_stride(shape, strides)
+    size = math.prod(shape)
+    lo, hi = (m.min_offset(), m.max_offset()) if size else (0, -1)
+    offset = -lo + data.draw(st.integers(0, slack))
+    buffer = sample_values(max(offset + hi + 1, 0) + slack, dtype, np.random.default_rng(seed))
+    if data.draw(st.booleans()):
+        buffer.flags.writeable = False
+    owner = HostStorage.wrap(buffer, readonly=not buffer.flags.writeable) if data.draw(
+        st.booleans()) and buffer.size else None
+    plain = uni.DefaultAccessor(dtype)
+    accessor = data.draw(st.sampled_from([plain, uni.ConstAccessor(plain)]))
+    views = []
+    for handle in (uni.HostHandle(buffer, offset, owner), _AnyHandle(buffer, offset, owner)):
+        view = uni.MdSpan(handle, m, accessor).to_numpy()
+        try:
+            view.view().flags.writeable = True
+            can_write = True
+        except ValueError:
+            can_write = False
+        views.append((view.shape, view.strides if view.size else None, view.dtype,
+                      view.flags.writeable, can_write,
+                      bool(view.size) and np.shares_memory(view, buffer), view.tolist()))
+    quick, general = views
+    assert quick == general
+
+
 # -- custom accessors (independent classes, inheriting nothing) -----------------------------
 FLOAT64 = np.dtype(np.float64)
 
