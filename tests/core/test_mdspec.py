@@ -324,23 +324,27 @@ def test_asarray_honours_dtype_and_copy() -> None:
     np.testing.assert_array_equal(as_int, [0, 1, 2, 3])
 
 
-@settings(max_examples=150)
-@given(strided_layouts(), dtypes(), seeds(), st.integers(0, 3), st.data())
-def test_span_values_match_the_mapping_for_random_layouts(
-    layout: tuple[tuple[int, ...], tuple[int, ...]],
-    dtype: np.dtype[Any],
-    seed: int,
-    slack: int,
-    data: st.DataObject,
-) -> None:
-    shape, strides = layout
+@st.composite
+def laid_out(draw: st.DrawFn) -> tuple[Any, np.ndarray[Any, Any], int]:
+    """A strided mapping (random layout, dtype), a buffer of distinct values it fits with up
+    to 3 elements to spare on each side, and the element offset of its index 0."""
+    shape, strides = draw(strided_layouts())
+    dtype, seed, slack = draw(dtypes()), draw(seeds()), draw(st.integers(0, 3))
     m = uni.layout_stride(shape, strides)
-    size = math.prod(shape)
-    lo, hi = (m.min_offset(), m.max_offset()) if size else (0, -1)
-    offset = -lo + data.draw(st.integers(0, slack))
+    lo, hi = (m.min_offset(), m.max_offset()) if math.prod(shape) else (0, -1)
+    offset = -lo + draw(st.integers(0, slack))
     buffer = sample_values(max(offset + hi + 1, 0) + slack, dtype, np.random.default_rng(seed))
+    return m, buffer, offset
+
+
+@settings(max_examples=150)
+@given(laid_out())
+def test_span_values_match_the_mapping_for_random_layouts(
+        case: tuple[Any, np.ndarray[Any, Any], int]) -> None:
+    m, buffer, offset = case
+    shape = m.extents.shape
     span = span_over(buffer, m, offset=offset)
-    expected = np.array([buffer[o + offset] for o in reachable_offsets(m)], dtype=dtype)
+    expected = np.array([buffer[o + offset] for o in reachable_offsets(m)], dtype=buffer.dtype)
     view = np.asarray(span)
     assert view.shape == shape
     np.testing.assert_array_equal(view.reshape(-1), expected)
@@ -355,25 +359,16 @@ class _AnyHandle(uni.HostHandle):
 
 
 @settings(max_examples=200)
-@given(strided_layouts(), dtypes(), seeds(), st.integers(0, 3), st.data())
+@given(laid_out(), st.data())
 def test_to_numpys_plain_spans_are_what_the_general_path_makes(
-    layout: tuple[tuple[int, ...], tuple[int, ...]],
-    dtype: np.dtype[Any],
-    seed: int,
-    slack: int,
-    data: st.DataObject,
-) -> None:
+        case: tuple[Any, np.ndarray[Any, Any], int], data: st.DataObject) -> None:
     # MdSpan.to_numpy's quick state (a plain HostHandle under a DefaultAccessor or a read
     # lease's ConstAccessor over one) against the general path on the same memory: the
     # same view (shape, strides, values, the same memory), as writable, and as impossible
     # to make writable again, on random layouts (negative, zero and padded strides, empty
     # and rank-0 shapes), with the buffer read-only or not, owned by a storage or not.
-    shape, strides = layout
-    m = uni.layout_stride(shape, strides)
-    size = math.prod(shape)
-    lo, hi = (m.min_offset(), m.max_offset()) if size else (0, -1)
-    offset = -lo + data.draw(st.integers(0, slack))
-    buffer = sample_values(max(offset + hi + 1, 0) + slack, dtype, np.random.default_rng(seed))
+    m, buffer, offset = case
+    dtype = buffer.dtype
     if data.draw(st.booleans()):
         buffer.flags.writeable = False
     owner = HostStorage.wrap(buffer, readonly=not buffer.flags.writeable) if data.draw(
