@@ -66,8 +66,7 @@ def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = Fa
         spec = _from_tensor_view(x, mode, overwrite, fn)
         is_tensor = True
     elif hasattr(x, "mapping") and hasattr(x, "accessor"):
-        spec = _from_mdspec(x, mode, overwrite, fn)
-        spec.label = "mdspec"
+        spec = _mdspec_spec(x, mode, overwrite, fn)
         is_tensor = False
     else:
         raise TypeError(
@@ -162,15 +161,9 @@ def mdspec_plan(x: Any, mode: Mode, fn: str) -> LeasePlan | None:
         handle = x.data_handle
         if type(handle) is not HostHandle or handle.owner is None:
             return None
-        storage, offset = handle.owner, handle.offset
-    else:
-        descriptor = x.data_descriptor
-        if type(descriptor) is not DataDescriptor:
-            return None
-        storage, offset = descriptor.storage, descriptor.offset
-    _check_layout(x.mapping, offset, storage, fn)
-    spec = AccessSpec(storage, x.mapping, x.accessor, offset, mode)
-    spec.label = "mdspec"
+    elif type(x.data_descriptor) is not DataDescriptor:
+        return None
+    spec = _mdspec_spec(x, mode, False, fn)  # what spec_of makes of it, checked as it checks
     _check_spec(spec, mode, HOST, fn, False)
     plan = LeasePlan(spec, ReadMdspanLease if mode == "read" else WriteMdspanLease)
     if entry is None:
@@ -193,6 +186,13 @@ def _check_layout(mapping: Any, offset: Any, storage: Any, fn: str) -> None:
     # Tensors checked their layout when built; anything else is checked here, before a
     # storage is ever asked for (or writes back) elements outside its buffer.
     check_fits(mapping, offset, storage.size, what=f"storage ({type(storage).__name__})")
+
+
+def _mdspec_spec(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
+    """The access an acquisition of mdspec ``x`` makes (named as an mdspec in messages)."""
+    spec = _from_mdspec(x, mode, overwrite, fn)
+    spec.label = "mdspec"
+    return spec
 
 
 def _from_mdspec(spec: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
