@@ -265,7 +265,8 @@ def _opened_now(x: Any, mode: Mode, fn: str) -> PendingAcquisition[Any] | None:
     if access is None:
         return None
     kind = plan.lease
-    return PendingAcquisition.opened(access, kind is ReadTensorLease or kind is WriteTensorLease)
+    return PendingAcquisition.opened(access, kind is ReadTensorLease or kind is WriteTensorLease,
+                                     kind)
 
 
 def _acquire_async(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool,

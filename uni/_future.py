@@ -105,6 +105,8 @@ class OpFuture:
                 yield from trio.lowlevel.checkpoint().__await__()
             elif library is None:
                 raise unsupported_loop(f"uni.{self.op}_async(...)")
+            if completion._error is None:  # result() without the call
+                return completion._value
             return completion.result()
         return (yield from _await_completion(completion, self.op).__await__())
 

@@ -15,9 +15,8 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from uni._access import Access, register_access, release_from_finalizer
-from uni._core import running_library, unsupported_loop
-from uni._core._owners import TaskOwner
-from uni._lease import _Lease, lease_for
+from uni._core import running_library, task_owner, unsupported_loop
+from uni._lease import _Lease, lease_for, make_lease
 from uni._spec import AccessSpec
 
 __all__ = ["PendingAcquisition"]
@@ -37,31 +36,50 @@ class PendingAcquisition(Generic[L]):
     EventLoopError and withdraws the request, whether or not it would have had to wait.
     """
 
-    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_is_tensor", "_lease", "_state")
+    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_is_tensor", "_kind", "_lease",
+                 "_state")
 
     def __init__(self, spec: AccessSpec, is_tensor: bool, allow_poisoned: bool) -> None:
         # No owner thread: whoever awaits holds it, and a task never deadlocks a thread.
         self._access = register_access(spec, owner=None)
         self._is_tensor = is_tensor
+        self._kind: type[L] | None = None  # (lease_for chooses, once granted)
         self._allow_poisoned = allow_poisoned
         self._state = "registered"
         self._lease: _Lease | None = None
 
     @classmethod
-    def opened(cls, access: Access, is_tensor: bool) -> PendingAcquisition[Any]:
+    def opened(cls, access: Access, is_tensor: bool, kind: type[L]) -> PendingAcquisition[L]:
         """The acquisition of a tensor view or an mdspec whose ``access`` the uncontended
         first step granted and opened at call time (held by no thread: by the task that
-        awaits it)."""
+        awaits it), for a lease of type ``kind`` (its plan's)."""
         self = cls.__new__(cls)
         self._access = access
         self._is_tensor = is_tensor
+        self._kind = kind
         self._allow_poisoned = False  # (granted only with no poison in the queue)
         self._state = "opened"
         self._lease = None
         return self
 
     def __await__(self) -> Generator[Any, None, L]:
-        return self._acquire().__await__()
+        # An acquisition granted at call time is handed over here, in this generator: the
+        # coroutine of _acquire (and its await) is for the one that waits.
+        if self._state == "opened":
+            library = running_library()
+            if library is not None:
+                return self._hand_over(library)
+        return (yield from self._acquire().__await__())
+
+    def _hand_over(self, library: str) -> L:
+        """The lease of an access granted and opened at call time, to the awaiting task."""
+        self._state = "done"
+        access = self._access
+        # From now on a time-out behind it names this task (SPEC §4: who holds it).
+        access.request.owner_thread = task_owner(library)
+        kind = self._kind
+        assert kind is not None  # (opened() gave it)
+        return make_lease(kind, access)
 
     async def _acquire(self) -> L:
         state = self._state
@@ -81,7 +99,7 @@ class PendingAcquisition(Generic[L]):
         if state == "registered":
             await access.wait_async(library=library)
         # Granted: from now on a time-out behind it names this task (SPEC §4: who holds it).
-        access.request.owner_thread = TaskOwner(library)
+        access.request.owner_thread = task_owner(library)
         if state == "registered":
             # Before opening: a handle the opener made would never be handed back.
             access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
@@ -90,7 +108,12 @@ class PendingAcquisition(Generic[L]):
         return lease_for(access, self._is_tensor)  # type: ignore[return-value]
 
     async def __aenter__(self) -> L:
-        self._lease = await self
+        if self._state == "opened":  # granted at call time: no await in between (as above)
+            library = running_library()
+            if library is not None:
+                lease = self._lease = self._hand_over(library)
+                return lease
+        self._lease = await self._acquire()
         return self._lease
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 import trio
 from support.cuda_doubles import RecordingStream, fake_cuda
+from support.loops import Loop, each_loop
 
 import uni
+from uni._core import _owners
+from uni._core._owners import TaskOwner
 
 
 async def _take_host(t: uni.Tensor) -> Any:
@@ -50,3 +53,66 @@ def test_a_task_holder_is_named_while_it_runs() -> None:
 
     trio.run(main)
     assert "trio task" in seen[0] and "main" in seen[0]
+
+
+def _owner_of(lease: Any) -> Any:
+    return lease._access.request.owner_thread
+
+
+@each_loop
+async def test_each_task_is_one_owner_for_all_its_grants(loop: Loop) -> None:
+    # An owner only names its task (for time-out messages), so a task's awaited grants
+    # share one, made by its first; another task gets its own, naming that task.
+    a, b = uni.zeros((4,)), uni.zeros((4,))
+    owners: dict[str, list[Any]] = {"first": [], "second": []}
+    words: dict[str, str] = {}
+
+    async def take(name: str) -> None:
+        async with uni.acquire_host_read_access_async(a) as lease:  # granted at call time
+            owners[name].append(_owner_of(lease))
+        async with uni.acquire_host_write_access_async(b) as lease:
+            owners[name].append(_owner_of(lease))
+        lease = await uni.acquire_host_read_access_async(a)
+        owners[name].append(_owner_of(lease))
+        words[name] = _owner_of(lease).describe()  # (named while it runs)
+        running = (trio.lowlevel.current_task() if loop.name == "trio"
+                   else asyncio.current_task())
+        assert _owner_of(lease).task() is running  # this very task
+        lease.release()
+
+    await loop.join(loop.start("first", lambda: take("first")),
+                    loop.start("second", lambda: take("second")))
+    first, second = owners["first"], owners["second"]
+    assert len(first) == len(second) == 3
+    assert all(o is first[0] for o in first) and all(o is second[0] for o in second)
+    assert first[0] is not second[0]
+    assert type(first[0]) is TaskOwner and first[0].ident is None
+    assert all(f"{loop.name} task" in w and "finished" not in w for w in words.values())
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_task_owner_goes_with_its_task(loop: str) -> None:
+    # The registry of task owners keeps nothing of a task that ended: many short tasks,
+    # each awaiting a lease, leave it as it was.
+    t = uni.zeros((4,))
+
+    async def once() -> None:
+        async with uni.acquire_host_read_access_async(t):
+            pass
+
+    async def many() -> None:
+        for _ in range(200):
+            if loop == "trio":
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(once)
+            else:
+                await asyncio.create_task(once())
+
+    gc.collect()
+    before = len(_owners._task_owners)
+    if loop == "trio":
+        trio.run(many)
+    else:
+        asyncio.run(many())
+    gc.collect()
+    assert len(_owners._task_owners) == before

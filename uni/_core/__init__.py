@@ -30,7 +30,7 @@ from uni._core._fences import (
     wait_fences_sync,
 )
 from uni._core._held import HeldRun
-from uni._core._owners import CURRENT_THREAD, Owner, current_owner
+from uni._core._owners import CURRENT_THREAD, Owner, current_owner, task_owner
 from uni._core._queue import AccessQueue, RetiredQueue, normalize_timeout
 from uni._core._request import _NO_FENCES, AccessRequest, Mode
 from uni._core._waiters import Waiter
@@ -61,6 +61,7 @@ __all__ = [
     "run_in_helper_thread",
     "run_quietly",
     "running_library",
+    "task_owner",
     "unsupported_loop",
     "wait_callback_async",
     "wait_fences_async",

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import trio
 
-__all__ = ["CURRENT_THREAD", "Owner", "TaskOwner", "current_owner"]
+__all__ = ["CURRENT_THREAD", "Owner", "TaskOwner", "current_owner", "task_owner"]
 
 
 class _Sentinel(enum.Enum):
@@ -57,17 +57,14 @@ class TaskOwner(Owner):
 
     __slots__ = ("library", "task", "thread")
 
-    def __init__(self, library: str) -> None:
+    def __init__(self, library: str, task: object = None) -> None:
         # Note: Owner.__init__ is not called: ident stays None (never a context's token),
         # and the names are looked up when a message needs them (describe).
         self.ident = None
         self.library = library
         self.thread = threading.current_thread()
-        try:
-            task: object = (trio.lowlevel.current_task() if library == "trio"
-                            else asyncio.current_task())
-        except RuntimeError:  # not inside a task after all
-            task = None
+        if task is None:
+            task = _current_task(library)
         # Weakly: a task that finished holds its result, perhaps the very lease whose request
         # holds this owner, and the queue holds the request: a strong reference would keep a
         # dropped lease alive (never finalized, never released) for as long as its storage.
@@ -85,6 +82,51 @@ class TaskOwner(Owner):
         else:
             label = task.get_name()
         return f"{self.library} task {label!r} in thread {self.thread.name!r}"
+
+
+def _current_task(library: str) -> object:
+    """The trio or asyncio task running this code; None outside one."""
+    if library == "trio":
+        try:
+            return trio.lowlevel.current_task()
+        except RuntimeError:  # not inside a task after all
+            return None
+    # asyncio.current_task() without its own lookup of the loop (which raises outside one)
+    loop = asyncio._get_running_loop()
+    return None if loop is None else asyncio.current_task(loop)
+
+
+#: id(task) -> the owner naming it: every grant a task awaits names the same task, so it
+#: gets one owner for its life, not one per grant (an owner only names; it holds nothing).
+#: An entry goes with its task: the owner's weak reference to it calls back.
+_task_owners: dict[int, TaskOwner] = {}
+
+
+def task_owner(library: str) -> TaskOwner:
+    """The owner of a grant the calling ``library`` task awaited (its holder, for messages):
+    one per task, made by its first."""
+    task = _current_task(library)
+    if task is None:
+        return TaskOwner(library)
+    key = id(task)
+    owner = _task_owners.get(key)
+    if owner is not None:
+        ref = owner.task
+        if ref is not None and ref() is task:
+            return owner
+    owner = TaskOwner(library, task)
+
+    def forget(ref: Any) -> None:
+        # No lock: a dict operation is atomic, and this may run inside a garbage collection
+        # anywhere. Only its own entry (the id may already be another task's); the owner is
+        # found by its reference, so the callback holds no owner (no cycle).
+        kept = _task_owners.get(key)
+        if kept is not None and kept.task is ref:
+            _task_owners.pop(key, None)
+
+    owner.task = weakref.ref(task, forget)
+    _task_owners[key] = owner
+    return owner
 
 
 _owner: contextvars.ContextVar[Owner] = contextvars.ContextVar("uni_owner")

@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, overloa
 from uni._access import Access, register_access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._acquire import spec_of
-from uni._core import normalize_timeout, running_library, wait_fences_async
-from uni._core._owners import TaskOwner
+from uni._core import normalize_timeout, running_library, task_owner, wait_fences_async
 from uni._dlpack import kDLCUDA
 from uni._errors import DomainError, LeaseError, LeaseReleasedError
 from uni._handle import CUDA
@@ -389,7 +388,7 @@ class PendingCudaAcquisition(PendingAcquisition[CL], Generic[CL]):
         # as the host path does (uni/_acquire.py).
         library = running_library()
         if library is not None:
-            access.request.owner_thread = TaskOwner(library)
+            access.request.owner_thread = task_owner(library)
         stream = self._stream
         if access.request.fences:
             device, host = split_fences(access.request.fences)
