@@ -438,17 +438,20 @@ class ElementOp:
                                          factor=self._argument)
 
     def numpy_kernel(self) -> Callable[..., Array]:
-        """``kernel(*inputs, out=..., dtype=...)``: ``apply_numpy`` without its checks and
-        conversions, for callers that prepared the inputs once (arrays, and Python scalars
-        already converted into 0-d arrays of ``dtype``) and set ``np.errstate`` themselves."""
+        """``kernel(*inputs, out=..., dtype=..., casting="unsafe")``: ``apply_numpy`` without
+        its checks and conversions, for callers that prepared the inputs once (arrays, and
+        Python scalars already converted into 0-d arrays of ``dtype``) and set
+        ``np.errstate`` themselves. (``casting`` is always ``"unsafe"``, as ``numpy_impl``
+        casts: passed by the caller, so that an op that is one ufunc call is that ufunc.)"""
         impl = self._kind.numpy_impl
         ufunc = _BINARY_UFUNCS.get(impl)
         if ufunc is not None:
-            # The same call as impl's, without a Python frame in between.
-            return functools.partial(ufunc, casting="unsafe")
+            # The same call as impl's, without a Python frame (or a partial's merge of its
+            # keywords into a dict per call) in between.
+            return ufunc
         factor = self._argument
 
-        def kernel(*inputs: Any, out: Array | None, dtype: DType) -> Array:
+        def kernel(*inputs: Any, out: Array | None, dtype: DType, casting: str) -> Array:
             return impl(*inputs, out=out, dtype=dtype, factor=factor)
 
         return kernel

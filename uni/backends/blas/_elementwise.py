@@ -245,7 +245,7 @@ def execute_form(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: A
             def run_arrays() -> bool:
                 token = var.set(state)
                 try:
-                    bare(*bound, out=out, dtype=compute)
+                    bare(*bound, out=out, dtype=compute, casting="unsafe")
                 finally:
                     var.reset(token)
                 return True
@@ -265,7 +265,7 @@ def execute_form(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: A
                     args[i] = x
                 token = var.set(state)
                 try:
-                    bare(*args, out=out, dtype=compute)
+                    bare(*args, out=out, dtype=compute, casting="unsafe")
                 finally:
                     var.reset(token)
                 return True
@@ -277,10 +277,10 @@ def execute_form(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: A
             if args is None:
                 return False
             if plain:
-                kernel(*args, out=out, dtype=compute)
+                kernel(*args, out=out, dtype=compute, casting="unsafe")
                 return True
             result = np.empty(out.shape, dtype=compute)
-            kernel(*args, out=result, dtype=compute)
+            kernel(*args, out=result, dtype=compute, casting="unsafe")
             _promotion.store_cast(result, store, out=out)
             return True
 
