@@ -14,7 +14,7 @@ storage's identity and offset; the layout finds the form it last ran on, and
 :meth:`Form.fits` asks each storage what the form key would), reads each queue and its
 range, decides the fold (one value: which inputs are read through the output's write), binds
 the kernel to the memory and runs it held, as a small plan's repeat runs (operands in
-distinct queues they own: :meth:`~uni._core.HeldRun.distinct`), else under requests granted
+distinct queues they own: :meth:`~uni._core.HeldRun.run_distinct`), else under requests granted
 at once (:meth:`~uni._core.AccessQueue.try_grant`). An **operation plan** (:class:`Prepared`) is
 that binding kept for one operand key (per operand the storage's identity, the element
 offset, the mapping's type, shape and strides, the accessor type), on the second sighting
@@ -65,7 +65,6 @@ entry from a dict, which is atomic. Nothing iterates the plan dict. A form holds
 
 from __future__ import annotations
 
-import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -274,15 +273,17 @@ class Form:
         """Whether ``tensors`` (of this form's layout) have this form: each storage plain and
         deciding what this form's did (``_form_key`` would name this form), asked without
         building the key (dtypes by identity first: a dtype's hash is not cached)."""
-        for t, (stype, dtype, readonly, itemsize, alignment, aligned) in zip(
-                tensors, self.storages, strict=True):
+        # (One test at a time, cheapest first, no keyword arguments: this runs for every
+        # operand of every first sight. zip without strict: the layout fixed the count.)
+        for t, part in zip(tensors, self.storages):  # noqa: B905
             s = t._storage
-            if type(s) is not stype or s.readonly != readonly:
+            stype, dtype, readonly, itemsize, alignment, aligned = part
+            if type(s) is not stype or s.readonly is not readonly:
                 return False
             d = s.dtype
             if d is not dtype and d != dtype:
                 return False
-            if (not (s.base_address + t._offset * itemsize) % alignment) is not aligned:
+            if ((s.base_address + t._offset * itemsize) % alignment == 0) is not aligned:
                 return False
             # What plain_storage asks of an instance, asked only of one that has attributes
             # of its own (a storage's own are slots: its __dict__ is empty unless something
@@ -322,10 +323,10 @@ class Form:
             v0, v1, v2 = self.views
             first = (q0, ((o0 + l0, o0 + h0, w0, (v0[0], (o0, v0[1], v0[2])) if w0 else None),))
             last = (q2, ((o2 + l2, o2 + h2, w2, (v2[0], (o2, v2[1], v2[2])) if w2 else None),))
-            held = HeldRun.distinct((first, last) if q0 is q1 else (
+            queues: tuple[Any, ...] = (first, last) if q0 is q1 else (
                 first,
                 (q1, ((o1 + l1, o1 + h1, w1, (v1[0], (o1, v1[1], v1[2])) if w1 else None),)),
-                last))
+                last)
         elif len(tensors) == 2:
             t0, t1 = tensors
             s0, s1 = t0._storage, t1._storage
@@ -343,12 +344,12 @@ class Form:
             w0, w1 = self.writes
             v0, v1 = self.views
             first = (q0, ((o0 + l0, o0 + h0, w0, (v0[0], (o0, v0[1], v0[2])) if w0 else None),))
-            held = HeldRun.distinct((first,) if q0 is q1 else (
+            queues = (first,) if q0 is q1 else (
                 first,
-                (q1, ((o1 + l1, o1 + h1, w1, (v1[0], (o1, v1[1], v1[2])) if w1 else None),))))
+                (q1, ((o1 + l1, o1 + h1, w1, (v1[0], (o1, v1[1], v1[2])) if w1 else None),)))
         else:
             return self.run_once(tensors, args)
-        done = held.run(run, args)
+        done = HeldRun.run_distinct(queues, run, args)
         if done is None:  # a lock was taken: ask each queue for a request instead
             return self.run_once(tensors, args, run)
         return self.backend if done else None
@@ -524,9 +525,9 @@ class Prepared:
 
 
 _entries: dict[Key, Prepared] = {}
-#: Operand keys sighted once, with their storages' serials: planned on the second.
-_seen: dict[Key, tuple[int, ...]] = {}
-_serial_of = operator.attrgetter("_storage.serial")
+#: Calls sighted once (:func:`_sighted`: the form's id, the storages' serials, the operand
+#: key's storage ids and offsets): planned on the second.
+_seen: set[tuple[int, ...]] = set()
 
 # -- identity records ------------------------------------------------------------------------
 # (op, id(operand), ...) -> the entry; each record's weak references (callbacks pop it when
@@ -647,20 +648,21 @@ def _sighted(key: Key, form: Form, tensors: Sequence[Tensor]) -> None:
     # The first sighting is remembered by the storages' serials (uni.storage._memory), not
     # their ids: new storages reuse the ids of dead ones at once (fresh arrays, one after
     # another, often land at the same address), and those were never seen -- nor were a
-    # service's fresh vectors beside its one shared model.
+    # service's fresh vectors beside its one shared model. Remembered in flat integers: the
+    # form's id stands for the key's layout (the form was found by it; _seen is cleared
+    # with the forms, so the id is that form's), then the serials, then the key's tail (the
+    # storages' ids and the offsets). Hashing those, not the layout's nested tuples a second
+    # time, is what a first sighting (every call on fresh data) pays; the set grows only
+    # then, which one add says.
     try:
-        marks = tuple(map(_serial_of, tensors))
+        mark = (id(form), *[t._storage.serial for t in tensors], *key[1:])
     except AttributeError:  # memory the registry never saw: no witness, no plan
         return
     if len(_seen) >= _MAX_ENTRIES:
         _seen.clear()
-    # One hash of the key for a first sighting: setdefault, which grows the dict only then.
     count = len(_seen)
-    seen = _seen.setdefault(key, marks)
+    _seen.add(mark)
     if len(_seen) != count:
-        return
-    if seen != marks:
-        _seen[key] = marks
         return
     found = form.ranges(tensors)
     if found is None:
@@ -825,6 +827,7 @@ def offer(op: str, backend: Any, operands: Sequence[Any], views: tuple[Tensor, .
         if len(_forms) >= _MAX_ENTRIES:
             _forms.clear()
             _by_layout.clear()
+            _seen.clear()  # (its sightings name forms by id)
         _forms[form_key] = form
     _sighted(key, form, views)
 

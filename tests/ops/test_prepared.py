@@ -1062,11 +1062,21 @@ def test_first_sight_with_a_lock_taken_runs_under_requests(
         op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     getattr(uni, op)(*_fresh(op))
     # A test double: the held run answers as when another thread holds a queue's lock.
-    monkeypatch.setattr(uni._core.HeldRun, "run", lambda self, fn, args: None)
+    monkeypatch.setattr(uni._core.HeldRun, "run_distinct",
+                        staticmethod(lambda queues, fn, args: None))
+    under_requests = []
+    run_once = _plan.Form.run_once
+
+    def spy(self: Any, *args: Any) -> Any:
+        under_requests.append(self)
+        return run_once(self, *args)
+
+    monkeypatch.setattr(_plan.Form, "run_once", spy)
     operands = _fresh(op, 3.0)
     before = _plan.first_sight_runs()
     getattr(uni, op)(*operands)
     assert _plan.first_sight_runs() == before + 1
+    assert len(under_requests) == 1  # the held run refused: its requests ran it
     np.testing.assert_array_equal(_out(op, operands).to_numpy(), _expected(op, 3.0))
 
 

@@ -43,56 +43,67 @@ class HeldRun:
         for queue, lo, hi, write, view in items:
             by_queue.setdefault(id(queue), (queue, []))[1].append((lo, hi, write, view))
         self._queues = tuple((queue, tuple(ranges)) for queue, ranges in by_queue.values())
-        self._locks: tuple[_LockType, ...] = tuple(queue._lock for queue, _ in self._queues)
+        self._locks: list[_LockType] = [queue._lock for queue, _ in self._queues]
 
     @classmethod
     def distinct(cls, queues: tuple[tuple[AccessQueue, tuple[tuple[int, int, bool, Any]]], ...]
                  ) -> HeldRun:
         """The held run of operands in distinct queues, given grouped as ``HeldRun(items)``
-        groups them -- ``((queue, ((lo, hi, write, view),)), ...)`` -- without the grouping:
-        a first-sight call makes one per call (``uni._operation_plan``)."""
+        groups them -- ``((queue, ((lo, hi, write, view),)), ...)`` -- without the grouping."""
         self = cls()
         self._queues = queues
-        # A list, not a generator: one call instead of one per lock.
-        self._locks = tuple([queue._lock for queue, _ in queues])
+        self._locks = [queue._lock for queue, _ in queues]
         return self
+
+    @staticmethod
+    def run_distinct(queues: tuple[tuple[AccessQueue, tuple[tuple[int, int, bool, Any]]], ...],
+                     fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
+        """``HeldRun.distinct(queues).run(fn, args)`` without the object: a first-sight call
+        runs once (``uni._operation_plan``)."""
+        return _run_held(queues, [queue._lock for queue, _ in queues], fn, args)
 
     def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
         """``fn(*args)``'s answer; False (not run) when something is in the way; None (not
         run) when a queue's lock was taken by another thread at that moment."""
-        locks = self._locks
-        taken = 0
-        try:
-            for lock in locks:
-                if not lock.acquire(False):
-                    return None
-                taken += 1
-            for queue, ranges in self._queues:
-                # poison or retired: refused; an idle queue (a repeat's common case) has
-                # nothing else to check.
-                if queue.has_poison or queue.retired:
-                    return False
-                if queue._entries or queue._tail:
-                    for lo, hi, write, _ in ranges:
-                        if queue.in_the_way_locked(lo, hi, write):
-                            return False
-            try:
-                return fn(*args)
-            except BaseException as err:
-                self._poison_writes(err)
-                raise
-        finally:
-            while taken:
-                taken -= 1
-                locks[taken].release()
+        return _run_held(self._queues, self._locks, fn, args)
 
     def retired(self) -> bool:
         """Whether one of the queues no longer takes registrations (its memory joined another
         memory's queue): a prepared caller drops its entry (read without the lock: a hint)."""
         return any(queue.retired for queue, _ in self._queues)
 
-    def _poison_writes(self, err: BaseException) -> None:
-        for queue, ranges in self._queues:
-            for lo, hi, write, view in ranges:
-                if write:
-                    queue._poison_locked(queue._bytes(lo, hi, view), err)
+
+def _run_held(queues: tuple[tuple[AccessQueue, tuple[tuple[int, int, bool, Any], ...]], ...],
+              locks: list[_LockType], fn: Callable[..., bool], args: tuple[Any, ...]
+              ) -> bool | None:
+    """:meth:`HeldRun.run` on ``queues`` grouped as a held run groups them, with their
+    ``locks`` in the same order."""
+    taken = 0
+    try:
+        for lock in locks:
+            if not lock.acquire(False):
+                return None
+            taken += 1
+        for queue, ranges in queues:
+            # poison or retired: refused; an idle queue (a repeat's common case) has
+            # nothing else to check.
+            if queue.has_poison or queue.retired:
+                return False
+            if queue._entries or queue._tail:
+                for lo, hi, write, _ in ranges:
+                    if queue.in_the_way_locked(lo, hi, write):
+                        return False
+        try:
+            return fn(*args)
+        except BaseException as err:
+            # A failing kernel poisons its writes' ranges before the locks are dropped, as a
+            # failed writer's release does.
+            for queue, ranges in queues:
+                for lo, hi, write, view in ranges:
+                    if write:
+                        queue._poison_locked(queue._bytes(lo, hi, view), err)
+            raise
+    finally:
+        while taken:
+            taken -= 1
+            locks[taken].release()
