@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from uni._access import Access, register_access
 from uni._core import AccessQueue, Mode
-from uni._handle import HOST
+from uni._handle import HOST, HostHandle
 from uni._spec import AccessSpec, queue_range
 from uni.storage.host import HostStorage
 
@@ -41,8 +41,12 @@ def plain_storage(storage: Any) -> bool:
             and cls.acquire_read is _PLAIN_HOOKS[0] and cls.acquire_write is _PLAIN_HOOKS[1]
             and cls.handle is _PLAIN_HOOKS[2]
             and not any(hasattr(cls, name) for name in _ASYNC_HOOKS))
-    # An instance that patched a hook is not plain (isdisjoint: no set built per call).
-    return known and storage.domain is HOST and vars(storage).keys().isdisjoint(_HOOK_NAMES)
+    # An instance that patched a hook is not plain (an empty dict first, the common case:
+    # asked without a method call; isdisjoint then builds no set).
+    if not known or storage.domain is not HOST:
+        return False
+    own = vars(storage)
+    return not own or _HOOK_NAMES.isdisjoint(own)
 
 
 #: HostStorage's hooks as defined (a class-level patch of HostStorage makes nothing plain).
@@ -69,7 +73,9 @@ class LeasePlan:
         self.lease = lease
         storage = spec.storage
         plain = spec.lo <= spec.hi and not spec.overwrite and plain_storage(storage)
-        self.handle: Any = storage.handle(spec.offset) if plain else None
+        # What HostStorage.handle makes (a plain storage's handle hook is that one), made
+        # here without the call.
+        self.handle: Any = HostHandle(storage.buffer, spec.offset, storage) if plain else None
         # (queue, (lo, hi)): the range in the queue it was last worked out for, in one
         # tuple so that a thread never sees one queue's range with another queue.
         self.where: tuple[AccessQueue, tuple[int, int]] | None = None
@@ -100,5 +106,11 @@ class LeasePlan:
     def where_for(self, queue: AccessQueue) -> tuple[AccessQueue, tuple[int, int]]:
         """``(queue, (lo, hi))``: the view's range in ``queue``'s units, worked out and kept."""
         spec = self.spec
-        where = self.where = (queue, queue_range(spec.storage, spec.lo, spec.hi, queue))
+        storage = spec.storage
+        if not storage.queue_offset and queue.unit == storage.dtype.itemsize:
+            # A storage that owns its queue counts in its own elements (queue_range's first
+            # step: a plan's storage is plain, so it has a queue offset).
+            where = self.where = (queue, (spec.lo, spec.hi))
+        else:
+            where = self.where = (queue, queue_range(storage, spec.lo, spec.hi, queue))
         return where

@@ -40,6 +40,7 @@ def storage_over(buffer: np.ndarray[Any, Any], dtype: np.dtype[Any],
     self.size = size = buffer.shape[0]
     self.readonly = readonly
     self.buffer = buffer
+    self._twin = None  # (HostStorage._adopt's reason)
     # data_address(buffer) without the call: ``buffer`` is an ndarray.
     self.base_address = address = _word_at(id(buffer) + _DATA_FIELD).value or 0
     itemsize = dtype.itemsize

@@ -42,7 +42,7 @@ class HostStorage(StorageBase):
     """A flat host buffer. Handles are the buffer itself: acquisition moves no data."""
 
     __slots__ = ("_twin", "base_address", "buffer")
-    _twin: np.ndarray[Any, Any]
+    _twin: np.ndarray[Any, Any] | None
 
     immediate = True
     #: release_read/release_write do nothing here; leases may skip calling them.
@@ -72,6 +72,10 @@ class HostStorage(StorageBase):
 
     def _adopt(self, buffer: np.ndarray[Any, Any]) -> None:
         self.buffer: np.ndarray[Any, Any] = buffer
+        # Set, not left unset: reading an unset slot through getattr's default raises and
+        # catches an AttributeError, which costs a read lease's first view as much as the
+        # twin itself.
+        self._twin = None
         # The buffer never changes: operand signatures read alignment from its address.
         self.base_address = address = data_address(buffer)
         # One memory, one queue: this buffer joins the queue of any memory uni already
@@ -106,8 +110,7 @@ class HostStorage(StorageBase):
         # (A subclass may hand out another buffer, or have none of its own yet.)
         if buffer is not getattr(self, "buffer", None):
             return readonly_twin(buffer)
-        # (getattr: until the first read-only view the slot is unset, and an AttributeError
-        # raised and caught here would cost as much as the twin.)
+        # (getattr: a subclass may leave the slot unset, never calling _adopt.)
         twin: np.ndarray[Any, Any] | None = getattr(self, "_twin", None)
         if twin is None:
             twin = self._twin = readonly_twin(buffer)
