@@ -525,9 +525,9 @@ class Prepared:
 
 
 _entries: dict[Key, Prepared] = {}
-#: Calls sighted once (:func:`_sighted`: the form's id, the storages' serials, the operand
-#: key's storage ids and offsets): planned on the second.
-_seen: set[tuple[int, ...]] = set()
+#: Operand keys sighted once (:func:`_sighted`: the form's id and the key's storage ids and
+#: offsets), with their storages' serials: planned on the second.
+_seen: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 # -- identity records ------------------------------------------------------------------------
 # (op, id(operand), ...) -> the entry; each record's weak references (callbacks pop it when
@@ -648,21 +648,27 @@ def _sighted(key: Key, form: Form, tensors: Sequence[Tensor]) -> None:
     # The first sighting is remembered by the storages' serials (uni.storage._memory), not
     # their ids: new storages reuse the ids of dead ones at once (fresh arrays, one after
     # another, often land at the same address), and those were never seen -- nor were a
-    # service's fresh vectors beside its one shared model. Remembered in flat integers: the
-    # form's id stands for the key's layout (the form was found by it; _seen is cleared
-    # with the forms, so the id is that form's), then the serials, then the key's tail (the
-    # storages' ids and the offsets). Hashing those, not the layout's nested tuples a second
-    # time, is what a first sighting (every call on fresh data) pays; the set grows only
-    # then, which one add says.
+    # service's fresh vectors beside its one shared model. Kept under the key in flat
+    # integers: the form's id stands for its layout (the form was found by it; _seen is
+    # cleared with the forms, so the id is that form's), then the key's tail (the storages'
+    # ids and the offsets). Hashing those, not the layout's nested tuples a second time, is
+    # what a first sighting (every call on fresh data) pays.
     try:
-        mark = (id(form), *[t._storage.serial for t in tensors], *key[1:])
+        marks = tuple([t._storage.serial for t in tensors])
     except AttributeError:  # memory the registry never saw: no witness, no plan
         return
     if len(_seen) >= _MAX_ENTRIES:
         _seen.clear()
+    where = (id(form), *key[1:])
+    # One hash for a first sighting: setdefault, which grows the dict only then.
     count = len(_seen)
-    _seen.add(mark)
+    seen = _seen.setdefault(where, marks)
     if len(_seen) != count:
+        return
+    if seen != marks:
+        # Other storages at those ids (fresh arrays where dead ones were): their first
+        # sighting, in place of the dead ones' (which no storage can match again).
+        _seen[where] = marks
         return
     found = form.ranges(tensors)
     if found is None:
@@ -827,7 +833,9 @@ def offer(op: str, backend: Any, operands: Sequence[Any], views: tuple[Tensor, .
         if len(_forms) >= _MAX_ENTRIES:
             _forms.clear()
             _by_layout.clear()
-            _seen.clear()  # (its sightings name forms by id)
+            # Its sightings name forms by id; cleared last (a sighting of a form found just
+            # before the clear plans early at worst: a plan is exact, whenever made).
+            _seen.clear()
         _forms[form_key] = form
     _sighted(key, form, views)
 
@@ -857,9 +865,9 @@ def forget() -> None:
     """Drop every plan and form (the walk's answer may have changed)."""
     _drop_identities()
     _entries.clear()
-    _seen.clear()
     _forms.clear()
     _by_layout.clear()
+    _seen.clear()  # (last: see offer)
 
 
 on_forget(forget)

@@ -437,21 +437,24 @@ class ElementOp:
             return self._kind.numpy_impl(*prepared, out=out, dtype=compute,
                                          factor=self._argument)
 
-    def numpy_kernel(self) -> Callable[..., Array]:
-        """``kernel(*inputs, out=..., dtype=..., casting="unsafe")``: ``apply_numpy`` without
-        its checks and conversions, for callers that prepared the inputs once (arrays, and
-        Python scalars already converted into 0-d arrays of ``dtype``) and set
-        ``np.errstate`` themselves. (``casting`` is always ``"unsafe"``, as ``numpy_impl``
-        casts: passed by the caller, so that an op that is one ufunc call is that ufunc.)"""
+    def numpy_kernel(self, *, pass_casting: bool = False) -> Callable[..., Array]:
+        """``kernel(*inputs, out=..., dtype=...)``: ``apply_numpy`` without its checks and
+        conversions, for callers that prepared the inputs once (arrays, and Python scalars
+        already converted into 0-d arrays of ``dtype``) and set ``np.errstate`` themselves.
+
+        ``pass_casting=True``: the caller passes ``casting="unsafe"`` (as ``numpy_impl``
+        casts) on every call, so an op that is one ufunc call is that ufunc itself, with no
+        ``functools.partial`` between (which merges its keywords into a new dict per call).
+        """
         impl = self._kind.numpy_impl
         ufunc = _BINARY_UFUNCS.get(impl)
         if ufunc is not None:
-            # The same call as impl's, without a Python frame (or a partial's merge of its
-            # keywords into a dict per call) in between.
-            return ufunc
+            # The same call as impl's, without a Python frame in between.
+            return ufunc if pass_casting else functools.partial(ufunc, casting="unsafe")
         factor = self._argument
 
-        def kernel(*inputs: Any, out: Array | None, dtype: DType, casting: str) -> Array:
+        def kernel(*inputs: Any, out: Array | None, dtype: DType, casting: str = "unsafe"
+                   ) -> Array:
             return impl(*inputs, out=out, dtype=dtype, factor=factor)
 
         return kernel

@@ -1008,6 +1008,21 @@ def test_fresh_operands_beside_a_shared_one_are_seen_for_the_first_time() -> Non
     assert made == 0 and wrong == 0
 
 
+def test_a_repeat_after_many_fresh_calls_is_still_a_second_sighting() -> None:
+    # Fresh operands at the ids of dead ones take the dead ones' place in the sightings, so
+    # a stream of them never crowds out the first sighting of tensors that stay: the repeat
+    # of those, after hundreds of fresh calls of the same form, is planned.
+    a, b = uni.from_numpy(np.ones(8)), uni.from_numpy(np.zeros(8))
+    uni.copy(a, b)
+    assert _plan.lookup("copy", a, b) is None  # sighted once
+    for _ in range(3 * _plan._MAX_ENTRIES):
+        src, dst = uni.from_numpy(np.ones(8)), uni.from_numpy(np.zeros(8))
+        uni.copy(src, dst)
+        del src, dst
+    uni.copy(a, b)
+    assert _plan.lookup("copy", a, b) is not None
+
+
 # -- first sight without the form key: the layout's form, when its storages fit ----------------
 def _strided_out(op: str) -> tuple[np.ndarray, Any]:
     """A fresh output of ``op``'s fresh form laid every other element of a wider array."""

@@ -35,31 +35,19 @@ class HeldRun:
 
     __slots__ = ("_locks", "_queues")
 
-    def __init__(self, items: list[tuple[AccessQueue, int, int, bool, Any]] | None = None
-                 ) -> None:
-        if items is None:  # HeldRun.distinct's, which stores the grouping itself
-            return
+    def __init__(self, items: list[tuple[AccessQueue, int, int, bool, Any]]) -> None:
         by_queue: dict[int, tuple[AccessQueue, list[tuple[int, int, bool, Any]]]] = {}
         for queue, lo, hi, write, view in items:
             by_queue.setdefault(id(queue), (queue, []))[1].append((lo, hi, write, view))
         self._queues = tuple((queue, tuple(ranges)) for queue, ranges in by_queue.values())
         self._locks: list[_LockType] = [queue._lock for queue, _ in self._queues]
 
-    @classmethod
-    def distinct(cls, queues: tuple[tuple[AccessQueue, tuple[tuple[int, int, bool, Any]]], ...]
-                 ) -> HeldRun:
-        """The held run of operands in distinct queues, given grouped as ``HeldRun(items)``
-        groups them -- ``((queue, ((lo, hi, write, view),)), ...)`` -- without the grouping."""
-        self = cls()
-        self._queues = queues
-        self._locks = [queue._lock for queue, _ in queues]
-        return self
-
     @staticmethod
     def run_distinct(queues: tuple[tuple[AccessQueue, tuple[tuple[int, int, bool, Any]]], ...],
                      fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:
-        """``HeldRun.distinct(queues).run(fn, args)`` without the object: a first-sight call
-        runs once (``uni._operation_plan``)."""
+        """``HeldRun(items).run(fn, args)`` for operands in distinct queues, given grouped as
+        ``HeldRun`` groups them -- ``((queue, ((lo, hi, write, view),)), ...)`` -- without
+        the grouping or the object: a first-sight call runs once (``uni._operation_plan``)."""
         return _run_held(queues, [queue._lock for queue, _ in queues], fn, args)
 
     def run(self, fn: Callable[..., bool], args: tuple[Any, ...]) -> bool | None:

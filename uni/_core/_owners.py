@@ -51,8 +51,9 @@ class TaskOwner(Owner):
 
     Never the calling context's token: an awaited lease is nobody's for self-deadlock
     detection (a task never deadlocks a thread), but a time-out behind it still names who
-    holds the data. Made on every awaited grant, so it only keeps references; the words are
-    built when a message needs them.
+    holds the data. One per task (:func:`task_owner`, by the task's first awaited grant),
+    shared by its grants; it only keeps references, and the words are built when a message
+    needs them.
     """
 
     __slots__ = ("library", "task", "thread")

@@ -227,7 +227,7 @@ def execute_form(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: A
     plain = _store_is_plain_cast(compute, out.dtype)
     store = out.dtype
     # As apply_numpy computes: IEEE results are the semantics.
-    bare = op.numpy_kernel()
+    bare = op.numpy_kernel(pass_casting=True)  # (each call below passes casting)
     kernel = quiet(bare)
     var, state = _ERRSTATE, _IGNORE
     arrays_only = not converters and plain and var is not None
