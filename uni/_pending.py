@@ -14,13 +14,18 @@ from collections.abc import Generator
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+import trio
+
 from uni._access import Access, register_access, release_from_finalizer
 from uni._core import running_library, task_owner, unsupported_loop
+from uni._errors import LeaseError
 from uni._lease import _Lease, lease_for, make_lease
 from uni._spec import AccessSpec
 
 __all__ = ["PendingAcquisition"]
 
+
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 
 #: The lease an acquisition gives: a tensor lease for a tensor view, an mdspan lease for an
 #: mdspec (the overloads of the acquire_* functions say which).
@@ -34,6 +39,8 @@ class PendingAcquisition(Generic[L]):
     Dropping it without awaiting withdraws the request with a ResourceWarning. Awaited
     anywhere else (another event loop, a coroutine driven by hand), it raises
     EventLoopError and withdraws the request, whether or not it would have had to wait.
+    Awaited in a cancelled trio scope, it raises Cancelled and withdraws the request, even one
+    granted at call time (a cancel point, as trio's own waits are).
     """
 
     __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_is_tensor", "_kind", "_lease",
@@ -68,8 +75,24 @@ class PendingAcquisition(Generic[L]):
         if self._state == "opened":
             library = running_library()
             if library is not None:
+                if library == "trio":
+                    # trio's rule for an await, its cancel half (_cancelled says why).
+                    try:
+                        yield from _checkpoint_if_cancelled().__await__()
+                    except BaseException:
+                        self._cancelled()
+                        raise
                 return self._hand_over(library)
         return (yield from self._acquire().__await__())
+
+    def _cancelled(self) -> None:
+        """Withdraw the request (granted or not) of an acquisition awaited in a cancelled trio
+        scope: trio's rule for an await, its cancel half. Not a schedule point unless
+        cancelled (``trio.lowlevel.checkpoint_if_cancelled``, called inline: a coroutine of
+        our own around it would double its cost), so an uncontended acquisition still costs
+        no trip through the scheduler (ASYNC.md: at most one checkpoint)."""
+        self._state = "failed"
+        self._access.withdraw()
 
     def _hand_over(self, library: str) -> L:
         """The lease of an access granted and opened at call time, to the awaiting task."""
@@ -84,7 +107,7 @@ class PendingAcquisition(Generic[L]):
     async def _acquire(self) -> L:
         state = self._state
         if state != "registered" and state != "opened":
-            raise RuntimeError("this acquisition was already awaited; call acquire_* again")
+            raise LeaseError("this acquisition was already awaited; call acquire_* again")
         access = self._access
         # Checked even when nothing is in the way (the trio check is one attribute read): an
         # acquisition that worked only while uncontended would fail the first time it waits.
@@ -95,6 +118,12 @@ class PendingAcquisition(Generic[L]):
             spec = access.spec
             raise unsupported_loop(
                 f"acquire_{spec.storage.domain.value}_{spec.mode}_access_async(...)")
+        if library == "trio":  # (parking would be one; a grant made at once is not)
+            try:
+                await _checkpoint_if_cancelled()
+            except BaseException:
+                self._cancelled()
+                raise
         self._state = "awaiting"
         if state == "registered":
             await access.wait_async(library=library)
@@ -111,6 +140,12 @@ class PendingAcquisition(Generic[L]):
         if self._state == "opened":  # granted at call time: no await in between (as above)
             library = running_library()
             if library is not None:
+                if library == "trio":
+                    try:
+                        await _checkpoint_if_cancelled()
+                    except BaseException:
+                        self._cancelled()
+                        raise
                 lease = self._lease = self._hand_over(library)
                 return lease
         self._lease = await self._acquire()

@@ -216,9 +216,23 @@ async def test_sync_acquisition_that_would_wait_inside_a_loop_raises_would_block
     with pytest.raises(uni.WouldBlockError, match="acquire_host_write_access_async") as info:
         write_sync(t[1:], timeout=10)
     assert loop.words in str(info.value)
+    assert "this very task" not in str(info.value)  # another task holds it: awaiting helps
     assert queue_of(t).pending_count() == 0
     done.set()
     await holder.join()
+    assert_idle(t)
+
+
+@each_loop
+async def test_would_block_on_what_the_task_itself_holds_says_to_release_it(loop: Loop) -> None:
+    # Awaiting the _async variant would not help: the task would wait for itself.
+    t = uni.zeros((3,))
+    async with read_async(t):
+        with pytest.raises(uni.WouldBlockError) as info:
+            write_sync(t)
+    message = str(info.value)
+    assert "what this very task holds" in message and "release that lease first" in message
+    assert loop.words in message and "would wait for it forever" in message
     assert_idle(t)
 
 
@@ -241,7 +255,7 @@ async def test_async_result_is_awaitable_and_an_async_context_manager(loop: Loop
     assert isinstance(pending, uni.PendingAcquisition)
     lease = await pending
     assert isinstance(lease, uni.WriteTensorLease) and lease.active
-    with pytest.raises(RuntimeError, match="already awaited"):
+    with pytest.raises(uni.LeaseError, match="already awaited"):
         await pending
     np.asarray(lease.mdspan())[...] = 3.0
     lease.release()
@@ -435,6 +449,62 @@ def test_timeouts_with_asyncio_wait_for() -> None:
     aio_run(main)
 
 
+@pytest.mark.parametrize("form", ["async with", "await"])
+@pytest.mark.parametrize("path", ["granted at call time", "general path", "mdspec"])
+def test_an_awaited_acquisition_in_a_cancelled_trio_scope_raises_cancelled(form: str,
+                                                                          path: str) -> None:
+    # trio's rule for an await, its cancel half: even an acquisition granted when it was
+    # called (the plan's first step; the general path, for an overwrite promise, granted at
+    # registration) raises Cancelled in a cancelled scope, and gives its grant back.
+    t = uni.zeros((3,))
+    x = t.mdspec() if path == "mdspec" else t
+
+    async def main() -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            pending = write_async(x, overwrite=path == "general path")
+            assert queue_of(t).active_count() == 1  # granted already, before the await
+            if form == "await":
+                (await pending).release()
+            else:
+                async with pending:
+                    pass
+            raise AssertionError("granted inside a cancelled scope")
+        assert scope.cancelled_caught
+        assert_idle(t)
+        del pending
+        gc.collect()  # withdrawn already: no ResourceWarning (warnings are errors here)
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("form", ["async with", "await"])
+def test_an_uncontended_awaited_acquisition_is_no_schedule_point(form: str) -> None:
+    # The cancel point above costs no trip through trio's scheduler: a task started just
+    # before has not run when the lease is in hand (ASYNC.md: at most one checkpoint).
+    t = uni.zeros((3,))
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other task")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            if form == "await":
+                lease = await write_async(t)
+                assert ran == []
+                lease.release()
+            else:
+                async with write_async(t):
+                    assert ran == []
+            await trio.testing.wait_all_tasks_blocked()
+            assert ran == ["other task"]  # (it was runnable all along)
+        assert_idle(t)
+
+    trio.run(main)
+
+
 # -- poisoning -----------------------------------------------------------------------------
 def test_failed_writer_poisons_its_data() -> None:
     t = uni.zeros((3, 4))
@@ -555,7 +625,7 @@ def test_awaiting_outside_trio_and_asyncio_is_refused_and_withdraws(contended: b
     assert "acquire_host_read_access_async(...)" in message
     assert "trio" in message and "asyncio" in message
     assert queue_of(t).pending_count() == 0 and queue_of(t).active_count() == int(contended)
-    with pytest.raises(RuntimeError, match="already awaited"):
+    with pytest.raises(uni.LeaseError, match="already awaited"):
         drive_by_hand(pending)
     del pending
     gc.collect()  # withdrawn already: no ResourceWarning (warnings are errors here)

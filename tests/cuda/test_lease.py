@@ -192,6 +192,25 @@ def test_cancelling_a_waiting_stream_lease_withdraws_it() -> None:
     assert requests(t) == []
 
 
+def test_a_stream_lease_granted_at_once_still_raises_cancelled_in_a_cancelled_scope() -> None:
+    # The host acquisition's cancel point (tests/core/test_acquire.py), on the stream path.
+    t = fake_cuda((4,))
+
+    async def main() -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            pending = uni.acquire_cuda_write_access_async(t, RecordingStream())
+            assert requests(t) == [("write", True)]  # granted at registration
+            await pending
+            raise AssertionError("granted inside a cancelled scope")
+        assert scope.cancelled_caught
+        assert requests(t) == []
+        del pending
+        gc.collect()  # withdrawn already: no ResourceWarning (warnings are errors here)
+
+    trio.run(main)
+
+
 def test_an_acquisition_never_awaited_is_withdrawn_with_a_warning() -> None:
     t = fake_cuda((4,))
     pending = uni.acquire_cuda_read_access_async(t, RecordingStream())

@@ -650,8 +650,10 @@ async def test_await_returns_and_reraises(loop: Loop) -> None:
     with pytest.raises(uni.PoisonedError):
         async with uni.acquire_host_read_access_async(ints):
             pass
-    # An empty output completes at once.
-    await uni.gemm_async(uni.zeros((0, 2)), uni.zeros((2, 2)), uni.zeros((0, 2)))
+    # An empty output completes at once, and no backend ran it (docs/operations.md).
+    assert await uni.gemm_async(uni.zeros((0, 2)), uni.zeros((2, 2)), uni.zeros((0, 2))) is None
+    assert await uni.transform_async(uni.zeros(0), uni.ops.add, uni.zeros(0), 1.0) is None
+    assert await uni.copy_async(uni.zeros((1, 2)), uni.zeros((0, 2))) is None
 
 
 @each_loop

@@ -74,6 +74,11 @@ class TaskOwner(Owner):
     def __repr__(self) -> str:
         return f"<uni owner: {self.describe()}>"
 
+    def is_current(self) -> bool:
+        """Whether the task this owner names is the one running this code."""
+        task = None if self.task is None else self.task()
+        return task is not None and task is _current_task(self.library)
+
     def describe(self) -> str:
         task = None if self.task is None else self.task()
         if task is None:

@@ -56,7 +56,15 @@ from uni._core._fences import (
     run_in_helper_thread,
     wait_fences_sync,
 )
-from uni._core._owners import CURRENT_THREAD, Owner, _get_ident, _owner, _Sentinel, current_owner
+from uni._core._owners import (
+    CURRENT_THREAD,
+    Owner,
+    TaskOwner,
+    _get_ident,
+    _owner,
+    _Sentinel,
+    current_owner,
+)
 from uni._core._request import _MAKER, _NO_FENCES, AccessRequest, Mode, _Fenced, _who, in_conflict
 from uni._core._waiters import Waiter, _CallbackWaiter, _ThreadWaiter
 from uni._core._waitgraph import _owned_in_wait_graph
@@ -312,6 +320,13 @@ class AccessQueue:
             return
         self._wake(woken)
         if loop is not None:
+            if _held_by_this_task(blockers):
+                # Awaiting would not help: the task would wait for itself.
+                raise WouldBlockError(
+                    f"{_who(req)} on {self.label} would block {_inside(loop)}, waiting for "
+                    f"what this very task holds ({_describe(blockers)}); release that lease "
+                    f"first (`await {async_hint}(...)` would wait for it forever)"
+                )
             raise WouldBlockError(
                 f"{_who(req)} on {self.label} would block {_inside(loop)} "
                 f"(it waits for what is {_describe(blockers)}); use `await {async_hint}(...)` "
@@ -840,6 +855,16 @@ def normalize_timeout(timeout: object) -> float | None:
         return None
     return max(value, 0.0)
 
+
+
+def _held_by_this_task(reqs: list[AccessRequest]) -> bool:
+    """Whether one of ``reqs`` is held by the trio or asyncio task running this code (an
+    awaited lease names its task: ``TaskOwner``)."""
+    for r in reqs:
+        owner = r.owner_thread
+        if r.granted and isinstance(owner, TaskOwner) and owner.is_current():
+            return True
+    return False
 
 
 def _describe(reqs: list[AccessRequest]) -> str:

@@ -31,6 +31,8 @@ import warnings
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, overload
 
+import trio
+
 from uni._access import Access, register_access, release_from_finalizer
 from uni._accessor import ConstAccessor
 from uni._acquire import spec_of
@@ -380,7 +382,13 @@ class PendingCudaAcquisition(PendingAcquisition[CL], Generic[CL]):
 
     async def _acquire(self) -> CL:
         if self._state != "registered":
-            raise RuntimeError("this acquisition was already awaited; call acquire_* again")
+            raise LeaseError("this acquisition was already awaited; call acquire_* again")
+        if running_library() == "trio":  # (as the host path: a grant made at once is not one)
+            try:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            except BaseException:
+                self._cancelled()
+                raise
         self._state = "awaiting"
         access = self._access
         await access.wait_grant_async()
