@@ -472,34 +472,45 @@ def test_an_awaited_acquisition_in_a_cancelled_trio_scope_raises_cancelled(form:
             raise AssertionError("granted inside a cancelled scope")
         assert scope.cancelled_caught
         assert_idle(t)
+        with pytest.raises(uni.LeaseError, match="already awaited"):
+            await pending  # awaited once (docs/leases.md)
         del pending
         gc.collect()  # withdrawn already: no ResourceWarning (warnings are errors here)
 
     trio.run(main)
 
 
-@pytest.mark.parametrize("form", ["async with", "await"])
-def test_an_uncontended_awaited_acquisition_is_no_schedule_point(form: str) -> None:
-    # The cancel point above costs no trip through trio's scheduler: a task started just
-    # before has not run when the lease is in hand (ASYNC.md: at most one checkpoint).
-    t = uni.zeros((3,))
-    ran: list[str] = []
+class _Steps(trio.abc.Instrument):
+    """Counts the scheduler's steps of one task: a schedule point ends a step."""
 
-    async def other() -> None:
-        ran.append("other task")
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+@pytest.mark.parametrize("form", ["async with", "await"])
+@pytest.mark.parametrize("path", ["granted at call time", "general path"])
+def test_an_uncontended_awaited_acquisition_is_no_schedule_point(form: str, path: str) -> None:
+    # The cancel point above costs no trip through trio's scheduler (ASYNC.md: at most one
+    # checkpoint): the task is not stepped again while it takes the lease.
+    t = uni.zeros((3,))
 
     async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(other)
-            if form == "await":
-                lease = await write_async(t)
-                assert ran == []
-                lease.release()
-            else:
-                async with write_async(t):
-                    assert ran == []
-            await trio.testing.wait_all_tasks_blocked()
-            assert ran == ["other task"]  # (it was runnable all along)
+        counter = _Steps(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(counter)
+        pending = write_async(t, overwrite=path == "general path")
+        if form == "await":
+            (await pending).release()
+        else:
+            async with pending:
+                pass
+        assert counter.steps == 0
+        await trio.lowlevel.checkpoint()  # (the counter counts: a checkpoint is one step)
+        assert counter.steps == 1
         assert_idle(t)
 
     trio.run(main)

@@ -305,6 +305,42 @@ def test_move_takes_the_buffer_exclusively_and_frees_it_at_release() -> None:
         uni.acquire_cuda_read_access_sync(t)
 
 
+@pytest.mark.parametrize("when", ["cancelled before", "cancelled while waiting",
+                                  "refused: poisoned"])
+def test_a_move_that_gives_no_lease_leaves_the_tensor_its_buffer(when: str) -> None:
+    # As the sync path (and a dropped acquisition): only a lease takes the buffer.
+    t = _owned_fake((4,))
+    held = None
+    if when == "cancelled while waiting":
+        held = uni.acquire_cuda_write_access_sync(t)
+    elif when == "refused: poisoned":
+        with pytest.raises(KeyError), uni.acquire_cuda_write_access_sync(t):
+            raise KeyError("failed writer")
+
+    async def main() -> None:
+        with trio.CancelScope() as scope:
+            if when == "cancelled before":
+                scope.cancel()
+            else:
+                scope.deadline = trio.current_time() + 10  # (the autojump clock's seconds)
+            pending = uni.acquire_cuda_read_access_async(t, RecordingStream(), move=True)
+            assert t.storage.moved  # later acquisitions fail at once meanwhile
+            if when == "refused: poisoned":
+                with pytest.raises(uni.PoisonedError):
+                    await pending
+                return
+            await pending
+            raise AssertionError("granted")
+        assert scope.cancelled_caught
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if held is not None:
+        held.release()
+    assert not t.storage.moved and not t.storage.buffer.closed and requests(t) == []
+    with uni.acquire_cuda_read_access_sync(t, allow_poisoned=True):
+        pass
+
+
 def test_move_refuses_foreign_memory_and_non_tensors() -> None:
     t = fake_cuda((4,))
     with pytest.raises(uni.LeaseError, match="wrapped foreign memory"):

@@ -383,33 +383,33 @@ class PendingCudaAcquisition(PendingAcquisition[CL], Generic[CL]):
     async def _acquire(self) -> CL:
         if self._state != "registered":
             raise LeaseError("this acquisition was already awaited; call acquire_* again")
-        if running_library() == "trio":  # (as the host path: a grant made at once is not one)
-            try:
-                await trio.lowlevel.checkpoint_if_cancelled()
-            except BaseException:
-                self._cancelled()
-                raise
         self._state = "awaiting"
         access = self._access
-        await access.wait_grant_async()
-        # Granted: from now on a time-out behind it names this task (SPEC §4: who holds it),
-        # as the host path does (uni/_acquire.py).
-        library = running_library()
-        if library is not None:
-            access.request.owner_thread = task_owner(library)
-        stream = self._stream
-        if access.request.fences:
-            device, host = split_fences(access.request.fences)
-            try:
+        try:
+            if running_library() == "trio":  # (the host path's cancel point: uni/_pending.py)
+                await trio.lowlevel.checkpoint_if_cancelled()
+            await access.wait_grant_async()
+            # Granted: from now on a time-out behind it names this task (SPEC §4: who holds
+            # it), as the host path does (uni/_acquire.py).
+            library = running_library()
+            if library is not None:
+                access.request.owner_thread = task_owner(library)
+            stream = self._stream
+            if access.request.fences:
+                device, host = split_fences(access.request.fences)
                 if host:
                     await wait_fences_async(host)
                 for event in device:
                     stream.wait(event)
-            except BaseException:
-                access.withdraw()
-                raise
-        access.check_poison(access.spec.what, allow_poisoned=bool(self._allow_poisoned))
-        await access.open_async()
+            access.check_poison(access.spec.what, allow_poisoned=bool(self._allow_poisoned))
+            await access.open_async()
+        except BaseException:
+            # Cancelled, refused or failed: no lease comes of it (as the sync path's).
+            self._state = "failed"
+            access.withdraw()  # (idempotent: the waits withdraw what they leave themselves)
+            if self._moved is not None:
+                self._moved.moved = False  # the tensor keeps its buffer
+            raise
         self._state = "done"
         lease: CL = _lease(access, self._read, self._is_tensor, stream, self._moved)
         return lease
