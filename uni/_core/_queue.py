@@ -320,17 +320,14 @@ class AccessQueue:
             return
         self._wake(woken)
         if loop is not None:
-            if _held_by_this_task(blockers):
-                # Awaiting would not help: the task would wait for itself.
-                raise WouldBlockError(
-                    f"{_who(req)} on {self.label} would block {_inside(loop)}, waiting for "
-                    f"what this very task holds ({_describe(blockers)}); release that lease "
-                    f"first (`await {async_hint}(...)` would wait for it forever)"
-                )
+            # Awaiting helps, unless the task would wait for itself.
+            advice = (f"; what this very task holds): release that lease first (`await "
+                      f"{async_hint}(...)` would wait for it forever)"
+                      if _held_by_this_task(blockers)
+                      else f"); use `await {async_hint}(...)` instead")
             raise WouldBlockError(
                 f"{_who(req)} on {self.label} would block {_inside(loop)} "
-                f"(it waits for what is {_describe(blockers)}); use `await {async_hint}(...)` "
-                "instead"
+                f"(it waits for what is {_describe(blockers)}{advice}"
             )
         self._raise_conflict(req, mine[0])
 

@@ -385,13 +385,13 @@ class PendingCudaAcquisition(PendingAcquisition[CL], Generic[CL]):
             raise LeaseError("this acquisition was already awaited; call acquire_* again")
         self._state = "awaiting"
         access = self._access
+        library = running_library()
         try:
-            if running_library() == "trio":  # (the host path's cancel point: uni/_pending.py)
+            if library == "trio":  # (the host path's cancel point: uni/_pending.py)
                 await trio.lowlevel.checkpoint_if_cancelled()
             await access.wait_grant_async()
             # Granted: from now on a time-out behind it names this task (SPEC §4: who holds
             # it), as the host path does (uni/_acquire.py).
-            library = running_library()
             if library is not None:
                 access.request.owner_thread = task_owner(library)
             stream = self._stream
@@ -404,15 +404,16 @@ class PendingCudaAcquisition(PendingAcquisition[CL], Generic[CL]):
             access.check_poison(access.spec.what, allow_poisoned=bool(self._allow_poisoned))
             await access.open_async()
         except BaseException:
-            # Cancelled, refused or failed: no lease comes of it (as the sync path's).
-            self._state = "failed"
-            access.withdraw()  # (idempotent: the waits withdraw what they leave themselves)
-            if self._moved is not None:
-                self._moved.moved = False  # the tensor keeps its buffer
+            self._give_up()  # cancelled, refused or failed (withdrawing twice is harmless)
             raise
         self._state = "done"
         lease: CL = _lease(access, self._read, self._is_tensor, stream, self._moved)
         return lease
+
+    def _give_up(self) -> None:
+        super()._give_up()
+        if self._moved is not None:
+            self._moved.moved = False  # no lease came of it: the tensor keeps its buffer
 
     def __del__(self) -> None:
         moved = getattr(self, "_moved", None)
