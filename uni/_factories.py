@@ -47,7 +47,7 @@ def register_device(kind: str, allocate: _Allocator | None, *,
         _devices[kind] = allocate
 
 
-def _allocate(shape: Any, dtype: Any, order: str, device: str, fill: Any) -> Tensor:
+def _allocate(shape: Any, dtype: Any, order: Any, device: Any, fill: Any) -> Tensor:
     dt = as_dtype(dtype)
     ext = Extents(shape)
     if order not in ("C", "F"):
@@ -67,18 +67,18 @@ def _allocate(shape: Any, dtype: Any, order: str, device: str, fill: Any) -> Ten
     return Tensor._view(storage, best_mapping(ext.shape, strides), storage.default_accessor(), 0)
 
 
-def empty(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
+def empty(shape: Any, dtype: Any = np.float64, *, order: Any = "C", device: Any = "host") -> Tensor:
     """An uninitialized tensor (C or Fortran order)."""
     return _allocate(shape, dtype, order, device, None)
 
 
-def zeros(shape: Any, dtype: Any = np.float64, *, order: str = "C", device: str = "host") -> Tensor:
+def zeros(shape: Any, dtype: Any = np.float64, *, order: Any = "C", device: Any = "host") -> Tensor:
     """A tensor of zeros."""
     return _allocate(shape, dtype, order, device, 0)
 
 
 def full(
-    shape: Any, fill_value: Any, dtype: Any = None, *, order: str = "C", device: str = "host"
+    shape: Any, fill_value: Any, dtype: Any = None, *, order: Any = "C", device: Any = "host"
 ) -> Tensor:
     """A tensor filled with ``fill_value`` (dtype inferred from it unless given)."""
     if dtype is None:
@@ -88,13 +88,13 @@ def full(
     return _allocate(shape, dtype, order, device, fill_value)
 
 
-def arange(n: int, dtype: Any = np.int64, *, device: str = "host") -> Tensor:
+def arange(n: Any, dtype: Any = np.int64, *, device: Any = "host") -> Tensor:
     """``0, 1, ..., n-1``."""
     n = operator.index(n)
     return _allocate((n,), dtype, "C", device, np.arange(n))
 
 
-def from_numpy(array: Any, *, copy: bool = False) -> Tensor:
+def from_numpy(array: Any, *, copy: Any = False) -> Tensor:
     """A host tensor over ``array``'s memory (zero-copy, any strides), or over a copy.
 
     Views of one numpy array share one storage, so their leases are ordered by one queue.
@@ -109,13 +109,12 @@ def from_numpy(array: Any, *, copy: bool = False) -> Tensor:
         return _allocate(arr.shape, dt, "C", "host", arr.reshape(-1) if arr.size else None)
     if arr.dtype is not dt and arr.dtype != dt:
         arr = arr.view(dt)
-    storage, offset = storage_for_array(arr, dt)
+    storage, offset, readonly = storage_for_array(arr, dt)
     # Both are shared frozen values, found by one lookup each (the functions fill the caches).
     shape, strides, itemsize = arr.shape, arr.strides, arr.itemsize
     mapping = _NUMPY_MAPPINGS.get((shape, strides, itemsize))
     if mapping is None:
         mapping = numpy_mapping(shape, strides, itemsize)
-    readonly = not arr.flags.writeable
     accessor = _PLAIN_ACCESSORS.get((dt, readonly))
     if accessor is None:
         accessor = plain_accessor(dt, readonly)

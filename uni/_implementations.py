@@ -22,8 +22,8 @@ __all__ = ["COMPILED", "compiled_modules", "implementations", "warn_if_stale"]
 
 #: The modules mypyc compiles, as one group (native classes call each other's methods
 #: directly): the ordering kernel, the lease path over it, and the wrapping of host memory
-#: (the storages uni.from_numpy and uni.from_dlpack make, and the memory registry). setup.py
-#: reads this tuple.
+#: (the factories, uni.from_numpy among them; the storages uni.from_numpy and uni.from_dlpack
+#: make, and the memory registry). setup.py reads this tuple.
 COMPILED: Final = (
     "uni._core._owners",
     "uni._core._request",
@@ -34,6 +34,7 @@ COMPILED: Final = (
     "uni._lease",
     "uni._lease_plan",
     "uni._acquire",
+    "uni._factories",
     "uni.storage._memory",
     "uni.storage._numpy",
 )

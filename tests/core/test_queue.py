@@ -797,6 +797,22 @@ def test_the_tail_keeps_fences_until_done_and_drops_dominated_ones() -> None:
     assert_idle(q)
 
 
+def test_fences_and_poison_stay_with_their_own_queue() -> None:
+    # A new queue starts with the shared empty tail and poison list until it records one of
+    # its own: what one queue records never shows in another made before or after it.
+    before = AccessQueue("before")
+    fenced, poisoned = AccessQueue("fenced"), AccessQueue("poisoned")
+    f = HostFence("a reader's kernel")
+    released_with(fenced, "read", 0, 9, f)  # (a read's fence is appended, not filtered in)
+    poisoned.poison(0, 9, RuntimeError("a failed writer"))
+    after = AccessQueue("after")
+    for q in (before, after):
+        assert q.outstanding_fences() == [] and q.poison_of(0, 9) is None
+        assert q.retire() is None  # idle: nothing held, fenced or poisoned
+    assert fenced.outstanding_fences() == [f] and poisoned.poison_of(0, 9) is not None
+    f.set()
+
+
 def test_a_thread_waits_for_the_fence_after_its_grant() -> None:
     q = AccessQueue("s")
     fence = HostFence("kernel")

@@ -134,6 +134,14 @@ def test_factories_refuse_bad_orders_and_devices() -> None:
         uni.empty((2,), order="K")
     with pytest.raises(uni.DomainError, match="device"):
         uni.empty((2,), device="tpu")
+    # Arguments of other types get uni's errors too, not the compiled module's TypeError
+    # (uni._factories is compiled: its parameters say Any where a user's value arrives).
+    with pytest.raises(uni.DomainError, match="got 0"):
+        uni.zeros((2,), device=0)
+    with pytest.raises(ValueError, match="order must be 'C' or 'F', got 1"):
+        uni.full((2,), 1.0, order=1)
+    assert uni.arange(np.int64(3)).shape == (3,)  # any integer, as operator.index takes it
+    assert uni.from_numpy(np.zeros(2), copy=1).storage is not None  # any truthy copy
 
 
 @pytest.mark.skipif(uni.cuda.is_available(), reason="CUDA is usable here")

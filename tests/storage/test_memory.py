@@ -383,8 +383,7 @@ def test_every_member_reference_shares_one_callback() -> None:
     # No closure is made per storage: the registry's references all call the one function,
     # and carry the key that names their entry.
     tensors = [uni.from_numpy(np.empty(16)) for _ in range(3)]
-    with _memory._lock:
-        refs = [ref for region in _memory._index.all() for ref, _ in region.members.values()]
+    refs = [ref for region in _memory.regions() for ref, _ in region.members.values()]
     mine = [ref for ref in refs if any(ref() is t.storage for t in tensors)]
     assert len(mine) == 3
     assert {id(ref.__callback__) for ref in mine} == {id(_memory._died)}
@@ -411,8 +410,7 @@ def test_memory_reused_after_its_storage_died_gets_a_queue_of_its_own() -> None:
         pytest.skip("the allocator did not hand the same block out again")
     s = uni.from_numpy(fresh).storage
     assert s.queue_offset == 0 and _memory.region_count() == regions + 1
-    with _memory._lock:
-        (region,) = [r for r in _memory._index.all() if r.lo == address]
+    (region,) = [r for r in _memory.regions() if r.lo == address]
     assert region.queue is s.access_queue and len(region.members) == 1
 
 
@@ -468,3 +466,144 @@ def test_joins_refusals_and_growth_across_the_index_blocks() -> None:
     del tiles, whole, grown, first, last  # (a released lease still names its tensor)
     gc.collect()  # the refusals' tracebacks: frames that hold what they were wrapping
     assert _memory.region_count() == regions
+
+
+# -- a fresh allocation is registered lazily (uni.storage._memory.register_fresh) -----------------
+def _other_ways_in(x: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """Each way in that registers into the index at once, as a thunk over x's bytes."""
+    return {
+        "capsule": lambda: uni.from_dlpack(x.__dlpack__(), writable=True),
+        "not owning its data": lambda: uni.from_numpy(np.frombuffer(memoryview(x),
+                                                                    dtype=x.dtype)),
+        "dtype view": lambda: uni.from_numpy(x.view(np.int64)),
+        "part of it": lambda: uni.from_dlpack(x[3:5].__dlpack__(), writable=True),
+    }
+
+
+@pytest.mark.parametrize("way", list(_other_ways_in(np.zeros(1))))
+@pytest.mark.parametrize("fresh_first", [True, False])
+def test_a_fresh_array_shares_one_queue_with_any_other_way_in_either_order(
+        way: str, fresh_first: bool) -> None:
+    x = np.zeros(8)
+    other = _other_ways_in(x)[way]
+    if fresh_first:
+        fresh = uni.from_numpy(x)
+        via = other()
+    else:
+        via = other()
+        fresh = uni.from_numpy(x)
+    assert fresh.storage.access_queue is via.storage.access_queue
+    with uni.acquire_host_write_access_sync(via):
+        with pytest.raises(uni.LeaseConflictError):
+            uni.acquire_host_read_access_sync(fresh)
+
+
+def test_pending_fresh_arrays_join_the_index_when_another_way_in_needs_it() -> None:
+    gc.collect()
+    regions = _memory.region_count()  # (moves anything pending in first)
+    arrays = [np.zeros(16) for _ in range(200)]  # (fewer than _PENDING_MOST)
+    tensors = [uni.from_numpy(a) for a in arrays]
+    assert len(_memory._pending) >= 200  # none of them is in the index yet
+    queues = [t.storage.access_queue for t in tensors]
+    held = uni.acquire_host_write_access_sync(tensors[123][4:8])
+    # Another way into the middle of one of them: every live one moves into the index first,
+    # on the queue it had (with the lease it holds), and the new way in joins that one.
+    via = uni.from_dlpack(arrays[123][6:10].__dlpack__(), writable=True)
+    assert not _memory._pending
+    assert [t.storage.access_queue for t in tensors] == queues
+    assert via.storage.access_queue is queues[123]
+    with _memory._lock:  # the one it overlaps was taken into the index, the others settled
+        assert _memory._settled.overlapping(*_span(arrays[123])) is None
+        assert _memory._index.overlapping(*_span(arrays[123])) is not None
+        assert _memory._settled.overlapping(*_span(arrays[122])) is not None
+    assert via.storage.queue_offset == 6 * 8
+    with pytest.raises(uni.LeaseConflictError):
+        uni.acquire_host_read_access_sync(via)
+    held.release()
+    assert _memory.region_count() == regions + 200
+    del tensors, via, held
+    gc.collect()
+    assert _memory.region_count() == regions
+
+
+def _span(x: np.ndarray[Any, Any]) -> tuple[int, int]:
+    return x.ctypes.data, x.ctypes.data + x.nbytes
+
+
+def test_a_settled_fresh_array_joins_another_way_in_later() -> None:
+    # Settled (moved off the pending list as it filled), then met by another way in: taken
+    # into the index and joined, as if it had been registered there from the start.
+    x = np.zeros(8)
+    fresh = uni.from_numpy(x)
+    others = [uni.from_numpy(np.zeros(8)) for _ in range(2 * _memory._PENDING_MOST)]
+    with _memory._lock:
+        assert _memory._settled.overlapping(*_span(x)) is not None
+    held = uni.acquire_host_write_access_sync(fresh[2:4])
+    via = uni.from_numpy(np.frombuffer(memoryview(x), dtype=x.dtype)[1:])
+    assert via.storage.access_queue is fresh.storage.access_queue
+    with pytest.raises(uni.LeaseConflictError):
+        uni.acquire_host_read_access_sync(via[2])  # x[3], inside the write lease
+    held.release()
+    del others
+
+
+def test_the_pending_list_stays_bounded_whatever_lives() -> None:
+    gc.collect()
+    regions = _memory.region_count()  # (moves anything pending in first)
+    kept = [uni.from_numpy(np.empty(8)) for _ in range(1000)]
+    for _ in range(5000):  # fresh arrays that die at once
+        uni.from_numpy(np.empty(8))
+    # At most _PENDING_MOST wait: the oldest living settled as it filled (so the next
+    # registration by another way in moves no more than that), the dead were dropped; the
+    # index a fresh wrap searches holds none of them.
+    assert len(_memory._pending) <= _memory._PENDING_MOST
+    mine = {id(t.storage) for t in kept}
+    with _memory._lock:
+        settled = sum(key in mine for r in _memory._settled.all() for key in r.members)
+        indexed = sum(key in mine for r in _memory._index.all() for key in r.members)
+    assert 1000 - _memory._PENDING_MOST <= settled <= 1000
+    assert indexed == 0
+    assert _memory.region_count() == regions + 1000
+    del kept
+    gc.collect()
+    assert _memory.region_count() == regions
+
+
+def test_fresh_arrays_wrapped_while_another_thread_wraps_their_memory_share_a_queue() -> None:
+    # The race register_fresh closes: its look for memory in the index and its entry on the
+    # pending list are one step under the registry's lock, as is a flush and a registration.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: the windows open
+    try:
+        _race_wraps()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _race_wraps() -> None:
+    for _ in range(300):
+        x = np.zeros(8)
+        found: list[Any] = [None, None]
+        barrier = threading.Barrier(2)
+        workers = [threading.Thread(target=_wrap_at, args=(barrier, found, 0, x)),
+                   threading.Thread(target=_wrap_at, args=(barrier, found, 1, x))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(10)
+        assert found[0].storage.access_queue is found[1].storage.access_queue
+
+
+def _wrap_at(barrier: threading.Barrier, found: list[Any], i: int,
+             x: np.ndarray[Any, Any]) -> None:
+    barrier.wait()
+    found[i] = (uni.from_numpy(x) if i == 0
+                else uni.from_dlpack(x[2:6].__dlpack__(), writable=True))
+
+
+def test_a_wrapped_arrays_queue_is_named_as_any_storages_is() -> None:
+    # The label is spelled out only when asked, as StorageBase would have spelled it.
+    storage = uni.from_numpy(np.empty(4)).storage
+    queue = storage.access_queue
+    assert f"{queue.label}" == str(queue.label) == f"HostStorage@{id(storage):#x}"
+    assert repr(queue).startswith(f"<AccessQueue HostStorage@{id(storage):#x}: 0 active")

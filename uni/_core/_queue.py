@@ -41,7 +41,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal, NoReturn
+from typing import Any, Final, Literal, NoReturn
 
 from uni._core import _parking
 from uni._core._eventloop import (
@@ -86,6 +86,14 @@ from uni._poison import (
 
 __all__ = ["AccessQueue", "RetiredQueue", "normalize_timeout"]
 
+# Bound once: compiled, a Final name is a C static, ``threading.Lock`` a module lookup per
+# queue (one per wrapped array).
+_new_lock: Final = threading.Lock
+# What a new queue's fence tail and poison records start as: never added to (each is
+# replaced by a list of the queue's own first).
+_NO_TAIL: Final[list[_Fenced]] = []
+_NO_POISON: Final[list[PoisonRecord]] = []
+
 
 class RetiredQueue(Exception):
     """Raised by :meth:`AccessQueue.register` on a retired queue: register on the storage's
@@ -106,13 +114,15 @@ class AccessQueue:
         self.label = label  # (Any: a custom storage may name its queue with any object)
         #: Bytes per queue unit: ranges registered here count in these units.
         self.unit = unit
-        self._lock = threading.Lock()
+        self._lock = _new_lock()
         # Registration order is grant order; a dict keeps that order and removes any
         # entry in O(1). Values are unused.
         self._entries: dict[AccessRequest, None] = {}
         self._pending = 0
-        self._tail: list[_Fenced] = []
-        self._poison: list[PoisonRecord] = []
+        # The shared empty lists until something is added (_fence_locked, _poison_locked):
+        # most queues never have either, and every wrapped array makes a queue.
+        self._tail: list[_Fenced] = _NO_TAIL
+        self._poison: list[PoisonRecord] = _NO_POISON
         #: False while no failed writer left poison here: lets the hot path skip the check.
         self.has_poison = False
         #: True once the memory's storages moved to another queue (:meth:`retire`): nothing
@@ -574,6 +584,8 @@ class AccessQueue:
             # grant), so its own fence being done implies theirs are: entries it covers
             # are dominated and need not be kept.
             self._tail = [f for f in self._tail if not (lo <= f.lo and f.hi <= hi)]
+        elif self._tail is _NO_TAIL:
+            self._tail = []
         self._tail.append(_Fenced(lo, hi, write, fence))
 
     def _prune_locked(self) -> None:
@@ -614,6 +626,8 @@ class AccessQueue:
         if not is_empty(reached):
             for record in self._poison:
                 record.settle()
+            if self._poison is _NO_POISON:
+                self._poison = []
             self._poison.append(PoisonRecord(exc, reached))
             self.has_poison = True
 

@@ -14,6 +14,20 @@ fenced or poisoned): those are retired and their storages move to the one kept. 
 are in use that cannot be done safely and the storage is refused with an error saying why.
 A region is dropped when the last storage over it is garbage-collected, so the registry
 holds nothing alive and does not grow (and poison recorded in its queue goes with it).
+
+A numpy allocation wrapped for the first time (``uni.from_numpy`` of a fresh array, the common
+case) is registered lazily (:func:`register_fresh`): it gets a queue of its own and goes on a
+pending list, not into the index, when no memory in the index overlaps it. The views of one
+allocation find its storage by the allocation's identity (``uni.storage._numpy``), and live
+allocations never overlap one another, so only another way in -- a DLPack capsule, an array
+that does not own its data, a dtype view, a storage uni allocated -- can meet that memory:
+every registration by :func:`register` first settles the pending storages that still live
+(:func:`_flush_locked`: each becomes a region of its own in a second index, ``_settled``,
+which fresh wraps need not search) and takes the settled regions it overlaps into the index,
+as if each had registered there at once. No more than ``_PENDING_MOST`` wait (past that the
+oldest living settle), so a flush is never a pause in proportion to the arrays alive. An
+array wrapped and dropped soon -- a request's, a loop's -- never gets a region at all
+(docs/performance.md, "Wrapping fresh memory").
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from uni._core import AccessQueue
 from uni._errors import StorageError
 from uni.storage._refs import MemberRef as _Member
 
-__all__ = ["region_count", "register"]
+__all__ = ["region_count", "register", "register_fresh"]
 
 
 class _Region:
@@ -43,12 +57,14 @@ class _Region:
     weakly referenced). The queues a registration touches are read once and held by it.
     """
 
-    __slots__ = ("hi", "lo", "members", "origin")
+    __slots__ = ("hi", "lo", "members", "origin", "settled")
 
     def __init__(self, lo: int, hi: int) -> None:
         self.lo = lo
         self.hi = hi
         self.origin = lo
+        #: In ``_settled`` (a fresh allocation's, moved off the pending list), not ``_index``.
+        self.settled = False
         # id(storage) -> (weak reference, buffer start address)
         self.members: dict[int, tuple[_Member, int]] = {}
 
@@ -183,6 +199,10 @@ _lock: Final = threading.Lock()
 _acquire: Final = _lock.acquire
 _release: Final = _lock.release
 _index: Final = _Index()
+# The regions of fresh allocations moved off the pending list (register_fresh): live
+# allocations are disjoint, so a fresh wrap need not look here, only a registration by
+# another way in, which first takes what it overlaps into _index (_take_settled_locked).
+_settled: Final = _Index()
 # References whose storage was collected, to be dropped under the lock by the next caller: a
 # weakref callback may run inside a garbage collection that started while this very thread
 # held the lock, so it only appends here (atomic) and never takes the lock itself.
@@ -190,6 +210,12 @@ _dead: Final[collections.deque[_Member]] = collections.deque()
 # One callback for every member, no closure per storage: the dead reference carries its key.
 _died: Final = _dead.append
 _popleft: Final = _dead.popleft
+# Weak references to the storages register_fresh left out of the index, oldest first: at
+# most _PENDING_MOST, the living trimmed to the newest _PENDING_KEPT when it is reached (a
+# fresh array wrapped and dropped soon, as a request's, never enters the index).
+_pending: Final[list[Any]] = []
+_PENDING_MOST: Final = 256
+_PENDING_KEPT: Final = 128
 # Storage serials: unlike ids, never reused by a later storage.
 _next_serial: Final = itertools.count(1).__next__
 # Bound once: compiled, a module's Final names are C statics, other globals dict lookups.
@@ -216,46 +242,136 @@ def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
         storage.access_queue = own
         storage.queue_offset = 0
         return
-    lo, hi = address, address + nbytes
     _acquire()  # the lock's methods bound once: cheaper compiled than ``with``
     try:
         _drop_dead_locked()
-        while True:
-            touched = _index.overlapping(lo, hi)
-            if touched is None:  # memory new to uni (a fresh array): its own queue orders it
-                region = _Region(lo, hi)
-                _index.add(region)
-                queue = own
-                break
-            # The queues, read once and held for the rest of this section: another thread may
-            # drop a region's last storage meanwhile, and a region then finds no queue. A
-            # region without one already lost its last storage (the weakref callbacks are not
-            # drained yet): drop it.
-            found = [region.live_queue() for region in touched]
-            queues = [q for q in found if q is not None]
-            if len(queues) == len(touched):
-                if len(touched) == 1:
-                    region, queue = touched[0], queues[0]
-                else:
-                    region, queue = _merge(touched, queues)
-                if lo < region.lo:  # its place in the index moves with its start
-                    _index.remove(region)
-                    region.lo = lo
-                    _index.add(region)
-                if hi > region.hi:
-                    region.hi = hi
-                break
-            for region, gone in zip(touched, found, strict=True):
-                if gone is None:
-                    _drop_region_locked(region)
-        ref = _Member(storage, _died)
-        ref.region = region
-        key = ref.key = id(storage)
-        region.members[key] = (ref, address)
-        storage.access_queue = queue
-        storage.queue_offset = address - region.origin
+        _register_any_locked(storage, own, address, nbytes)
     finally:
         _release()
+
+
+def _register_any_locked(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
+    """Register into ``_index`` whatever else uni holds there may be: every fresh allocation
+    settled first, and those this memory overlaps taken into ``_index``."""
+    if _pending:
+        _flush_locked()
+    if _settled.count:
+        _take_settled_locked(address, address + nbytes)
+    _register_locked(storage, own, address, nbytes)
+
+
+def _take_settled_locked(lo: int, hi: int) -> None:
+    found = _settled.overlapping(lo, hi)
+    if found is not None:
+        for region in found:
+            _settled.remove(region)
+            region.settled = False
+            _index.add(region)
+
+
+def register_fresh(storage: Any, own: AccessQueue, address: int, nbytes: int,
+                   ref: Any) -> None:
+    """:func:`register` for the storage of a numpy allocation that uni meets for the first
+    time (``uni.storage._numpy.storage_for_array``: one storage per allocation, found by its
+    identity); ``ref``: the weak reference to ``storage`` that the caller keeps for it.
+
+    Memory that nothing in the index overlaps is the storage's own: it keeps ``own`` and
+    waits on the pending list until a registration by another way in needs the index (the
+    module docstring). Memory that something overlaps (a DLPack capsule of the array, wrapped
+    first) registers at once, as :func:`register` does. (``_settled`` holds other live
+    allocations, which this one cannot overlap: it is not searched.)
+    """
+    storage.serial = _next_serial()
+    if nbytes <= 0:
+        storage.access_queue = own
+        storage.queue_offset = 0
+        return
+    _acquire()
+    try:
+        _drop_dead_locked()
+        if _index.overlapping(address, address + nbytes) is not None:
+            _register_any_locked(storage, own, address, nbytes)
+            return
+        storage.access_queue = own
+        storage.queue_offset = 0
+        _pending.append(ref)
+        if len(_pending) > _PENDING_MOST:
+            # The dead go; of the living, all but the newest _PENDING_KEPT settle. So a flush
+            # never moves more than _PENDING_MOST (no pause in proportion to the arrays
+            # alive), each reference is moved at most once and read here about twice, and
+            # the index a wrap searches does not grow with them.
+            live = [r for r in _pending if r() is not None]
+            _pending[:] = live[-_PENDING_KEPT:]
+            _move_locked(live[:-_PENDING_KEPT])
+    finally:
+        _release()
+
+
+def _flush_locked() -> None:
+    """Settle every pending storage that still lives, oldest first."""
+    pending = _pending.copy()
+    _pending.clear()
+    _move_locked(pending)
+
+
+def _move_locked(refs: list[Any]) -> None:
+    for i, ref in enumerate(refs):
+        storage = ref()
+        if storage is None:
+            continue
+        # Live allocations are disjoint, and every registration into _index settled the
+        # pending first: nothing in either index overlaps this memory, so it becomes a
+        # region of its own, on the queue it has had since it was wrapped.
+        try:
+            address = storage.base_address
+            region = _Region(address, address + storage.size * storage.dtype.itemsize)
+            member = _Member(storage, _died)
+            member.region = region
+            key = member.key = id(storage)
+            region.members[key] = (member, address)
+            region.settled = True
+            _settled.add(region)
+        except BaseException:
+            _pending[:0] = refs[i:]  # (out of memory): none of them is lost
+            raise
+
+
+def _register_locked(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
+    lo, hi = address, address + nbytes
+    while True:
+        touched = _index.overlapping(lo, hi)
+        if touched is None:  # memory new to uni (a fresh array): its own queue orders it
+            region = _Region(lo, hi)
+            _index.add(region)
+            queue = own
+            break
+        # The queues, read once and held for the rest of this section: another thread may
+        # drop a region's last storage meanwhile, and a region then finds no queue. A
+        # region without one already lost its last storage (the weakref callbacks are not
+        # drained yet): drop it.
+        found = [region.live_queue() for region in touched]
+        queues = [q for q in found if q is not None]
+        if len(queues) == len(touched):
+            if len(touched) == 1:
+                region, queue = touched[0], queues[0]
+            else:
+                region, queue = _merge(touched, queues)
+            if lo < region.lo:  # its place in the index moves with its start
+                _index.remove(region)
+                region.lo = lo
+                _index.add(region)
+            if hi > region.hi:
+                region.hi = hi
+            break
+        for region, gone in zip(touched, found, strict=True):
+            if gone is None:
+                _drop_region_locked(region)
+    ref = _Member(storage, _died)
+    ref.region = region
+    key = ref.key = id(storage)
+    region.members[key] = (ref, address)
+    storage.access_queue = queue
+    storage.queue_offset = address - region.origin
 
 
 def _merge(touched: list[_Region], queues: list[AccessQueue]) -> tuple[_Region, AccessQueue]:
@@ -327,16 +443,29 @@ def _drop_dead_locked() -> None:
         if members.pop(ref.key, None) is None:
             continue
         if not members:  # its last storage went: the memory is no longer uni's
-            _index.remove(region)
+            (_settled if region.settled else _index).remove(region)
 
 
 def _drop_region_locked(region: _Region) -> None:
     region.members.clear()  # their references, once dead, find nothing to drop
-    _index.remove(region)
+    (_settled if region.settled else _index).remove(region)
 
 
 def region_count() -> int:
     """How many memory regions are registered (for tests: nothing leaks)."""
     with _lock:
         _drop_dead_locked()
-        return _index.count
+        _flush_locked()
+        return _index.count + _settled.count
+
+
+def regions() -> list[_Region]:
+    """Every region, in address order, the pending storages settled first (for tests)."""
+    with _lock:
+        _drop_dead_locked()
+        _flush_locked()
+        return sorted(_index.all() + _settled.all(), key=_start)
+
+
+def _start(region: _Region) -> int:
+    return region.lo

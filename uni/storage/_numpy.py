@@ -27,11 +27,15 @@ _new: Final = object.__new__
 
 
 def storage_over(buffer: np.ndarray[Any, Any], dtype: np.dtype[Any],
-                 readonly: bool) -> HostStorage:
+                 readonly: bool, shared_key: object = None) -> HostStorage:
     """``HostStorage(buffer=buffer, readonly=readonly)`` for a buffer known to be a
     contiguous 1-D array of uni's ``dtype`` that is writable unless ``readonly`` (the
     wrapping functions build it so): the same storage, without re-checking what holds
-    already."""
+    already.
+
+    ``shared_key``: the buffer is a whole numpy allocation wrapped for the first time
+    (:func:`storage_for_array`, under ``_shared``'s lock), entered in ``_shared`` under that
+    key once registered (lazily: ``uni.storage._memory.register_fresh``)."""
     self: HostStorage = _new(HostStorage)
     # StorageBase.__init__ with its conversions done (dtype, size and readonly are uni's
     # already) and each attribute set once: the queue made here is handed to the registry,
@@ -44,10 +48,33 @@ def storage_over(buffer: np.ndarray[Any, Any], dtype: np.dtype[Any],
     # data_address(buffer) without the call: ``buffer`` is an ndarray.
     self.base_address = address = _word_at(id(buffer) + _DATA_FIELD).value or 0
     itemsize = dtype.itemsize
-    # StorageBase's label, without an f-string's per-field format calls.
-    label = "HostStorage@" + hex(id(self))
-    _memory.register(self, AccessQueue(label, unit=itemsize), address, size * itemsize)
+    # StorageBase's label for a queue, formatted only if a message names it (_Label).
+    queue = AccessQueue(_Label(id(self)), unit=itemsize)
+    if shared_key is None:
+        _memory.register(self, queue, address, size * itemsize)
+        return self
+    ref = _SharedRef(self, _forget)
+    ref.key = shared_key
+    _memory.register_fresh(self, queue, address, size * itemsize, ref)
+    _shared[shared_key] = ref  # (registered: a refused join leaves no entry behind)
     return self
+
+
+class _Label:
+    """The label of a wrapped storage's queue, ``HostStorage@<id>`` as StorageBase names
+    one, spelled out only when a message names the queue: formatting the id costs a wrap
+    about a tenth of its time, and almost no queue is ever named."""
+
+    __slots__ = ("ident",)
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+
+    def __str__(self) -> str:
+        return "HostStorage@" + hex(self.ident)
+
+    def __repr__(self) -> str:
+        return "HostStorage@" + hex(self.ident)
 
 
 # numpy arrays that share one allocation share one HostStorage, so leases on two views of the
@@ -81,8 +108,9 @@ def _forget(ref: _SharedRef) -> None:
 
 
 def storage_for_array(array: np.ndarray[Any, Any],
-                      dtype: np.dtype[Any] | None = None) -> tuple[HostStorage, int]:
-    """The storage holding ``array``'s memory and the element offset of its first index.
+                      dtype: np.dtype[Any] | None = None) -> tuple[HostStorage, int, bool]:
+    """The storage holding ``array``'s memory, the element offset of its first index, and
+    whether ``array`` is read-only (its flags read once).
 
     Views of one numpy allocation map to one storage; other arrays get a storage over
     exactly the elements they reach. ``dtype``: the caller's word that ``array.dtype`` is
@@ -126,7 +154,9 @@ def storage_for_array(array: np.ndarray[Any, Any],
                         storage = HostStorage.wrap(flat)
                     elif dtype is not None:
                         storage = storage_over(
-                            flat, dtype, readonly if root is array else not root.flags.writeable)
+                            flat, dtype, readonly if root is array else not root.flags.writeable,
+                            key)
+                        return storage, delta // itemsize, readonly
                     else:
                         storage = HostStorage.wrap(flat)
                     ref = _SharedRef(storage, _forget)
@@ -134,11 +164,11 @@ def storage_for_array(array: np.ndarray[Any, Any],
                     _shared[key] = ref
             finally:
                 _shared_release()
-            return storage, delta // itemsize
+            return storage, delta // itemsize, readonly
     # Not a simple allocation (a view of foreign memory, a strided base): wrap exactly the
     # reachable elements.
     if array.size == 0:
-        return HostStorage(0, array.dtype), 0
+        return HostStorage(0, array.dtype), 0, readonly
     strides = tuple(s // itemsize for s in array.strides)
     low = sum((e - 1) * s for e, s in zip(array.shape, strides, strict=True) if s < 0)
     high = sum((e - 1) * s for e, s in zip(array.shape, strides, strict=True) if s > 0)
@@ -147,4 +177,4 @@ def storage_for_array(array: np.ndarray[Any, Any],
     flat = np.lib.stride_tricks.as_strided(
         corner, shape=(high - low + 1,), strides=(itemsize,), writeable=not readonly
     )
-    return HostStorage.wrap(flat, readonly=readonly), -low
+    return HostStorage.wrap(flat, readonly=readonly), -low, readonly
