@@ -4,6 +4,11 @@ A factory asks the storage type that serves its ``device`` to allocate (and fill
 data lives: a CUDA storage fills on the device, never through the host). Storage types for
 devices other than the host register themselves with :func:`register_device` when their
 package is imported (``uni.cuda`` registers ``"cuda"``, ``"cuda:N"`` and ``"pinned"``).
+
+Compiled by mypyc with the lease path (``uni._implementations.COMPILED``: a wrap is on every
+request's path). So every default is a literal (a dtype by its name), which mypyc can show as
+the function's signature to ``inspect.signature``, ``help()`` and editors, and every parameter
+that takes a user's value says ``Any``: a wrong type gets uni's error, not mypyc's TypeError.
 """
 
 from __future__ import annotations
@@ -67,12 +72,14 @@ def _allocate(shape: Any, dtype: Any, order: Any, device: Any, fill: Any) -> Ten
     return Tensor._view(storage, best_mapping(ext.shape, strides), storage.default_accessor(), 0)
 
 
-def empty(shape: Any, dtype: Any = np.float64, *, order: Any = "C", device: Any = "host") -> Tensor:
+def empty(shape: Any, dtype: Any = "float64", *, order: Any = "C", device: Any = "host"
+          ) -> Tensor:
     """An uninitialized tensor (C or Fortran order)."""
     return _allocate(shape, dtype, order, device, None)
 
 
-def zeros(shape: Any, dtype: Any = np.float64, *, order: Any = "C", device: Any = "host") -> Tensor:
+def zeros(shape: Any, dtype: Any = "float64", *, order: Any = "C", device: Any = "host"
+          ) -> Tensor:
     """A tensor of zeros."""
     return _allocate(shape, dtype, order, device, 0)
 
@@ -88,7 +95,7 @@ def full(
     return _allocate(shape, dtype, order, device, fill_value)
 
 
-def arange(n: Any, dtype: Any = np.int64, *, device: Any = "host") -> Tensor:
+def arange(n: Any, dtype: Any = "int64", *, device: Any = "host") -> Tensor:
     """``0, 1, ..., n-1``."""
     n = operator.index(n)
     return _allocate((n,), dtype, "C", device, np.arange(n))

@@ -144,6 +144,26 @@ def test_factories_refuse_bad_orders_and_devices() -> None:
     assert uni.from_numpy(np.zeros(2), copy=1).storage is not None  # any truthy copy
 
 
+def test_the_factories_show_their_signatures() -> None:
+    # help(), editors and inspect see each factory's parameters and defaults, compiled too
+    # (mypyc gives a compiled function a signature only when every default is a literal).
+    import inspect
+
+    for factory, names, dtype in ((uni.empty, ["shape", "dtype", "order", "device"], "float64"),
+                                  (uni.zeros, ["shape", "dtype", "order", "device"], "float64"),
+                                  (uni.arange, ["n", "dtype", "device"], "int64"),
+                                  (uni.full, ["shape", "fill_value", "dtype", "order", "device"],
+                                   None),
+                                  (uni.from_numpy, ["array", "copy"], None)):
+        params = inspect.signature(factory).parameters
+        assert list(params) == names
+        if "dtype" in params:
+            assert params["dtype"].default == dtype
+        if "device" in params:
+            assert params["device"].default == "host"
+    assert uni.empty((2,)).dtype == np.float64 and uni.arange(2).dtype == np.int64
+
+
 @pytest.mark.skipif(uni.cuda.is_available(), reason="CUDA is usable here")
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
 def test_cuda_device_without_cuda_is_a_domain_error(device: str) -> None:

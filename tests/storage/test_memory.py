@@ -547,6 +547,44 @@ def test_a_settled_fresh_array_joins_another_way_in_later() -> None:
     del others
 
 
+def test_fresh_wraps_alone_drop_the_dead_settled_regions() -> None:
+    gc.collect()
+    _memory.region_count()  # (settles anything pending)
+    kept = [uni.from_numpy(np.empty(8)) for _ in range(2 * _memory._PENDING_MOST)]
+    with _memory._lock:
+        settled = _memory._settled.count  # the oldest of them settled
+    del kept
+    assert _memory._dead  # their regions' members died: queued for the next registration
+    uni.from_numpy(np.empty(8))  # a fresh wrap, nothing else, drops them
+    assert not _memory._dead
+    with _memory._lock:
+        assert _memory._settled.count <= settled - _memory._PENDING_MOST // 2
+
+
+def test_uni_allocations_leave_the_pending_arrays_pending() -> None:
+    # Memory uni allocates overlaps no live allocation: it registers into the index without
+    # settling the fresh arrays waiting (a loop of wraps and allocations gives none a region).
+    gc.collect()
+    _memory.region_count()
+    fresh = [uni.from_numpy(np.empty(8)) for _ in range(10)]
+    made = uni.zeros(16)
+    assert len(_memory._pending) >= 10
+    # ... and every other way into the allocation still finds its queue: its raw bytes, the
+    # root of the buffer (a view of a bigger uint8 allocation, for alignment), as doubles.
+    root = made.storage.buffer
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    assert root.dtype == np.uint8 and root.flags.owndata
+    raw = uni.from_numpy(root.view(np.float64))
+    assert raw.storage.access_queue is made.storage.access_queue
+    with uni.acquire_host_write_access_sync(made[3]):
+        at = (made.storage.queue_offset - raw.storage.queue_offset) // 8 + 3  # made[3] in raw
+        with pytest.raises(uni.LeaseConflictError):
+            uni.acquire_host_read_access_sync(raw[at])
+        uni.acquire_host_read_access_sync(raw[at + 1]).release()  # made[4]: free
+    del fresh
+
+
 def test_the_pending_list_stays_bounded_whatever_lives() -> None:
     gc.collect()
     regions = _memory.region_count()  # (moves anything pending in first)

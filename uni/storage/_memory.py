@@ -25,9 +25,11 @@ every registration by :func:`register` first settles the pending storages that s
 (:func:`_flush_locked`: each becomes a region of its own in a second index, ``_settled``,
 which fresh wraps need not search) and takes the settled regions it overlaps into the index,
 as if each had registered there at once. No more than ``_PENDING_MOST`` wait (past that the
-oldest living settle), so a flush is never a pause in proportion to the arrays alive. An
-array wrapped and dropped soon -- a request's, a loop's -- never gets a region at all
-(docs/performance.md, "Wrapping fresh memory").
+oldest living settle), so a flush is never a pause in proportion to the arrays alive. Memory
+uni allocates for a storage is new as well (``register(new_memory=True)``): it goes into the
+index without settling anything. So an array wrapped and dropped before memory comes in by
+another way -- a request's, a loop's -- never gets a region (docs/performance.md,
+"Wrapping fresh memory").
 """
 
 from __future__ import annotations
@@ -223,7 +225,8 @@ _bisect_left: Final = bisect.bisect_left
 _bisect_right: Final = bisect.bisect_right
 
 
-def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
+def register(storage: Any, own: AccessQueue, address: int, nbytes: int,
+             new_memory: bool = False) -> None:
     """Set ``storage.access_queue`` to the queue for its buffer at ``[address, address +
     nbytes)`` and ``storage.queue_offset`` to the bytes from that queue's origin to the
     buffer's start.
@@ -236,6 +239,10 @@ def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
     Also sets ``storage.serial``, a number no other storage of this process had (an
     operation's first sight tells fresh memory from memory seen before by it: ids of
     storages just freed are reused at once).
+
+    ``new_memory``: the buffer was allocated just now for this storage (``uni.empty`` and
+    the other factories): it overlaps no live allocation, so no pending or settled one,
+    and registers into the index without settling them.
     """
     storage.serial = _next_serial()
     if nbytes <= 0:  # no memory: nothing to share
@@ -245,7 +252,10 @@ def register(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:
     _acquire()  # the lock's methods bound once: cheaper compiled than ``with``
     try:
         _drop_dead_locked()
-        _register_any_locked(storage, own, address, nbytes)
+        if new_memory:
+            _register_locked(storage, own, address, nbytes)
+        else:
+            _register_any_locked(storage, own, address, nbytes)
     finally:
         _release()
 
@@ -264,9 +274,10 @@ def _take_settled_locked(lo: int, hi: int) -> None:
     found = _settled.overlapping(lo, hi)
     if found is not None:
         for region in found:
+            # Added before it is removed (the step that can fail for memory comes first).
+            _index.add(region)
             _settled.remove(region)
             region.settled = False
-            _index.add(region)
 
 
 def register_fresh(storage: Any, own: AccessQueue, address: int, nbytes: int,
@@ -301,39 +312,48 @@ def register_fresh(storage: Any, own: AccessQueue, address: int, nbytes: int,
             # alive), each reference is moved at most once and read here about twice, and
             # the index a wrap searches does not grow with them.
             live = [r for r in _pending if r() is not None]
-            _pending[:] = live[-_PENDING_KEPT:]
-            _move_locked(live[:-_PENDING_KEPT])
+            _pending[:] = live
+            _settle_front_locked(len(live) - _PENDING_KEPT)
     finally:
         _release()
 
 
 def _flush_locked() -> None:
     """Settle every pending storage that still lives, oldest first."""
-    pending = _pending.copy()
-    _pending.clear()
-    _move_locked(pending)
+    _settle_front_locked(len(_pending))
 
 
-def _move_locked(refs: list[Any]) -> None:
-    for i, ref in enumerate(refs):
-        storage = ref()
-        if storage is None:
-            continue
-        # Live allocations are disjoint, and every registration into _index settled the
-        # pending first: nothing in either index overlaps this memory, so it becomes a
-        # region of its own, on the queue it has had since it was wrapped.
-        try:
-            address = storage.base_address
-            region = _Region(address, address + storage.size * storage.dtype.itemsize)
-            member = _Member(storage, _died)
-            member.region = region
-            key = member.key = id(storage)
-            region.members[key] = (member, address)
-            region.settled = True
-            _settled.add(region)
-        except BaseException:
-            _pending[:0] = refs[i:]  # (out of memory): none of them is lost
-            raise
+def _settle_front_locked(n: int) -> None:
+    """Settle the first ``n`` pending storages that still live (none when ``n <= 0``), then
+    drop their references from the list: dropped only once settled, so a failure on the way
+    (out of memory; an interrupt, interpreted) loses none of them."""
+    done = 0
+    try:
+        while done < n:
+            storage = _pending[done]()
+            if storage is not None:
+                _settle_locked(storage)
+            done += 1
+    finally:
+        del _pending[:done]
+
+
+def _settle_locked(storage: Any) -> None:
+    """A live pending storage becomes a region of its own in ``_settled``, on the queue it has
+    had since it was wrapped. Live allocations are disjoint, and every registration into
+    ``_index`` settled the pending first: nothing in either index overlaps this memory but
+    its own region, when a failure stopped a flush after settling it (left as it is)."""
+    address = storage.base_address
+    hi = address + storage.size * storage.dtype.itemsize
+    if _settled.overlapping(address, hi) is not None:
+        return
+    region = _Region(address, hi)
+    member = _Member(storage, _died)
+    member.region = region
+    key = member.key = id(storage)
+    region.members[key] = (member, address)
+    region.settled = True
+    _settled.add(region)
 
 
 def _register_locked(storage: Any, own: AccessQueue, address: int, nbytes: int) -> None:

@@ -56,7 +56,8 @@ class HostStorage(StorageBase):
 
     def __init__(self, size: int, dtype: Any = np.float64, *, buffer: Any = None,
                  readonly: bool = False) -> None:
-        if buffer is None:
+        new_memory = buffer is None
+        if new_memory:
             super().__init__(dtype, size, readonly=readonly)
             buffer = aligned_empty(self.size, self.dtype)
         else:
@@ -68,9 +69,9 @@ class HostStorage(StorageBase):
                 )
             super().__init__(buffer.dtype, buffer.shape[0],
                              readonly=readonly or not buffer.flags.writeable)
-        self._adopt(buffer)
+        self._adopt(buffer, new_memory)
 
-    def _adopt(self, buffer: np.ndarray[Any, Any]) -> None:
+    def _adopt(self, buffer: np.ndarray[Any, Any], new_memory: bool = False) -> None:
         self.buffer: np.ndarray[Any, Any] = buffer
         # Set, not left unset: reading an unset slot through getattr's default raises and
         # catches an AttributeError, which costs a read lease's first view as much as the
@@ -79,8 +80,10 @@ class HostStorage(StorageBase):
         # The buffer never changes: operand signatures read alignment from its address.
         self.base_address = address = data_address(buffer)
         # One memory, one queue: this buffer joins the queue of any memory uni already
-        # orders that it overlaps, whichever way that memory came in.
-        _memory.register(self, self.access_queue, address, self.size * self.dtype.itemsize)
+        # orders that it overlaps, whichever way that memory came in (``new_memory``: none,
+        # it was allocated just now).
+        _memory.register(self, self.access_queue, address, self.size * self.dtype.itemsize,
+                         new_memory)
 
     @classmethod
     def allocate(cls, size: int, dtype: Any, *, device: str | None = None,
