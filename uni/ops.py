@@ -184,6 +184,14 @@ def _numpy_square(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Ar
     return result
 
 
+# The one binary ufunc call a numpy_impl makes and the inputs it passes, in order: a kernel
+# that calls that ufunc with its arguments known (``ElementOp.numpy_ufunc``). Every binary
+# op is its ufunc on (x, y); square is multiply on (x, x).
+_UFUNC_CALLS: dict[Callable[..., Array], tuple[np.ufunc, tuple[int, int]]] = {
+    _numpy_square: (np.multiply, (0, 0)),
+}
+
+
 def _numpy_reciprocal(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
     # Note: np.reciprocal(0j) is nan+nanj; uni's reciprocal is exactly divide(1, x), which
     # gives inf+nanj there, as the per-element and CUDA versions do.
@@ -458,6 +466,18 @@ class ElementOp:
             return impl(*inputs, out=out, dtype=dtype, factor=factor)
 
         return kernel
+
+    def numpy_ufunc(self) -> tuple[np.ufunc, tuple[int, int]] | None:
+        """``(ufunc, (i, j))`` when ``numpy_kernel`` is that binary ufunc called on inputs
+        ``i`` and ``j``: ``ufunc(inputs[i], inputs[j], out=out, dtype=..., casting="unsafe")``
+        computes the same (for a caller that prepared the inputs and set ``np.errstate``, as
+        for ``numpy_kernel``), called with its arguments known (no star-arguments, no keyword
+        dict: about a third of a small call's time). None for any other op."""
+        impl = self._kind.numpy_impl
+        ufunc = _BINARY_UFUNCS.get(impl)
+        if ufunc is not None:
+            return ufunc, (0, 1)
+        return _UFUNC_CALLS.get(impl)
 
     def apply_scalar(self, *values: PythonScalar, dtype: Any = None) -> PythonScalar:
         """Compute one element with Python arithmetic on Python numbers.

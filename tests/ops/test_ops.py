@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -219,8 +220,9 @@ def same_value(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-@pytest.mark.parametrize("op", ALL, ids=op_id)
-def test_apply_scalar_rounded_matches_apply_numpy(op: ElementOp) -> None:
+def _samples(op: ElementOp) -> Iterator[tuple[list[np.ndarray], np.dtype[Any]]]:
+    """Per dtype the op takes: its inputs of the samples (the second reversed), and the
+    dtype it computes them in."""
     for dtype in SUPPORTED_DTYPES:
         values = SAMPLES[dtype.name]
         arrays = [np.array(values, dtype), np.array(values[::-1], dtype)][: op.arity]
@@ -228,6 +230,12 @@ def test_apply_scalar_rounded_matches_apply_numpy(op: ElementOp) -> None:
             compute = op.result_dtype(*arrays)
         except DTypeError:
             continue
+        yield arrays, compute
+
+
+@pytest.mark.parametrize("op", ALL, ids=op_id)
+def test_apply_scalar_rounded_matches_apply_numpy(op: ElementOp) -> None:
+    for arrays, compute in _samples(op):
         vectorized = op.apply_numpy(*arrays)
         assert vectorized.dtype == compute
         for k, got in enumerate(vectorized.tolist()):
@@ -237,7 +245,28 @@ def test_apply_scalar_rounded_matches_apply_numpy(op: ElementOp) -> None:
                 # Python's complex arithmetic and numpy's agree only to rounding.
                 assert np.isclose(got, expected, rtol=1e-6, equal_nan=True), (args, got)
             else:
-                assert same_value(got, expected), (dtype, args, got, expected)
+                assert same_value(got, expected), (arrays[0].dtype, args, got, expected)
+
+
+@pytest.mark.parametrize("op", ALL, ids=op_id)
+def test_numpy_ufunc_is_the_kernels_one_ufunc_call(op: ElementOp) -> None:
+    # The call the array-only form runs (uni.backends.blas._elementwise) in place of the
+    # kernel: bit for bit the kernel's result, for every dtype the op takes.
+    found = op.numpy_ufunc()
+    expected_kind = ("binary" if op.arity == 2 else "square" if op.name == "square"
+                     else None)
+    assert (found is not None) is (expected_kind is not None), op
+    if found is None:
+        return
+    ufunc, (i, j) = found
+    assert (i, j) == ((0, 1) if expected_kind == "binary" else (0, 0))
+    kernel = op.numpy_kernel(pass_casting=True)
+    for arrays, compute in _samples(op):
+        ours, theirs = np.empty(len(arrays[0]), compute), np.empty(len(arrays[0]), compute)
+        with np.errstate(all="ignore"):
+            kernel(*arrays, out=theirs, dtype=compute, casting="unsafe")
+            ufunc(arrays[i], arrays[j], out=ours, dtype=compute, casting="unsafe")
+        np.testing.assert_array_equal(ours, theirs, strict=True)
 
 
 IEEE_PAIRS = [(1.0, 0.0), (-1.0, 0.0), (1.0, -0.0), (-1.0, -0.0), (0.0, 0.0), (math.nan, 0.0),

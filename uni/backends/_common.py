@@ -17,7 +17,7 @@ from uni._accessor import (
 from uni._handle import HOST
 from uni.ops import is_element_op
 
-__all__ = ["ERRSTATE", "IGNORE", "Operand", "address_of", "host_signature", "host_spans",
+__all__ = ["ERRSTATE", "IGNORE", "Operand", "host_signature", "host_spans",
            "quiet", "transform_binder", "unvectorised", "view_former", "views_binder"]
 
 #: One operand of a form's binding (``prepare_form``): the storage's flat host buffer, the
@@ -140,16 +140,6 @@ def view_former(span: Any) -> Callable[[Operand], np.ndarray[Any, Any]]:
                            strides=strides)
 
     return view
-
-
-def address_of(span: Any) -> Callable[[Operand], int]:
-    """The address of the first element of an operand laid out as ``span``."""
-    itemsize = span.data_handle.buffer.dtype.itemsize
-
-    def address(operand: Operand) -> int:
-        return int(operand[2] + operand[1] * itemsize)
-
-    return address
 
 
 def views_binder(spans: Sequence[Any], make: Callable[..., Any]) -> Callable[[Sequence[Operand]], Any]:

@@ -32,7 +32,6 @@ from uni._probe import Decline, Declined, Probe
 from uni._strided_copy import _MIN_TILED_BYTES, strided_copy
 from uni.backends._common import (
     Operand,
-    address_of,
     host_signature,
     host_spans,
     transform_binder,
@@ -282,8 +281,8 @@ class Blas:
             gemm = kernels.gemm_form(a, b, c)
             if gemm is None:
                 return None
-            # Each operand's first element, as address_of(span) gives it (inlined: a binding
-            # is made on every first sight).
+            # Each operand's first element: its storage's base address plus its offset
+            # (inlined: a binding is made on every first sight).
             ia, ib, ic = (s.data_handle.buffer.dtype.itemsize for s in spans)
             return lambda operands: gemm(
                 operands[0][2] + operands[0][1] * ia, operands[1][2] + operands[1][1] * ib,
@@ -296,10 +295,12 @@ class Blas:
             gemv = kernels.gemv_form(a, x, y)
             if gemv is None:
                 return None
-            pa, px, py = (address_of(s) for s in spans)
+            # (Addresses inlined as gemm's are.)
+            ia, ix, iy = (s.data_handle.buffer.dtype.itemsize for s in spans)
             view_y = view_former(call.y)
-            return lambda operands: gemv(pa(operands[0]), px(operands[1]), py(operands[2]),
-                                         view_y(operands[2]))
+            return lambda operands: gemv(
+                operands[0][2] + operands[0][1] * ia, operands[1][2] + operands[1][1] * ix,
+                operands[2][2] + operands[2][1] * iy, view_y(operands[2]))
         if isinstance(call, CopyCall):
             if call.src.dtype != call.dst.dtype or 0 in call.dst.shape:
                 return None
