@@ -4,6 +4,7 @@ values, errors, ordering against other leases, poisoning."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import threading
 from collections.abc import Callable
@@ -1116,7 +1117,7 @@ def test_a_layout_with_other_storages_finds_their_own_form() -> None:
                 assert form.fits((src, dst)) is (form is named)
 
 
-def _array(dtype: str, shape: tuple[int, ...], aligned: bool, readonly: bool,
+def _array(dtype: str, shape: tuple[int, ...], aligned: bool,
            rng: np.random.Generator) -> np.ndarray:
     # Values in a fresh allocation, its first element aligned or one byte off.
     itemsize = np.dtype(dtype).itemsize
@@ -1125,7 +1126,6 @@ def _array(dtype: str, shape: tuple[int, ...], aligned: bool, readonly: bool,
     start = 0 if aligned else 1
     out = raw[start:start + n * itemsize].view(dtype).reshape(shape)
     out[...] = rng.integers(-4, 5, size=shape)
-    out.flags.writeable = not readonly
     return out
 
 
@@ -1133,9 +1133,9 @@ def _array(dtype: str, shape: tuple[int, ...], aligned: bool, readonly: bool,
 def test_a_layouts_form_fits_exactly_the_storages_its_form_key_names(op: str) -> None:
     # Form.fits, unrolled for two and three operands and a loop for one, asked of storages
     # that differ from its form's in one thing a storage decides (dtype, alignment,
-    # writability, an instance's own hook, the storage type) on one operand: it fits
-    # exactly when the form key names it (never, then), so dropping any one of its tests
-    # from the unrolled forms fails here.
+    # writability, an instance's own hook, the storage type), on each operand in turn: it
+    # fits exactly when the form key names it (never, then), so dropping any one of its
+    # tests fails here.
     shapes = {"copy": [(8,), (8,)], "square": [(8,), (8,)], "add": [(8,), (8,), (8,)],
               "gemm": [(3, 2), (2, 4), (3, 4)], "scalars": [(8,)]}[op]
     name = "transform" if op in ("square", "add", "scalars") else op
@@ -1146,12 +1146,12 @@ def test_a_layouts_form_fits_exactly_the_storages_its_form_key_names(op: str) ->
         release_is_noop = True
 
     def call(spec: list[tuple[str, bool, bool, bool, bool]], check: bool) -> bool | None:
-        tensors = [uni.from_numpy(_array(dtype, shape, aligned, False, rng))
+        tensors = [uni.from_numpy(_array(dtype, shape, aligned, rng))
                    if not readonly and not other
                    # A read-only storage under the default accessor (the same layout), or
                    # another plain storage type.
                    else uni.Tensor.from_storage((Other if other else uni.storage.HostStorage)
-                                                .wrap(_array(dtype, shape, aligned, False,
+                                                .wrap(_array(dtype, shape, aligned,
                                                              rng).reshape(-1),
                                                       readonly=readonly),
                                                 uni.layout_right(shape))
@@ -1175,41 +1175,42 @@ def test_a_layouts_form_fits_exactly_the_storages_its_form_key_names(op: str) ->
             fits = form.fits(_plan._tensors(name, operands))
             assert fits is (form is named), spec
         arrays = [t.to_numpy() for t in tensors]
-        if name == "transform":
-            uni.transform(*operands)
-        else:
-            getattr(uni, op)(*operands)
+        run = uni.transform if name == "transform" else getattr(uni, op)
+        if spec[out][2]:  # a read-only output: refused, untouched
+            with pytest.raises(uni.ReadOnlyOutputError):
+                run(*operands)
+            np.testing.assert_array_equal(tensors[out].to_numpy(), arrays[out])
+            return fits
+        run(*operands)
         expected = {"copy": lambda: arrays[0], "square": lambda: arrays[1] * arrays[1],
                     "add": lambda: arrays[1] + arrays[2], "gemm": lambda: arrays[0] @ arrays[1],
                     "scalars": lambda: np.full(8, 3.5)}[op]()
         np.testing.assert_allclose(tensors[out].to_numpy(), expected, rtol=1e-6)
         return fits
 
-    answers = []
-    for trial in range(36):
+    # Every change on every operand, twice over (two random forms for each).
+    changes = ["dtype", "alignment", "hook", "read-only", "type", "nothing"]
+    answers = {}
+    for round_, k, what in itertools.product(range(2), range(len(shapes)), changes):
         # A form, the layout's: its spec run three times (the general path makes the form,
         # the form key finds it, then the layout does).
         spec = [("f8" if rng.random() < 0.7 else "f4", bool(rng.random() < 0.7), False, False,
                  False) for _ in shapes]
         for _ in range(3):
             call(spec, check=False)
-        # Then one thing about one operand changed (or nothing, every sixth trial).
         changed = list(spec)
-        k = int(rng.integers(len(shapes)))
         dtype, aligned, readonly, hooked, other = spec[k]
-        what = trial % 6
-        if what == 0:
-            changed[k] = ("f4" if dtype == "f8" else "f8", aligned, readonly, hooked, other)
-        elif what == 1:
-            changed[k] = (dtype, not aligned, readonly, hooked, other)
-        elif what == 2:
-            changed[k] = (dtype, aligned, readonly, True, other)
-        elif what == 3 and k != out and op != "scalars":
-            changed[k] = (dtype, aligned, True, hooked, other)
-        elif what == 4:
-            changed[k] = (dtype, aligned, readonly, hooked, True)
-        answers.append(call(changed, check=True))
-    assert answers.count(True) >= 5 and answers.count(False) >= 15, answers
+        changed[k] = {
+            "dtype": ("f4" if dtype == "f8" else "f8", aligned, readonly, hooked, other),
+            "alignment": (dtype, not aligned, readonly, hooked, other),
+            "hook": (dtype, aligned, readonly, True, other),
+            "read-only": (dtype, aligned, True, hooked, other),
+            "type": (dtype, aligned, readonly, hooked, True),
+            "nothing": spec[k],
+        }[what]
+        answers[round_, k, what] = call(changed, check=True)
+    # A form fits its own storages, and nothing that differs in one thing.
+    assert all(fits is (what == "nothing") for (_, _, what), fits in answers.items()), answers
 
 
 def test_a_storage_with_a_patched_hook_is_not_run_on_first_sight() -> None:
