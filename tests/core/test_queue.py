@@ -1224,7 +1224,14 @@ warnings.simplefilter("ignore")
 faulthandler.dump_traceback_later(30, exit=True)   # a deadlock ends the process, and says where
 
 def once(threshold):
+    # Nothing made here moves to an older generation before the release: the garbage below
+    # is young whatever the process allocated before (an unrelated change to an imported
+    # module once left it in the oldest generation, which no collection during the release
+    # reached, and nothing collected it afterwards).
+    gc.collect()
+    gc.disable()
     t = uni.from_numpy(np.zeros(4))
+    queue = t.storage.access_queue
     w = uni.acquire_host_write_access_sync(t)
     loop = asyncio.new_event_loop()
 
@@ -1239,18 +1246,29 @@ def once(threshold):
     writer = threading.Thread(target=lambda: uni.acquire_host_write_access_sync(t).release(),
                               daemon=True)
     writer.start()
-    while t.storage.access_queue.pending_count() == 0:
+    while queue.pending_count() == 0:
         time.sleep(0.001)   # a writer pending behind both readers: r1's release grants it
     del loop                # the loop, its task and the granted coroutine: cyclic garbage
-    gc.disable(); gc.set_threshold(threshold, 1, 1); gc.enable()
+    inside = []             # per collection: whether it found garbage inside the queue's lock
+
+    def watch(phase, info):
+        if phase == "stop":  # (the writer waits outside the lock)
+            inside.append(queue._lock.locked() and info["collected"] > 0)
+
+    gc.callbacks.append(watch)
+    gc.set_threshold(threshold, 1, 1)
+    gc.enable()
     r1.release()            # the collection fires inside the queue's critical section
     gc.set_threshold(700, 10, 10)
+    gc.callbacks.remove(watch)
+    gc.collect()            # (when none fell inside, the garbage goes now)
     writer.join(10)
     assert not writer.is_alive(), "the writer was never granted"
+    return any(inside)
 
-for threshold in range(1, 16):
-    once(threshold)
-print("no deadlock")
+during = [threshold for threshold in range(1, 16) if once(threshold)]
+assert during, "no collection fell inside the queue's critical section"
+print("no deadlock; a collection inside the release at thresholds", during)
 """
 
 
