@@ -816,8 +816,19 @@ def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
         # scalar input (the common case, without building a tuple of them).
         if len(entry.refs) == 1 + len(inputs):
             return entry(())
-        return entry(tuple(x for x in inputs if type(x) is not Tensor))
-    return _run("transform", operands, tuple(x for x in inputs if type(x) is not Tensor), op)
+        return entry(_scalars(inputs))
+    return _run("transform", operands, _scalars(inputs), op)
+
+
+def _scalars(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    # A transform's scalar inputs, in order: for two inputs without a generator (0.1 us
+    # against 0.29, on every ``x + 1.0``).
+    if len(inputs) == 2:
+        x, y = inputs
+        if type(x) is Tensor:
+            return () if type(y) is Tensor else (y,)
+        return (x,) if type(y) is Tensor else (x, y)
+    return tuple(x for x in inputs if type(x) is not Tensor)
 
 
 def lookup(op: str, *operands: Any) -> Prepared | None:

@@ -201,6 +201,8 @@ def _case(seed: int) -> tuple[str, tuple[Any, ...], dict[str, Any], list[np.ndar
         x = random_view(rng, shape, _dtype(rng), broadcast=True)
         if kind < 0.25:
             y: Any = [2, 0.5, True][int(rng.integers(3))]
+            if rng.random() < 0.5:
+                x, y = y, x  # the scalar on the left: ``2 - x`` is not ``x - 2``
         elif kind < 0.4:
             x, y = out, random_view(rng, shape, _dtype(rng), broadcast=True)  # out aliases x
         else:
@@ -751,6 +753,31 @@ def test_the_held_run_over_each_number_of_queues_refuses_what_is_in_the_way(queu
     with pytest.raises(uni.PoisonedError):
         uni.gemm(a, b, c, beta=1)  # reads c: refused (beta == 0 would overwrite it)
     del spare
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("op", [uni.ops.subtract, uni.ops.divide, uni.ops.maximum])
+def test_a_float_input_keeps_its_side_on_every_path(op: Any, side: str) -> None:
+    # ``1.5 - x`` is not ``x - 1.5``: the float's place in the ufunc call, on the general
+    # path, a first sight on fresh memory, the second sighting's plan and the identity
+    # record's repeat; and NaN, which maximum propagates from either side.
+    rng = np.random.default_rng(5)
+    for scalar in (1.5, -0.25, float("nan")):
+        x_np = rng.standard_normal(16)
+        x = uni.from_numpy(x_np)
+        expected = op.apply_numpy(*((scalar, x_np) if side == "left" else (x_np, scalar)))
+        inputs = (scalar, x) if side == "left" else (x, scalar)
+        fresh, out = uni.from_numpy(np.zeros(16)), uni.from_numpy(np.zeros(16))
+        # The general path (or a first sight), a first sight on fresh memory, the second
+        # sighting (planned), the plan found by value (its identity record made), the record.
+        for call, target in enumerate([fresh, out, out, out, out]):
+            before = _plan.first_sight_runs()
+            uni.transform(target, op, *inputs)
+            np.testing.assert_array_equal(target.to_numpy(), expected, strict=True)
+            if call == 1:
+                assert _plan.first_sight_runs() == before + 1
+            target.to_numpy()[...] = 0.0
+        assert _plan.lookup_identity("transform", out, op, *inputs) is not None
 
 
 def test_a_transform_of_two_tensors_is_found_by_its_flat_key() -> None:

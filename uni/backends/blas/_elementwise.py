@@ -276,6 +276,29 @@ def execute_form(op: ElementOp, out: Array, inputs: Sequence[Input], *, dtype: A
             # Python floats computed in float64 need no conversion (the ufunc's dtype= makes
             # the same float64 of them that python_scalar_to would): ``x + 1.0`` in a loop.
             assert var is not None
+            if ufunc_call is not None and len(arrays) == 1 and len(template) == 2:
+                # A binary ufunc on one array and one float, called with its arguments known
+                # as the array-only run is (in order: ``x - 1.0`` and ``1.0 - x`` differ).
+                ufunc = ufunc_call[0]
+                (array,) = arrays
+                if positions[0] == 0:
+                    def run_float(scalar: Any) -> bool:
+                        token = var.set(state)
+                        try:
+                            ufunc(array, scalar, out=out, dtype=compute, casting="unsafe")
+                        finally:
+                            var.reset(token)
+                        return True
+                else:
+                    def run_float(scalar: Any) -> bool:
+                        token = var.set(state)
+                        try:
+                            ufunc(scalar, array, out=out, dtype=compute, casting="unsafe")
+                        finally:
+                            var.reset(token)
+                        return True
+
+                return run_float
 
             def run_floats(*scalars: Any) -> bool:
                 args = template.copy()
