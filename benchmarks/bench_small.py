@@ -7,7 +7,8 @@ Every figure of issue 11 section 3, each against its reference measured in the s
 - sync ``uni.copy`` of 1,000 float64 on the same tensors, and on fresh views made each call
   (``a[0:1000]``), against ``numpy.copyto`` (fresh numpy views for the fresh case);
 - sync ``uni.transform(out, uni.ops.add, x, y)`` of 1,000 elements (same tensors, fresh
-  views) against ``numpy.add(x, y, out=out)``;
+  views) against ``numpy.add(x, y, out=out)``, and ``x + 1.5`` (a float input) against
+  ``numpy.add(x, 1.5, out=out)``;
 - sync ``uni.gemv`` 64x64 (same, fresh views) against ``numpy.matmul(a, x, out=y)``;
 - sync ``uni.gemm`` 64x64, and with ``a.T`` as a fresh view, against ``numpy.matmul(out=)``;
 - a sync read lease acquired and released against a bare ``threading.Lock``;
@@ -66,6 +67,7 @@ GOALS: dict[str, tuple[str, float]] = {
     "copy 1000 f64, fresh views": ("us", 8.0),
     "transform(add) 1000 f64": ("us", 8.0),
     "transform(add) 1000 f64, fresh views": ("us", 8.0),
+    "transform(add) 1000 f64 + float": ("us", 8.0),
     "gemv 64x64 f64": ("us", 8.0),
     "gemv 64x64 f64, fresh views": ("us", 8.0),
     "gemm 64x64 f64": ("x", 1.15),
@@ -132,6 +134,8 @@ def _sync_cases(out: list[Result], number: int, repeats: int) -> None:
     _case(out, "transform(add) 1000 f64, fresh views",
           lambda: uni.transform(o[0:n], add, x[0:n], y[0:n]), "numpy.add(out=) (fresh views)",
           lambda: np.add(xn[0:n], yn[0:n], out=on[0:n]), number, repeats)
+    _case(out, "transform(add) 1000 f64 + float", lambda: uni.transform(o, add, x, 1.5),
+          "numpy.add(x, 1.5, out=)", lambda: np.add(xn, 1.5, out=on), number, repeats)
 
     rng = np.random.default_rng(0)
     mn, vn, wn = rng.standard_normal((64, 64)), rng.standard_normal(64), np.zeros(64)

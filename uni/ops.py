@@ -131,17 +131,25 @@ def _clip_scalar(x: Any, lo: Any, hi: Any) -> Any:
 # inputs are cast to that dtype inside the ufunc loop, not copied beforehand.
 
 
-def _ufunc_binary(ufunc: np.ufunc) -> Callable[..., Array]:
-    def apply(x: Any, y: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
-        result: Array = ufunc(x, y, out=out, dtype=dtype, casting="unsafe")
+def _ufunc_call(ufunc: np.ufunc, order: tuple[int, int]) -> Callable[..., Array]:
+    """The numpy_impl that is one call of the binary ``ufunc`` on inputs ``order``, kept in
+    ``_UFUNC_CALLS`` for kernels that call it directly (``ElementOp.numpy_ufunc``)."""
+    i, j = order
+
+    def apply(*inputs: Any, out: Array | None, dtype: DType, factor: Any) -> Array:
+        result: Array = ufunc(inputs[i], inputs[j], out=out, dtype=dtype, casting="unsafe")
         return result
 
-    _BINARY_UFUNCS[apply] = ufunc
+    _UFUNC_CALLS[apply] = (ufunc, order)
     return apply
 
 
-# The ufunc each binary op's numpy_impl calls, for kernels that call it directly.
-_BINARY_UFUNCS: dict[Callable[..., Array], np.ufunc] = {}
+def _ufunc_binary(ufunc: np.ufunc) -> Callable[..., Array]:
+    return _ufunc_call(ufunc, (0, 1))
+
+
+# numpy_impl -> the one binary ufunc call it makes and the inputs it passes, in order.
+_UFUNC_CALLS: dict[Callable[..., Array], tuple[np.ufunc, tuple[int, int]]] = {}
 
 
 def _copy(x: Any, *, out: Array | None, dtype: DType) -> Array:
@@ -177,19 +185,9 @@ def _numpy_negate(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Ar
     return result
 
 
-def _numpy_square(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
-    # Note: torch.square(bool) is int64 (it is pow(x, 2)); uni's square is x * x, so bool
-    # stays bool (logical and). np.square has no bool loop either (it returns int8).
-    result: Array = np.multiply(x, x, out=out, dtype=dtype, casting="unsafe")
-    return result
-
-
-# The one binary ufunc call a numpy_impl makes and the inputs it passes, in order: a kernel
-# that calls that ufunc with its arguments known (``ElementOp.numpy_ufunc``). Every binary
-# op is its ufunc on (x, y); square is multiply on (x, x).
-_UFUNC_CALLS: dict[Callable[..., Array], tuple[np.ufunc, tuple[int, int]]] = {
-    _numpy_square: (np.multiply, (0, 0)),
-}
+# Note: torch.square(bool) is int64 (it is pow(x, 2)); uni's square is x * x, so bool stays
+# bool (logical and). np.square has no bool loop either (it returns int8).
+_numpy_square = _ufunc_call(np.multiply, (0, 0))
 
 
 def _numpy_reciprocal(x: Any, *, out: Array | None, dtype: DType, factor: Any) -> Array:
@@ -455,9 +453,10 @@ class ElementOp:
         ``functools.partial`` between (which merges its keywords into a new dict per call).
         """
         impl = self._kind.numpy_impl
-        ufunc = _BINARY_UFUNCS.get(impl)
-        if ufunc is not None:
+        found = _UFUNC_CALLS.get(impl)
+        if found is not None and found[1] == (0, 1):
             # The same call as impl's, without a Python frame in between.
+            ufunc = found[0]
             return ufunc if pass_casting else functools.partial(ufunc, casting="unsafe")
         factor = self._argument
 
@@ -473,11 +472,7 @@ class ElementOp:
         computes the same (for a caller that prepared the inputs and set ``np.errstate``, as
         for ``numpy_kernel``), called with its arguments known (no star-arguments, no keyword
         dict: about a third of a small call's time). None for any other op."""
-        impl = self._kind.numpy_impl
-        ufunc = _BINARY_UFUNCS.get(impl)
-        if ufunc is not None:
-            return ufunc, (0, 1)
-        return _UFUNC_CALLS.get(impl)
+        return _UFUNC_CALLS.get(self._kind.numpy_impl)
 
     def apply_scalar(self, *values: PythonScalar, dtype: Any = None) -> PythonScalar:
         """Compute one element with Python arithmetic on Python numbers.
