@@ -70,12 +70,23 @@ def _same_domain(op: str, tensors: dict[str, Tensor]) -> None:
         )
 
 
-def _writable(op: str, name: str, t: Tensor) -> None:
+def _output(op: str, name: str, t: Tensor) -> None:
+    """Refuse an output that cannot take the result: a read-only one, or one that broadcasts
+    (a stride-0 axis would write several results to one element, and keep one of them)."""
     if t.readonly:
         raise ReadOnlyOutputError(
             f"{op}: the output '{name}' is read-only (accessor {type(t.accessor).__name__}"
             f"{', read-only storage' if t.storage.readonly else ''}); pass a writable tensor"
         )
+    if not t.size:  # an empty output writes nothing, whatever its strides
+        return
+    for axis, (extent, stride) in enumerate(zip(t.shape, t.strides, strict=True)):
+        if stride == 0 and extent > 1:
+            raise LayoutError(
+                f"{op}: the output '{name}' never broadcasts, but its axis {axis} has extent "
+                f"{extent} and stride 0 (shape {t.shape}, strides {t.strides}); pass an output "
+                "with an element of its own per result"
+            )
 
 
 def _broadcast_batch(op: str, name: str, t: Tensor, batch: tuple[int, ...], core: int) -> Tensor:
@@ -83,8 +94,10 @@ def _broadcast_batch(op: str, name: str, t: Tensor, batch: tuple[int, ...], core
     own = t.shape[: t.ndim - core]
     if own == batch:
         return t
+    # (A copy's or a transform's whole shape broadcasts: it has no batch axes to name.)
+    what = "batch shape" if core else "shape"
     if len(own) > len(batch):
-        raise ShapeError(f"{op}: '{name}' has batch shape {own} but the output's is {batch}")
+        raise ShapeError(f"{op}: '{name}' has {what} {own} but the output's is {batch}")
     pad = len(batch) - len(own)
     shape = list(t.shape[t.ndim - core:])
     strides = list(t.strides[t.ndim - core:])
@@ -101,7 +114,7 @@ def _broadcast_batch(op: str, name: str, t: Tensor, batch: tuple[int, ...], core
             new_strides.append(0)
         else:
             raise ShapeError(
-                f"{op}: '{name}' batch shape {own} does not broadcast to the output's {batch}"
+                f"{op}: '{name}' {what} {own} does not broadcast to the output's {batch}"
             )
         new_shape.append(extent)
     return Tensor._view(t.storage, layout_stride((*new_shape, *shape), (*new_strides, *strides)),
@@ -174,7 +187,7 @@ def _check_gemm(a: Any, b: Any, c: Any) -> tuple[Tensor, Tensor, Tensor]:
     # Note: dtypes may differ (SPEC §5): the walk's backends compute in the promoted dtype
     # or decline (blas: "mixed dtypes"); a bool gemm computes in bool, logical like numpy's
     # matmul of bools, unless a scalar raises it (the default alpha=1 counts in int64).
-    _writable("gemm", "c", c)
+    _output("gemm", "c", c)
     batch = c.shape[:-2]
     return _broadcast_batch("gemm", "a", a, batch, 2), _broadcast_batch("gemm", "b", b, batch, 2), c
 
@@ -189,7 +202,7 @@ def _check_gemv(a: Any, x: Any, y: Any) -> tuple[Tensor, Tensor, Tensor]:
         raise ShapeError(f"gemv: expected a (..., m, n), x (..., n), y (..., m); got a {a.shape}, "
                          f"x {x.shape}, y {y.shape}")
     _same_domain("gemv", {"a": a, "x": x, "y": y})
-    _writable("gemv", "y", y)
+    _output("gemv", "y", y)
     batch = y.shape[:-1]
     return _broadcast_batch("gemv", "a", a, batch, 2), _broadcast_batch("gemv", "x", x, batch, 1), y
 
@@ -197,7 +210,7 @@ def _check_gemv(a: Any, x: Any, y: Any) -> tuple[Tensor, Tensor, Tensor]:
 def _check_copy(src: Any, dst: Any) -> tuple[Tensor, Tensor]:
     src, dst = _tensor(src, "copy", "src"), _tensor(dst, "copy", "dst")
     # Any dtype pair: the copy converts by the store rules (saturating into integers).
-    _writable("copy", "dst", dst)
+    _output("copy", "dst", dst)
     domains = {src.storage.domain, dst.storage.domain}
     if len(domains) > 1 and HOST not in domains:
         raise DomainError(
@@ -277,13 +290,7 @@ def _copy_job(src: Any, dst: Any, backends: Any, owner: Any = CURRENT_THREAD) ->
 def _transform_operands(out: Any, op: Any, inputs: tuple[Any, ...]
                         ) -> tuple[Tensor, list[Any], list[Tensor], np.dtype[Any]]:
     out = _tensor(out, "transform", "out")
-    _writable("transform", "out", out)
-    for axis, (extent, stride) in enumerate(zip(out.shape, out.strides, strict=True)):
-        if stride == 0 and extent > 1 and out.size:  # an empty output writes nothing
-            raise LayoutError(
-                f"transform: the output never broadcasts, but its axis {axis} has extent "
-                f"{extent} and stride 0 (shape {out.shape}, strides {out.strides})"
-            )
+    _output("transform", "out", out)
     if is_element_op(op):
         if len(inputs) != op.arity:
             raise TypeError(f"transform: {op.name} takes {op.arity} inputs, got {len(inputs)}")

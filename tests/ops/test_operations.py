@@ -334,6 +334,17 @@ def test_batched_output_never_broadcasts() -> None:
         uni.gemm(a, uni.zeros((2, 2, 5)), uni.zeros((3, 4, 5)))
 
 
+def test_a_copy_whose_source_does_not_broadcast_names_both_shapes() -> None:
+    # A copy's whole shape broadcasts (it has no batch axes): the message says "shape".
+    with pytest.raises(uni.ShapeError,
+                       match=r"^copy: 'src' shape \(3,\) does not broadcast to the output's "
+                             r"\(2, 4\)$"):
+        uni.copy(uni.zeros(3), uni.zeros((2, 4)))
+    with pytest.raises(uni.ShapeError,
+                       match=r"^copy: 'src' has shape \(2, 2, 4\) but the output's is \(2, 4\)$"):
+        uni.copy(uni.zeros((2, 2, 4)), uni.zeros((2, 4)))
+
+
 # ---------------------------------------------------------------------------------------
 # edge rules
 
@@ -386,6 +397,61 @@ def test_empty_outputs_succeed_at_once(backends: list[str] | None) -> None:
         uni.gemv(a, uni.zeros(3), uni.zeros(0), backends=backends)
         uni.copy(a, uni.zeros((0, 3)), backends=backends)
         uni.gemm(uni.zeros((4, 3)), uni.zeros((3, 0)), uni.zeros((4, 0)), backends=backends)
+    assert records == []
+
+
+# Each operation with a broadcast output (shape, strides) over a buffer of 4: the call,
+# sync or _async. Its other operands are valid.
+_BROADCAST_OUTPUTS: dict[str, tuple[tuple[int, ...], tuple[int, ...],
+                                    Callable[[Callable[..., Any], uni.Tensor, Any], Any]]] = {
+    "copy": ((2, 2), (0, 1), lambda f, out, b: f(uni.full((2, 2), 3.0), out, backends=b)),
+    "gemm": ((2, 2), (1, 0), lambda f, out, b: f(uni.full((2, 3), 1.0), uni.full((3, 2), 2.0),
+                                                  out, backends=b)),
+    "gemm batch": ((3, 1, 2), (0, 2, 1),
+                   lambda f, out, b: f(uni.full((3, 1, 3), 1.0), uni.full((3, 3, 2), 2.0), out,
+                                       backends=b)),
+    "gemv": ((3,), (0,), lambda f, out, b: f(uni.full((3, 2), 1.0), uni.full((2,), 2.0), out,
+                                             backends=b)),
+    "transform": ((2, 2), (0, 1), lambda f, out, b: f(out, uni.ops.add, uni.full((2, 2), 1.0),
+                                                      2.0, backends=b)),
+}
+
+
+def _operation(name: str, asynchronous: bool) -> Callable[..., Any]:
+    op = name.split()[0]
+    return getattr(uni, f"{op}_async" if asynchronous else op)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("backends", BACKENDS, ids=_bid)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("name", list(_BROADCAST_OUTPUTS))
+def test_an_output_that_broadcasts_is_refused_before_anything_runs(
+        name: str, asynchronous: bool, backends: list[str] | None) -> None:
+    # Several results would land on one element and one of them would be kept: numpy
+    # refuses such an output, and so does every operation, naming the axis.
+    shape, strides, call = _BROADCAST_OUTPUTS[name]
+    buffer = uni.from_numpy(np.full(4, 9.0))
+    out = uni.Tensor.from_storage(buffer.storage, uni.layout_stride(shape, strides))
+    axis = strides.index(0)
+    with uni.dispatch_diagnostics() as records, pytest.raises(uni.LayoutError) as info:
+        call(_operation(name, asynchronous), out, backends)
+    assert f"never broadcasts, but its axis {axis} has extent {shape[axis]} and stride 0" \
+        in str(info.value)
+    assert records == []  # refused before the walk
+    assert buffer.to_numpy().tolist() == [9.0] * 4  # untouched and not poisoned
+    # The same output with an element per result is taken: the refusal is the stride's.
+    whole = uni.zeros(shape)
+    call(_operation(name, False), whole, backends)
+    assert np.isfinite(whole.to_numpy()).all() and whole.to_numpy().any()
+
+
+def test_an_empty_output_that_broadcasts_succeeds_at_once() -> None:
+    out = uni.Tensor.from_storage(uni.from_numpy(np.zeros(1)).storage,
+                                  uni.layout_stride((0, 2), (0, 0)))
+    with uni.dispatch_diagnostics() as records:
+        uni.copy(uni.zeros((0, 2)), out)
+        uni.gemm(uni.zeros((0, 3)), uni.zeros((3, 2)), out)
+        uni.transform(out, uni.ops.add, uni.zeros((0, 2)), 1.0)
     assert records == []
 
 
