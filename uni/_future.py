@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from uni._core import running_library, unsupported_loop, wait_callback_async
-from uni._errors import LeaseConflictError, LeaseTimeoutError
+from uni._core import loop_in_this_thread, running_library, unsupported_loop, wait_callback_async
+from uni._errors import LeaseConflictError, LeaseTimeoutError, WouldBlockError
 
 if TYPE_CHECKING:
     from uni._executor import Job  # annotations only: the executor imports this module
@@ -69,16 +69,27 @@ class OpFuture:
         for and who holds the data) when ``timeout`` seconds pass while it waits for a lease,
         TimeoutError when it is running still, and LeaseConflictError when the operation
         waits for a lease this very thread holds (it could never finish while this thread
-        waits for it).
+        waits for it). Called in a thread that runs a trio or asyncio loop, it returns or
+        raises a finished operation's outcome, and raises WouldBlockError rather than wait
+        for an unfinished one (the wait would freeze the loop): ``await`` it there.
         """
         job = self._job
-        if job is not None and not self._completion.done():
-            blocker = job.access.owned_blocker()
-            if blocker is not None:
-                raise LeaseConflictError(
-                    f"uni.{self.op}_async ({self._described}) can never finish while this thread "
-                    f"waits for it: it waits for {blocker.holder}, which this thread holds; "
-                    "release that first")
+        if not self._completion.done():
+            if job is not None:
+                blocker = job.access.owned_blocker()
+                if blocker is not None:
+                    raise LeaseConflictError(
+                        f"uni.{self.op}_async ({self._described}) can never finish while this "
+                        f"thread waits for it: it waits for {blocker.holder}, which this thread "
+                        "holds; release that first")
+            loop = loop_in_this_thread()
+            if loop is not None:
+                # Waiting here would freeze the loop, and with it any task of the loop
+                # that holds a lease the operation waits for: forever.
+                raise WouldBlockError(
+                    f"uni.{self.op}_async(...).result() would block "
+                    f"{'a running trio task' if loop == 'trio' else 'the running asyncio loop'}"
+                    f" ({self._described} has not finished); `await` the future instead")
         try:
             return self._completion.result(timeout)
         except concurrent.futures.TimeoutError:

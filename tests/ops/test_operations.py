@@ -837,6 +837,23 @@ async def test_sync_operation_in_a_loop_that_would_wait_raises_would_block(loop:
     await future
 
 
+@each_loop
+async def test_result_inside_a_loop_raises_rather_than_freeze_it(loop: Loop) -> None:
+    # The copy waits for a lease this task holds: a wait in .result() would freeze the loop,
+    # this task with it, and never end. A finished operation's result is returned as ever.
+    x = uni.zeros(4)
+    assert isinstance(uni.copy_async(uni.full(4, 1.0), x).result(), str)
+    async with uni.acquire_host_write_access_async(x):
+        future = uni.copy_async(uni.full(4, 2.0), x)
+        for timeout in (0.01, None):  # (the bounded call first: a regression fails, not hangs)
+            with pytest.raises(uni.WouldBlockError, match=r"copy_async\(\.\.\.\)\.result\(\) "
+                               r"would block .*; `await` the future instead"):
+                future.result(timeout)
+        assert not future.done()
+    assert isinstance(await future, str)
+    assert read(x).tolist() == [2.0] * 4
+
+
 def test_op_future_result_in_a_thread_and_many_ops_in_order() -> None:
     t = uni.zeros(4)
     one = uni.from_numpy(np.ones((4, 4)))
