@@ -26,6 +26,7 @@ from uni._errors import KernelDispatchError
 from uni._future import Finished, OpFuture, succeeded
 from uni._handle import HOST
 from uni._operation_access import OperationAccess
+from uni._poison import held_by_a_future
 
 __all__ = [
     "Executor",
@@ -194,7 +195,7 @@ def _run_here(job: Job) -> OpFuture:
         result = job()
     except Exception as err:
         job.fail(err)  # no-op when the job already poisoned and released
-        return OpFuture(job.op, Finished(None, err), "", job)
+        return OpFuture(job.op, Finished(None, held_by_a_future(err)), "", job)
     except BaseException as err:  # KeyboardInterrupt and the like: the caller hears it now
         job.fail(err)
         raise
@@ -259,7 +260,7 @@ def _to_workers(job: Job, run: Callable[[], None],
         _workers().submit(run)
     except BaseException as err:  # interpreter shutdown: no new threads
         job.fail(err)
-        future.set_exception(err)
+        future.set_exception(held_by_a_future(err))
     finally:
         _submitting.active = False
 
@@ -288,7 +289,7 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
         if error is None:
             future.set_result(str(job.backend.name))
         else:
-            future.set_exception(error)
+            future.set_exception(held_by_a_future(error))
 
     def run() -> None:
         try:
@@ -296,7 +297,7 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
         except BaseException as err:
             job.fail(err)  # no-op when the job already poisoned and released
             if not future.done():  # it failed before it held anything (e.g. poisoned input)
-                future.set_exception(err)
+                future.set_exception(held_by_a_future(err))
 
     # (A partial, not a closure that names itself to start its fresh thread: that would be a
     # reference cycle holding the job, and its operands' memory, until a garbage collection.)

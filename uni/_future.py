@@ -14,6 +14,7 @@ import trio
 
 from uni._core import loop_in_this_thread, running_library, unsupported_loop, wait_callback_async
 from uni._errors import LeaseConflictError, LeaseTimeoutError, WouldBlockError
+from uni._poison import held_by_a_future
 
 if TYPE_CHECKING:
     from uni._executor import Job  # annotations only: the executor imports this module
@@ -190,4 +191,4 @@ def done_future(op: str, result: Any = None) -> OpFuture:
 
 def failed_future(op: str, error: BaseException) -> OpFuture:
     """An OpFuture that has already failed with ``error`` (its outputs are poisoned)."""
-    return OpFuture(op, Finished(None, error))
+    return OpFuture(op, Finished(None, held_by_a_future(error)))

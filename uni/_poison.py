@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["MAX_RUNS", "PoisonRecord", "bytes_of_range", "bytes_of_view", "difference",
-           "intersects", "is_empty", "union"]
+           "held_by_a_future", "intersects", "is_empty", "union"]
 
 #: A view with more runs than this is poisoned by its whole byte range, and clears nothing
 #: (conservative both ways: it may poison more than it reached, never less). 2**20 runs are
@@ -37,6 +37,25 @@ _EMPTY = np.empty(0, dtype=np.int64)
 # an interpreter without reference counts nothing is ever settled: the record then keeps the
 # traceback, as concurrent.futures does.
 _ALONE = 3 if hasattr(sys, "getrefcount") else 0
+
+# Set on a failure that the future of the operation it failed holds (held_by_a_future).
+_HELD_BY_A_FUTURE = "_uni_held_by_a_future"
+
+
+def held_by_a_future(err: BaseException) -> BaseException:
+    """``err``, marked as held by the future (its completion) of the operation it failed.
+
+    That reference lasts as long as the future, and it is nobody still handling the failure:
+    :meth:`PoisonRecord.settle` allows for it. Without that, a record could never settle an
+    operation's failure: whoever gets it from the future (``result()``, ``await``) re-raises
+    that very exception, whose traceback then holds their frames, one of which holds the
+    future, which holds the exception -- a cycle the record keeps alive, with every tensor
+    of those frames, for as long as the poisoned memory lives."""
+    try:
+        setattr(err, _HELD_BY_A_FUTURE, True)
+    except (AttributeError, TypeError):  # an exception that takes no attributes: not settled
+        pass
+    return err
 
 #: A view as the queue sees it: ``((queue_offset, itemsize), (offset, shape, strides))``.
 ViewKey = tuple[tuple[int, int], tuple[int, tuple[int, ...], tuple[int, ...]]]
@@ -168,9 +187,11 @@ class PoisonRecord:
         if self.settled:
             return
         cause = self.cause
-        # References now: this record's slot, the local name, getrefcount's argument. More
-        # means someone still has the exception (it propagates, or a handler keeps it).
-        if sys.getrefcount(cause) > _ALONE:
+        # References now: this record's slot, the local name, getrefcount's argument, and
+        # the failed operation's future, if one holds it. More means someone still has the
+        # exception (it propagates, or a handler keeps it).
+        alone = _ALONE + 1 if getattr(cause, _HELD_BY_A_FUTURE, False) is True else _ALONE
+        if sys.getrefcount(cause) > alone:
             return
         self.settled = True
         tb = cause.__traceback__

@@ -9,12 +9,14 @@ wrote; a read must be refused exactly when one of its bytes is marked.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from typing import Any
 
 import numpy as np
 import pytest
+import trio
 from support.poisoning import poisoned
 
 import uni
@@ -223,17 +225,57 @@ def _members(bounds: np.ndarray[Any, Any]) -> set[int]:
             for b in range(int(lo), int(hi))}
 
 
-def test_a_poison_record_keeps_no_frames_or_tensors_alive() -> None:
+class _Failing:
+    """A backend whose kernel raises a new exception each time (one that nothing else holds,
+    unlike a test Gate's, which keeps the one it raises)."""
+
+    def __init__(self, how: str) -> None:
+        self.name = f"test-poison-frames-{how}"
+
+    def probe(self, op: str, signature: Any) -> uni.Probe:
+        return uni.Probe.MAYBE
+
+    def try_kernel(self, op: str, call: Any) -> None:
+        raise RuntimeError("the writer failed")
+
+
+def _fail_writing(kept: uni.Tensor, how: str) -> None:
+    """Fail a write of ``kept`` one way, raising RuntimeError("the writer failed") here."""
+    if how == "lease":
+        with uni.acquire_host_write_access_sync(kept):
+            raise RuntimeError("the writer failed")
+    failing = [_Failing(how)]
+    if how == "operation":
+        uni.copy(uni.zeros(8), kept, backends=failing)
+    elif how == "future":
+        uni.copy_async(uni.zeros(8), kept, backends=failing).result(10)
+    else:  # awaited in a task of that loop, which catches it (had it left the loop's run,
+        # the loop's own frames in its traceback would hold it: someone still has it)
+        caught: list[BaseException] = []
+
+        async def awaited() -> None:
+            try:
+                await uni.copy_async(uni.zeros(8), kept, backends=failing)
+            except RuntimeError as err:
+                caught.append(err)
+
+        trio.run(awaited) if how == "trio" else asyncio.run(awaited())
+        raise caught.pop()
+
+
+@pytest.mark.parametrize("how", ["lease", "operation", "future", "trio", "asyncio"])
+def test_a_poison_record_keeps_no_frames_or_tensors_alive(how: str) -> None:
+    # An operation's failure is also held by its future, which the failing frame holds:
+    # that reference is no one handling the failure, and the record settles all the same.
     kept = uni.zeros(8)  # the poisoned storage lives on
     witness: list[weakref.ref[Any]] = []
 
     def failing_writer() -> None:
         scratch = uni.zeros(4)  # only the failing frame holds it
         witness.append(weakref.ref(scratch.storage))
-        with uni.acquire_host_write_access_sync(kept):
-            raise RuntimeError("the writer failed")
+        _fail_writing(kept, how)
 
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(RuntimeError, match="the writer failed") as info:
         failing_writer()
     boom = info.value
     assert boom.__traceback__ is not None  # while someone holds it, it is left whole
