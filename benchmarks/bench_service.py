@@ -8,7 +8,11 @@ computes ``y = w @ x`` with ``uni.gemv_async``, then ``y + bias`` and ``y * y`` 
 set to a new version number) every 50 requests through a write lease. Leases alone keep a
 request from seeing a half-updated model: every answer is checked to come from one version.
 With ``--writer-yields`` the writer yields to the loop once while it holds the model (as one
-that fetched the new weights would): the requests issued meanwhile queue behind it.
+that fetched the new weights would): the requests issued meanwhile queue behind it. With
+``--keep-tensors`` uni's request runs on tensors it keeps from one request to the next (a pool:
+one ``x`` and ``y`` per request in flight, made once) and writes the fresh input into ``x``
+through a write lease: the same work without a wrap or a first sight per request, to show how
+much of the gap those are (numpy's request is the same in both).
 
 The reference is the same service with numpy doing the arithmetic and an ``asyncio.Lock`` (or
 ``trio.Lock``) around every use of the model, measured in the same run. Reported per event
@@ -80,6 +84,24 @@ class _UniService:
             if self.writer_yields:
                 await _yield_to_loop()
             np.asarray(lease.mdspan())[...] = self.version
+
+
+class _UniKeptService(_UniService):
+    def __init__(self, writer_yields: bool = False) -> None:
+        super().__init__(writer_yields)
+        self.pool: list[tuple[uni.Tensor, uni.Tensor]] = []
+
+    async def request(self) -> None:
+        x, y = self.pool.pop() if self.pool else (uni.empty((COLS,)), uni.empty((ROWS,)))
+        data = np.ones(COLS)
+        async with uni.acquire_host_write_access_async(x, overwrite=True) as lease:
+            np.asarray(lease.mdspan())[...] = data
+        await uni.gemv_async(self.w, x, y)
+        await uni.transform_async(y, uni.ops.add, y, self.bias)
+        await uni.transform_async(y, uni.ops.square, y)
+        async with uni.acquire_host_read_access_async(y) as lease:
+            _check(np.asarray(lease.mdspan()))
+        self.pool.append((x, y))
 
 
 class _NumpyService:
@@ -157,9 +179,11 @@ def _measure(loop: str, make: Callable[[], Any], per_client: int
     return len(latencies) / elapsed, statistics.median(latencies), _p99(latencies)
 
 
-def run(quick: bool = False, repeats: int | None = None, writer_yields: bool = False
-        ) -> list[Result]:
+def run(quick: bool = False, repeats: int | None = None, writer_yields: bool = False,
+        keep_tensors: bool = False) -> list[Result]:
     """Both event loops, uni against numpy under a lock, alternating runs, medians."""
+    service = _UniKeptService if keep_tensors else _UniService
+    shape = ", tensors kept" if keep_tensors else ""
     repeats = repeats if repeats is not None else (3 if quick else 5)
     per_client = 20 if quick else 100
     out: list[Result] = []
@@ -168,18 +192,18 @@ def run(quick: bool = False, repeats: int | None = None, writer_yields: bool = F
         ours: list[tuple[float, float, float]] = []
         theirs: list[tuple[float, float, float]] = []
         for i in range(repeats):
-            pair = [("uni", lambda: _UniService(writer_yields)),
+            pair = [("uni", lambda: service(writer_yields)),
                     ("numpy", lambda lt=lock_type: _NumpyService(lt(), writer_yields))]
             for name, make in (pair if i % 2 == 0 else pair[::-1]):
                 (ours if name == "uni" else theirs).append(_measure(loop, make, per_client))
         rate_u, p50_u, p99_u = (statistics.median(x[j] for x in ours) for j in range(3))
         rate_n, p50_n, p99_n = (statistics.median(x[j] for x in theirs) for j in range(3))
         ref = f"numpy under {'asyncio' if loop == 'asyncio' else 'trio'}.Lock"
-        out.append(result(f"service {loop}: seconds per request (1/throughput)", 1 / rate_u,
+        out.append(result(f"service {loop}{shape}: seconds per request (1/throughput)", 1 / rate_u,
                           ref, 1 / rate_n,
                           notes=f"{rate_u:,.0f} vs {rate_n:,.0f} requests/s; goal >= 0.5x"))
-        out.append(result(f"service {loop}: p50 latency", p50_u, ref, p50_n))
-        out.append(result(f"service {loop}: p99 latency", p99_u, ref, p99_n,
+        out.append(result(f"service {loop}{shape}: p50 latency", p50_u, ref, p50_n))
+        out.append(result(f"service {loop}{shape}: p99 latency", p99_u, ref, p99_n,
                           notes="goal <= 3x numpy's"))
     return out
 
@@ -190,14 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--writer-yields", action="store_true",
                         help="the writer yields to the loop once while it holds the model")
+    parser.add_argument("--keep-tensors", action="store_true",
+                        help="uni's request keeps its tensors (no wrap or first sight per request)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
-    results = run(args.quick, args.repeats, args.writer_yields)
+    results = run(args.quick, args.repeats, args.writer_yields, args.keep_tensors)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     yields = ", the writer yields inside its lease" if args.writer_yields else ""
+    yields += ", uni's tensors kept" if args.keep_tensors else ""
     print_table(results, f"a small service, {CLIENTS} clients{yields} (uni from {uni.__file__}; "
                          f"load {load})")
 

@@ -103,6 +103,8 @@ LOOPS: dict[str, tuple[str, str, str | None]] = {
     "request asyncio": ("asyncio", "uni", "numpy request asyncio"),
     "numpy request asyncio": ("asyncio", "numpy", None),
     "request trio": ("trio", "uni", "numpy request trio"),
+    "request asyncio (tensors kept)": ("asyncio", "kept", "numpy request asyncio"),
+    "request trio (tensors kept)": ("trio", "kept", "numpy request trio"),
     "numpy request trio": ("trio", "numpy", None),
 }
 _FEW, _MANY = 10, 30  # requests per client in the two runs a loop case takes
@@ -128,7 +130,8 @@ import trio
 import bench_service as b
 loop, service, per = os.environ["UNI_IR_LOOP"], os.environ["UNI_IR_SERVICE"], int(os.environ["UNI_IR_PER"])
 lock = asyncio.Lock if loop == "asyncio" else trio.Lock
-make = (lambda: b._UniService()) if service == "uni" else (lambda: b._NumpyService(lock()))
+make = {"uni": lambda: b._UniService(), "kept": lambda: b._UniKeptService(),
+        "numpy": lambda: b._NumpyService(lock())}[service]
 b._measure(loop, make, 3)  # warm: plans, code paths, the loop's own caches
 def once():
     b._measure(loop, make, per)
