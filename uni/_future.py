@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from uni._core import loop_in_this_thread, running_library, unsupported_loop, wait_callback_async
+from uni._core import await_completion, loop_in_this_thread, running_library, unsupported_loop
 from uni._errors import LeaseConflictError, LeaseTimeoutError, WouldBlockError
 from uni._poison import held_by_a_future
 
@@ -120,29 +120,11 @@ class OpFuture:
             if completion._error is None:  # result() without the call
                 return completion._value
             return completion.result()
-        return (yield from _await_completion(completion, self.op).__await__())
+        return (yield from await_completion(completion, f"uni.{self.op}_async(...)").__await__())
 
     def __repr__(self) -> str:
         state = "done" if self._completion.done() else "running"
         return f"<uni.OpFuture {self.op} {state}>"
-
-
-async def _await_completion(completion: Completion, op: str) -> Any:
-    library = running_library()
-    if library is None:
-        raise unsupported_loop(f"uni.{op}_async(...)")
-    if completion.done():
-        if library == "trio":
-            await trio.lowlevel.checkpoint()
-        # Note: under asyncio a finished operation is returned without yielding, as awaiting
-        # a finished asyncio future does; trio's rule is a checkpoint on every await.
-        return completion.result()
-
-    def arm(wake: Callable[[], None]) -> None:
-        completion.add_done_callback(lambda _: wake())
-
-    await wait_callback_async(arm, completion.done, library=library)
-    return completion.result()
 
 
 class Finished:

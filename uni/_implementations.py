@@ -21,9 +21,11 @@ from typing import Final
 __all__ = ["COMPILED", "compiled_modules", "implementations", "warn_if_stale"]
 
 #: The modules mypyc compiles, as one group (native classes call each other's methods
-#: directly): the ordering kernel, the lease path over it, and the wrapping of host memory
+#: directly): the ordering kernel, the lease path over it, the wrapping of host memory
 #: (the factories, uni.from_numpy among them; the storages uni.from_numpy and uni.from_dlpack
-#: make, and the memory registry). setup.py reads this tuple.
+#: make, and the memory registry), and what every await of a uni future or lease asks (which
+#: loop runs the task; the future itself). No coroutine: they stay interpreted (see
+#: tests/core/test_implementations.py). setup.py reads this tuple.
 COMPILED: Final = (
     "uni._core._owners",
     "uni._core._request",
@@ -37,6 +39,8 @@ COMPILED: Final = (
     "uni._factories",
     "uni.storage._memory",
     "uni.storage._numpy",
+    "uni._core._library",
+    "uni._future",
 )
 
 _EXTENSIONS: Final = tuple(importlib.machinery.EXTENSION_SUFFIXES)

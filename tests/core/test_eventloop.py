@@ -7,6 +7,7 @@ import asyncio
 import gc
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import sniffio
@@ -90,6 +91,18 @@ def test_another_library_is_named() -> None:
         sniffio.current_async_library_cvar.reset(token)
 
 
+class _Delegating(dict[Any, Any]):
+    """What ``asyncio.current_task`` reads, but not a plain dict: running_library must ask
+    ``current_task`` instead of reading it (as where asyncio has no such mapping)."""
+
+    def __init__(self, real: dict[Any, Any]) -> None:
+        super().__init__()
+        self.real = real
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.real.get(key, default)
+
+
 def _sniffio_says() -> str | None:
     try:
         return sniffio.current_async_library()
@@ -105,8 +118,15 @@ def _agree() -> tuple[str | None, str | None]:
 @pytest.mark.parametrize("where", ["trio task", "asyncio task", "asyncio callback", "no loop",
                                    "curio by context", "asyncio by thread-local",
                                    "curio by thread-local inside asyncio"])
-def test_the_running_library_is_sniffios_answer(where: str) -> None:
-    # running_library asks what sniffio asks, in its order, without its import per call.
+@pytest.mark.parametrize("mapping", [True, False], ids=["asyncio's mapping", "current_task"])
+def test_the_running_library_is_sniffios_answer(where: str, mapping: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # running_library asks what sniffio asks, in its order, without its import per call;
+    # an asyncio task is found in the mapping asyncio.current_task reads, or, where asyncio
+    # has none (another Python), by asking current_task.
+    if not mapping:
+        monkeypatch.setattr(asyncio.tasks, "_current_tasks",
+                            _Delegating(asyncio.tasks._current_tasks))  # type: ignore[attr-defined]
     async def in_asyncio() -> tuple[str | None, str | None]:
         if where == "asyncio callback":  # a loop runs, but no task: sniffio finds none
             future = asyncio.get_running_loop().create_future()

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pytest
+import trio
 from support.loops import Loop, each_loop
 from support.operations import Array, Gate, read
 
@@ -812,6 +813,27 @@ async def test_cancelling_the_waiter_does_not_cancel_the_work(loop: Loop) -> Non
     await future  # (the leases are given back just before the future completes)
     assert future.done() and gated.calls == 1
     await future  # awaiting again after completion returns at once
+
+
+def test_awaiting_an_operation_done_at_once_is_a_trio_checkpoint() -> None:
+    # trio's rule: every await is a checkpoint, even of an operation that ran in the call
+    # (a plan's repeat). Cancelled, the await raises; the work was done all the same, and
+    # the next await of the same future returns.
+    y, b = uni.zeros(4), uni.full((4,), 1.0)
+    uni.transform(y, uni.ops.add, y, b)  # (a first sight: the next call is the plan's)
+    uni.transform(y, uni.ops.add, y, b)
+
+    async def main() -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            future = uni.transform_async(y, uni.ops.add, y, b)
+            assert future.done()
+            await future
+        assert scope.cancelled_caught
+        assert isinstance(await future, str)
+
+    trio.run(main)
+    assert read(y).tolist() == [3.0] * 4
 
 
 @each_loop

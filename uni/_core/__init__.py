@@ -3,20 +3,16 @@
 Below the storages and everything that uses them (trio's ``_core`` is the model): owner
 tokens (``_owners``), fences (``_fences``), waiters (``_waiters``), the request
 (``_request``), the queue (``_queue``), the wait-graph search (``_waitgraph``), held runs
-(``_held``) and the event-loop bridge (``_eventloop``). The names the layers above use are
-re-exported here.
+(``_held``), which event loop runs a task (``_library``) and the event-loop bridge
+(``_eventloop``). The names the layers above use are re-exported here.
 """
 
 from uni._core._eventloop import (
     AsyncioWake,
-    Library,
-    current_library,
-    loop_in_this_thread,
+    await_completion,
     poll_until_async,
     reschedule_quietly,
     run_quietly,
-    running_library,
-    unsupported_loop,
     wait_callback_async,
 )
 from uni._core._fences import (
@@ -30,6 +26,13 @@ from uni._core._fences import (
     wait_fences_sync,
 )
 from uni._core._held import HeldRun
+from uni._core._library import (
+    Library,
+    current_library,
+    loop_in_this_thread,
+    running_library,
+    unsupported_loop,
+)
 from uni._core._owners import CURRENT_THREAD, Owner, current_owner, task_owner
 from uni._core._queue import AccessQueue, RetiredQueue, normalize_timeout
 from uni._core._request import _NO_FENCES, AccessRequest, Mode
@@ -51,6 +54,7 @@ __all__ = [
     "RetiredQueue",
     "Waiter",
     "all_fences",
+    "await_completion",
     "countdown",
     "current_library",
     "current_owner",

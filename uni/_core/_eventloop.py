@@ -8,13 +8,15 @@ by hand with ``send(None)``) raises :class:`~uni.EventLoopError`, naming both.
   two runs the calling task. It asks ``sniffio``, as anyio does: trio marks its run thread
   there, trio-asyncio marks each of its modes, and asyncio is recognised by its current
   task. (``asyncio.get_running_loop()`` alone could not tell trio-asyncio's modes apart,
-  nor name the library that is running instead.)
-* :func:`loop_in_this_thread` says whether a *blocking* wait here would freeze a loop.
+  nor name the library that is running instead.) :func:`loop_in_this_thread` says whether a
+  *blocking* wait here would freeze a loop. Both live in :mod:`uni._core._library`, which
+  holds no coroutine and is compiled; they are re-exported here.
 * :func:`wait_callback_async` parks the calling task until a callback that it hands out is
   called, from whichever thread: the one way uni waits for work done elsewhere (a fence's
   ``add_done_callback``, an operation's completion, a host function a CUDA stream calls).
   No thread per wait, no polling. :func:`poll_until_async` is the fallback for what offers
-  no callback: a poll with a back-off that never blocks the loop.
+  no callback: a poll with a back-off that never blocks the loop. :func:`await_completion`
+  awaits a concurrent-futures-like completion (an operation's) with it.
 * :class:`AsyncioWake` resolves one asyncio future from any thread
   (``loop.call_soon_threadsafe``) and says when the wake-up cannot land because the loop
   has closed; the access queue's asyncio waiter is built on it.
@@ -32,12 +34,17 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Protocol
 
-import sniffio
 import trio
 
-from uni._errors import EventLoopError
+from uni._core._library import (
+    Library,
+    current_library,
+    loop_in_this_thread,
+    running_library,
+    unsupported_loop,
+)
 
 if TYPE_CHECKING:
     import asyncio
@@ -45,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncioWake",
     "Library",
+    "await_completion",
     "current_library",
     "loop_in_this_thread",
     "poll_until_async",
@@ -55,80 +63,9 @@ __all__ = [
     "wait_callback_async",
 ]
 
-Library = Literal["trio", "asyncio"]
-
-# trio names itself here for the whole of its run, in its run thread: reading it is the
-# cheapest way to recognise trio, and sniffio reads it first too.
-_sniffio_thread = sniffio.thread_local
-_sniffio_cvar = sniffio.current_async_library_cvar
-
 #: The first and the longest delay of a poll (seconds).
 POLL_FIRST = 50e-6
 POLL_CAP = 5e-3
-
-
-def running_library() -> Library | None:
-    """``"trio"`` or ``"asyncio"``: the library running the calling task; None for any other
-    (no error text built: the cheap form for hot paths, see :func:`current_library`).
-
-    sniffio's own answer, asked in its order (its thread-local, its context variable, then
-    a task of an asyncio loop running in this thread) without its per-call import and
-    module lookups: every await of a uni future or lease asks."""
-    name = _sniffio_thread.name
-    if name is None:
-        name = _sniffio_cvar.get()
-        if name is None:
-            asyncio = sys.modules.get("asyncio")
-            if asyncio is not None:
-                loop = asyncio._get_running_loop()
-                if loop is not None and asyncio.current_task(loop) is not None:
-                    return "asyncio"
-            return None
-    if name == "trio":
-        return "trio"
-    if name == "asyncio":
-        return "asyncio"
-    return None
-
-
-def current_library(what: str) -> Library:
-    """Like :func:`running_library`, but raise :func:`unsupported_loop` instead of None."""
-    library = running_library()
-    if library is None:
-        raise unsupported_loop(what)
-    return library
-
-
-def unsupported_loop(what: str) -> EventLoopError:
-    """The error for awaiting ``what`` (the call, in words) outside trio and asyncio."""
-    try:
-        name: str | None = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        name = None
-    found = (
-        "no trio or asyncio task is running in this thread (another event loop, or a "
-        "coroutine driven by hand)" if name is None else f"this task runs under {name!r}")
-    return EventLoopError(
-        f"{what} can only be awaited inside a trio or an asyncio task, but {found}; start "
-        "it with trio.run(...) or asyncio.run(...), or wait in a thread instead (the _sync "
-        "acquisitions, OpFuture.result())"
-    )
-
-
-def loop_in_this_thread() -> Library | None:
-    """The event loop a blocking wait in this thread would freeze, or None.
-
-    A thread of ``trio.to_thread`` or of an asyncio executor runs no loop: it may block.
-    """
-    if trio.lowlevel.in_trio_run():
-        return "trio"
-    if "asyncio" in sys.modules:
-        import asyncio  # deferred: loaded already whenever an asyncio loop can run
-
-        if asyncio._get_running_loop() is not None:
-            return "asyncio"
-    return None
-
 
 def run_quietly(fn: Callable[[], None]) -> None:
     """Call ``fn``; report and swallow what it raises (for callbacks that must not raise)."""
@@ -302,3 +239,32 @@ async def poll_until_async(done: Callable[[], bool], *, library: Library | None 
     while not done():
         await sleep(delay)
         delay = min(delay * 2, POLL_CAP)
+
+
+class _Completion(Protocol):
+    def done(self) -> bool: ...
+
+    def result(self, timeout: float | None = None) -> Any: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+
+async def await_completion(completion: _Completion, what: str) -> Any:
+    """Await ``completion`` (``done()``, ``result()``, ``add_done_callback``: an operation's)
+    in the calling trio or asyncio task, and return its result or raise its error; ``what``
+    names the awaited call in an :func:`unsupported_loop` error."""
+    library = running_library()
+    if library is None:
+        raise unsupported_loop(what)
+    if completion.done():
+        if library == "trio":
+            await trio.lowlevel.checkpoint()
+        # Note: under asyncio a finished operation is returned without yielding, as awaiting
+        # a finished asyncio future does; trio's rule is a checkpoint on every await.
+        return completion.result()
+
+    def arm(wake: Callable[[], None]) -> None:
+        completion.add_done_callback(lambda _: wake())
+
+    await wait_callback_async(arm, completion.done, library=library)
+    return completion.result()

@@ -10,12 +10,11 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from uni._core._eventloop import (
-    Library,
-    current_library,
     poll_until_async,
     run_quietly,
     wait_callback_async,
 )
+from uni._core._library import Library, current_library
 
 __all__ = ["AllFences", "Fence", "HostFence", "all_fences", "countdown",
            "run_in_helper_thread", "wait_fences_async", "wait_fences_sync"]

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
-from uni._core._eventloop import Library
 from uni._core._fences import run_in_helper_thread, wait_fences_async
+from uni._core._library import Library
 from uni._core._request import AccessRequest, _who
 from uni._core._waiters import _AsyncioWaiter, _TrioWaiter
 from uni._errors import LeaseReleasedError

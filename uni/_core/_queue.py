@@ -44,17 +44,17 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final, Literal, NoReturn
 
 from uni._core import _parking
-from uni._core._eventloop import (
-    Library,
-    current_library,
-    loop_in_this_thread,
-)
 from uni._core._fences import (
     Fence,
     _after_fences,
     _describe_fence,
     run_in_helper_thread,
     wait_fences_sync,
+)
+from uni._core._library import (
+    Library,
+    current_library,
+    loop_in_this_thread,
 )
 from uni._core._owners import (
     CURRENT_THREAD,

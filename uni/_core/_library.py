@@ -1,0 +1,98 @@
+"""Which event loop runs the calling task: trio, asyncio, or none uni can wait under.
+
+:func:`current_library` (:func:`running_library`, without the error) says which of the two
+runs the calling task; :func:`loop_in_this_thread` whether a *blocking* wait here would
+freeze a loop. Every await of a uni future or lease asks, so this module holds no coroutine
+and is compiled with the lease path (``uni._implementations.COMPILED``); the waiting itself
+is in :mod:`uni._core._eventloop`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Literal
+
+import sniffio
+import trio
+
+from uni._errors import EventLoopError
+
+__all__ = ["Library", "current_library", "loop_in_this_thread", "running_library",
+           "unsupported_loop"]
+
+Library = Literal["trio", "asyncio"]
+
+# trio names itself here for the whole of its run, in its run thread: reading it is the
+# cheapest way to recognise trio, and sniffio reads it first too.
+_sniffio_thread = sniffio.thread_local
+_sniffio_cvar = sniffio.current_async_library_cvar
+
+
+def running_library() -> Library | None:
+    """``"trio"`` or ``"asyncio"``: the library running the calling task; None for any other
+    (no error text built: the cheap form for hot paths, see :func:`current_library`).
+
+    sniffio's own answer, asked in its order (its thread-local, its context variable, then
+    a task of an asyncio loop running in this thread) without its per-call import and
+    module lookups: every await of a uni future or lease asks."""
+    name = _sniffio_thread.name
+    if name is None:
+        name = _sniffio_cvar.get()
+        if name is None:
+            asyncio = sys.modules.get("asyncio")
+            if asyncio is not None:
+                loop = asyncio._get_running_loop()
+                if loop is not None:
+                    # asyncio.current_task(loop), which is Python code on 3.11 (a call
+                    # out of compiled code costs more than its body): the mapping it reads.
+                    tasks = getattr(asyncio.tasks, "_current_tasks", None)
+                    if type(tasks) is dict:
+                        if tasks.get(loop) is not None:
+                            return "asyncio"
+                    elif asyncio.current_task(loop) is not None:
+                        return "asyncio"
+            return None
+    if name == "trio":
+        return "trio"
+    if name == "asyncio":
+        return "asyncio"
+    return None
+
+
+def current_library(what: str) -> Library:
+    """Like :func:`running_library`, but raise :func:`unsupported_loop` instead of None."""
+    library = running_library()
+    if library is None:
+        raise unsupported_loop(what)
+    return library
+
+
+def unsupported_loop(what: str) -> EventLoopError:
+    """The error for awaiting ``what`` (the call, in words) outside trio and asyncio."""
+    try:
+        name: str | None = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        name = None
+    found = (
+        "no trio or asyncio task is running in this thread (another event loop, or a "
+        "coroutine driven by hand)" if name is None else f"this task runs under {name!r}")
+    return EventLoopError(
+        f"{what} can only be awaited inside a trio or an asyncio task, but {found}; start "
+        "it with trio.run(...) or asyncio.run(...), or wait in a thread instead (the _sync "
+        "acquisitions, OpFuture.result())"
+    )
+
+
+def loop_in_this_thread() -> Library | None:
+    """The event loop a blocking wait in this thread would freeze, or None.
+
+    A thread of ``trio.to_thread`` or of an asyncio executor runs no loop: it may block.
+    """
+    if trio.lowlevel.in_trio_run():
+        return "trio"
+    if "asyncio" in sys.modules:
+        import asyncio  # deferred: loaded already whenever an asyncio loop can run
+
+        if asyncio._get_running_loop() is not None:
+            return "asyncio"
+    return None
