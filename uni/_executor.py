@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from uni._core import loop_in_this_thread
 from uni._dispatch import SLOW_BACKEND, decided, walk
 from uni._errors import KernelDispatchError
-from uni._future import Finished, OpFuture, succeeded
+from uni._future import OpFuture, failed_future, succeeded
 from uni._handle import HOST
 from uni._operation_access import OperationAccess
 from uni._poison import held_by_a_future
@@ -195,7 +195,7 @@ def _run_here(job: Job) -> OpFuture:
         result = job()
     except Exception as err:
         job.fail(err)  # no-op when the job already poisoned and released
-        return OpFuture(job.op, Finished(None, held_by_a_future(err)), "", job)
+        return failed_future(job.op, err, job)
     except BaseException as err:  # KeyboardInterrupt and the like: the caller hears it now
         job.fail(err)
         raise
@@ -260,7 +260,7 @@ def _to_workers(job: Job, run: Callable[[], None],
         _workers().submit(run)
     except BaseException as err:  # interpreter shutdown: no new threads
         job.fail(err)
-        future.set_exception(held_by_a_future(err))
+        future.set_exception(held_by_a_future(err, future))
     finally:
         _submitting.active = False
 
@@ -289,7 +289,7 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
         if error is None:
             future.set_result(str(job.backend.name))
         else:
-            future.set_exception(held_by_a_future(error))
+            future.set_exception(held_by_a_future(error, future))
 
     def run() -> None:
         try:
@@ -297,7 +297,7 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
         except BaseException as err:
             job.fail(err)  # no-op when the job already poisoned and released
             if not future.done():  # it failed before it held anything (e.g. poisoned input)
-                future.set_exception(held_by_a_future(err))
+                future.set_exception(held_by_a_future(err, future))
 
     # (A partial, not a closure that names itself to start its fresh thread: that would be a
     # reference cycle holding the job, and its operands' memory, until a garbage collection.)

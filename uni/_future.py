@@ -34,7 +34,7 @@ class Completion(Protocol):
 
 class OpFuture:
     """A dispatched async operation: ``await`` it (in a trio or an asyncio task), or
-    ``.result()`` in a thread.
+    ``.result()`` in a thread (in a loop's thread only once it is done).
 
     ``done()`` says whether it has finished (successfully or not) without waiting.
     Awaiting returns what ``result()`` returns (the name of the backend that ran it) and
@@ -171,6 +171,11 @@ def done_future(op: str, result: Any = None) -> OpFuture:
     return OpFuture(op, completion if completion is not None else succeeded(result))
 
 
-def failed_future(op: str, error: BaseException) -> OpFuture:
-    """An OpFuture that has already failed with ``error`` (its outputs are poisoned)."""
-    return OpFuture(op, Finished(None, held_by_a_future(error)))
+def failed_future(op: str, error: BaseException, job: Job | None = None) -> OpFuture:
+    """An OpFuture that has already failed with ``error`` (its outputs are poisoned).
+
+    Its completion is a ``concurrent.futures.Future`` (a failure is rare; a poison record
+    needs a weak reference to what holds it: :func:`uni._poison.held_by_a_future`)."""
+    completion: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    completion.set_exception(held_by_a_future(error, completion))
+    return OpFuture(op, completion, "", job)

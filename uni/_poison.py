@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import sys
 import traceback
+import weakref
 from typing import Any
 
 import numpy as np
@@ -38,24 +39,28 @@ _EMPTY = np.empty(0, dtype=np.int64)
 # traceback, as concurrent.futures does.
 _ALONE = 3 if hasattr(sys, "getrefcount") else 0
 
-# Set on a failure that the future of the operation it failed holds (held_by_a_future).
+# Set on a failure that the future of the operation it failed holds: a weak reference to
+# that completion (held_by_a_future).
 _HELD_BY_A_FUTURE = "_uni_held_by_a_future"
 
 
-def held_by_a_future(err: BaseException) -> BaseException:
-    """``err``, marked as held by the future (its completion) of the operation it failed.
+def held_by_a_future(err: BaseException, completion: Any) -> BaseException:
+    """``err``, marked as held by ``completion``, the future of the operation it failed.
 
-    That reference lasts as long as the future, and it is nobody still handling the failure:
+    While that completion lives, its reference is nobody still handling the failure:
     :meth:`PoisonRecord.settle` allows for it. Without that, a record could never settle an
     operation's failure: whoever gets it from the future (``result()``, ``await``) re-raises
     that very exception, whose traceback then holds their frames, one of which holds the
     future, which holds the exception -- a cycle the record keeps alive, with every tensor
-    of those frames, for as long as the poisoned memory lives."""
+    of those frames, for as long as the poisoned memory lives. Once the completion is gone,
+    any other reference is someone's, and nothing is allowed for. ``completion`` must take
+    weak references (a ``concurrent.futures.Future`` does)."""
     try:
-        setattr(err, _HELD_BY_A_FUTURE, True)
+        setattr(err, _HELD_BY_A_FUTURE, weakref.ref(completion))
     except (AttributeError, TypeError):  # an exception that takes no attributes: not settled
         pass
     return err
+
 
 #: A view as the queue sees it: ``((queue_offset, itemsize), (offset, shape, strides))``.
 ViewKey = tuple[tuple[int, int], tuple[int, tuple[int, ...], tuple[int, ...]]]
@@ -188,9 +193,10 @@ class PoisonRecord:
             return
         cause = self.cause
         # References now: this record's slot, the local name, getrefcount's argument, and
-        # the failed operation's future, if one holds it. More means someone still has the
+        # the failed operation's future while it lives. More means someone still has the
         # exception (it propagates, or a handler keeps it).
-        alone = _ALONE + 1 if getattr(cause, _HELD_BY_A_FUTURE, False) is True else _ALONE
+        holder = getattr(cause, _HELD_BY_A_FUTURE, None)
+        alone = _ALONE + 1 if type(holder) is weakref.ref and holder() is not None else _ALONE
         if sys.getrefcount(cause) > alone:
             return
         self.settled = True

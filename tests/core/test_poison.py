@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+import time
 import weakref
 from typing import Any
 
@@ -225,17 +227,32 @@ def _members(bounds: np.ndarray[Any, Any]) -> set[int]:
             for b in range(int(lo), int(hi))}
 
 
+def _settled(t: uni.Tensor) -> bool:
+    """Whether ``t``'s poison record, used once more now, has dropped its failure's frames."""
+    try:
+        uni.acquire_host_read_access_sync(t).release()
+    except uni.PoisonedError as refused:
+        cause = refused.__cause__
+        return cause is not None and cause.__traceback__ is None
+    return False
+
+
 class _Failing:
     """A backend whose kernel raises a new exception each time (one that nothing else holds,
-    unlike a test Gate's, which keeps the one it raises)."""
+    unlike a test Gate's, which keeps the one it raises); ``after`` calls succeed first."""
 
-    def __init__(self, how: str) -> None:
+    def __init__(self, how: str, after: int = 0) -> None:
         self.name = f"test-poison-frames-{how}"
+        self.after = after
 
     def probe(self, op: str, signature: Any) -> uni.Probe:
         return uni.Probe.MAYBE
 
     def try_kernel(self, op: str, call: Any) -> None:
+        self.thread = threading.current_thread()
+        if self.after:
+            self.after -= 1
+            return
         raise RuntimeError("the writer failed")
 
 
@@ -244,11 +261,19 @@ def _fail_writing(kept: uni.Tensor, how: str) -> None:
     if how == "lease":
         with uni.acquire_host_write_access_sync(kept):
             raise RuntimeError("the writer failed")
-    failing = [_Failing(how)]
+    failing = [_Failing(how, after=1 if how == "inline" else 0)]
     if how == "operation":
         uni.copy(uni.zeros(8), kept, backends=failing)
     elif how == "future":
         uni.copy_async(uni.zeros(8), kept, backends=failing).result(10)
+    elif how == "inline":  # a small copy whose backend the walk has decided: run in the call
+        uni.copy(uni.zeros(8), uni.zeros(8), backends=failing)
+        try:
+            # (A future no frame keeps: once it is gone, whoever holds the failure is
+            # someone, and the record must leave it whole.)
+            uni.copy_async(uni.zeros(8), kept, backends=failing).result()
+        finally:
+            assert failing[0].thread is threading.current_thread()
     else:  # awaited in a task of that loop, which catches it (had it left the loop's run,
         # the loop's own frames in its traceback would hold it: someone still has it)
         caught: list[BaseException] = []
@@ -263,7 +288,7 @@ def _fail_writing(kept: uni.Tensor, how: str) -> None:
         raise caught.pop()
 
 
-@pytest.mark.parametrize("how", ["lease", "operation", "future", "trio", "asyncio"])
+@pytest.mark.parametrize("how", ["lease", "operation", "future", "inline", "trio", "asyncio"])
 def test_a_poison_record_keeps_no_frames_or_tensors_alive(how: str) -> None:
     # An operation's failure is also held by its future, which the failing frame holds:
     # that reference is no one handling the failure, and the record settles all the same.
@@ -285,6 +310,11 @@ def test_a_poison_record_keeps_no_frames_or_tensors_alive(how: str) -> None:
     assert witness[0]() is not None, "settled while the test still held the failure"
     boom_id = id(boom)
     del boom
+    # A worker signals the future before its frames let go of the failure: the record
+    # settles at its first use after that (bounded: only a record that never settles waits).
+    deadline = time.monotonic() + 10
+    while not _settled(kept) and time.monotonic() < deadline:
+        time.sleep(0.001)
     with pytest.raises(uni.PoisonedError) as refused:
         uni.acquire_host_read_access_sync(kept)
     cause = refused.value.__cause__

@@ -428,8 +428,10 @@ def _operation(name: str, asynchronous: bool) -> Callable[..., Any]:
 @pytest.mark.parametrize("name", list(_BROADCAST_OUTPUTS))
 def test_an_output_that_broadcasts_is_refused_before_anything_runs(
         name: str, asynchronous: bool, backends: list[str] | None) -> None:
-    # Several results would land on one element and one of them would be kept: numpy
-    # refuses such an output, and so does every operation, naming the axis.
+    # Several results would land on one element and one of them would be kept: every
+    # operation refuses such an output, naming the axis. (Under dispatch_diagnostics no
+    # plan or first sight runs; neither can take this output anyway: their keys hold the
+    # output's strides, and only a call that passed this check makes one.)
     shape, strides, call = _BROADCAST_OUTPUTS[name]
     buffer = uni.from_numpy(np.full(4, 9.0))
     out = uni.Tensor.from_storage(buffer.storage, uni.layout_stride(shape, strides))

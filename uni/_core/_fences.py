@@ -159,7 +159,7 @@ async def wait_fences_async(fences: list[Fence], *,
     the task stops the waiting, never the work the fence stands for. ``orphaned`` (idempotent)
     is called, in the completing thread, when a fence completes after the task's loop or run
     is gone (see :func:`~uni._core._eventloop.wait_callback_async`); ``library`` is the caller's
-    :func:`~uni._core._eventloop.current_library`, when it has asked already.
+    :func:`~uni._core._library.current_library`, when it has asked already.
     """
     for fence in fences:
         if fence.done():

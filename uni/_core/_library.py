@@ -10,7 +10,7 @@ is in :mod:`uni._core._eventloop`.
 from __future__ import annotations
 
 import sys
-from typing import Literal
+from typing import Final, Literal
 
 import sniffio
 import trio
@@ -21,6 +21,11 @@ __all__ = ["Library", "current_library", "loop_in_this_thread", "running_library
            "unsupported_loop"]
 
 Library = Literal["trio", "asyncio"]
+
+# On 3.11 asyncio.current_task reads asyncio.tasks._current_tasks, which may be read
+# directly; 3.12 made current_task C code, and 3.14 keeps the current task elsewhere (the
+# mapping is still there, never filled): ask current_task.
+_READ_CURRENT_TASKS: Final = sys.version_info < (3, 12)
 
 # trio names itself here for the whole of its run, in its run thread: reading it is the
 # cheapest way to recognise trio, and sniffio reads it first too.
@@ -43,13 +48,13 @@ def running_library() -> Library | None:
             if asyncio is not None:
                 loop = asyncio._get_running_loop()
                 if loop is not None:
-                    # asyncio.current_task(loop), which is Python code on 3.11 (a call
-                    # out of compiled code costs more than its body): the mapping it reads.
-                    tasks = getattr(asyncio.tasks, "_current_tasks", None)
-                    if type(tasks) is dict:
-                        if tasks.get(loop) is not None:
-                            return "asyncio"
-                    elif asyncio.current_task(loop) is not None:
+                    if _READ_CURRENT_TASKS:
+                        # asyncio.current_task(loop) is Python code on 3.11 (a call out of
+                        # compiled code costs more than its body): the mapping it reads.
+                        tasks = getattr(asyncio.tasks, "_current_tasks", None)
+                        if type(tasks) is dict:
+                            return "asyncio" if tasks.get(loop) is not None else None
+                    if asyncio.current_task(loop) is not None:
                         return "asyncio"
             return None
     if name == "trio":

@@ -36,7 +36,7 @@ async def wait_async(queue: AccessQueue, req: AccessRequest, library: Library | 
     Cancelled, asyncio's CancelledError, a coroutine closed): a request not yet granted
     is withdrawn; one whose grant raced the cancellation, or that waits on fences, is
     released; the cancellation propagates. ``library``: the caller's
-    :func:`~uni._core._eventloop.current_library`, when it has asked already; under any other
+    :func:`~uni._core._library.current_library`, when it has asked already; under any other
     loop this raises EventLoopError (after withdrawing ``req``) once it has to wait.
     """
     if not req.granted:

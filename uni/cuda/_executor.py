@@ -149,13 +149,13 @@ class CudaExecutor:
             if withdrawn:
                 err = LeaseReleasedError(f"uni.{job.op}_async: a lease request was withdrawn")
                 job.fail(err)
-                future.set_exception(held_by_a_future(err))
+                future.set_exception(held_by_a_future(err, future))
                 return
             try:
                 backend, fence = issue(job, stream, detached=True)
             except BaseException as err:
                 job.fail(err)  # no-op when issue already released (and poisoned)
-                future.set_exception(held_by_a_future(err))
+                future.set_exception(held_by_a_future(err, future))
                 return
             fence.add_done_callback(lambda: _complete(future, fence, backend))
 
@@ -180,7 +180,7 @@ class CudaExecutor:
 def _complete(future: concurrent.futures.Future[Any], fence: Any, backend: Any) -> None:
     error = getattr(fence, "error", None)
     if error is not None:
-        future.set_exception(held_by_a_future(error))
+        future.set_exception(held_by_a_future(error, future))
     else:
         future.set_result(str(getattr(backend, "name", backend)))
 
