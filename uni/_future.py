@@ -110,16 +110,14 @@ class OpFuture:
     def __await__(self) -> Generator[Any, None, Any]:
         completion = self._completion
         if type(completion) is Finished:
-            # Run here already (a prepared repeat, a small inline job): no coroutine of our
+            # Succeeded here already (a prepared repeat, a small inline job): no coroutine of our
             # own in between, only trio's checkpoint (one on every await, as trio's rule is).
             library = running_library()
             if library == "trio":
                 yield from trio.lowlevel.checkpoint().__await__()
             elif library is None:
                 raise unsupported_loop(f"uni.{self.op}_async(...)")
-            if completion._error is None:  # result() without the call
-                return completion._value
-            return completion.result()
+            return completion._value  # (result() without the call)
         return (yield from await_completion(completion, f"uni.{self.op}_async(...)").__await__())
 
     def __repr__(self) -> str:
@@ -128,21 +126,19 @@ class OpFuture:
 
 
 class Finished:
-    """The completion of an operation that is over already (nothing to do, or run in the
-    calling thread): ``result()`` returns or raises at once."""
+    """The completion of an operation that succeeded already (nothing to do, or run in the
+    calling thread): ``result()`` returns at once. (A failure completed at once is held by a
+    ``concurrent.futures.Future``: :func:`failed_future`.)"""
 
-    __slots__ = ("_error", "_value")
+    __slots__ = ("_value",)
 
-    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+    def __init__(self, value: Any = None) -> None:
         self._value = value
-        self._error = error
 
     def done(self) -> bool:
         return True
 
     def result(self, timeout: float | None = None) -> Any:
-        if self._error is not None:
-            raise self._error
         return self._value
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
