@@ -65,6 +65,8 @@ def numpy_request():
 SYNC: dict[str, tuple[str, str | None]] = {
     "read lease": ("uni.acquire_host_read_access_sync(y64).release()", "threading.Lock"),
     "threading.Lock": ("lock.acquire(); lock.release()", None),
+    "write lease with overwrite": (
+        "uni.acquire_host_write_access_sync(y64, overwrite=True).release()", "threading.Lock"),
     "read lease of an mdspec": ("uni.acquire_host_read_access_sync(sp64).release()",
                                 "threading.Lock"),
     "read lease + mdspan": (

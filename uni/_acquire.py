@@ -57,8 +57,9 @@ def spec_of(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool = Fa
     data; nothing is registered.
     """
     if isinstance(x, StorageView):
-        if domain is HOST and not overwrite:
-            return plan_of(x, mode, fn).spec, True
+        if domain is HOST:
+            plan = plan_of(x, mode, fn)
+            return (plan.overwriting() if overwrite else plan).spec, True
         # Slots, not properties: this line runs on every acquisition.
         spec = AccessSpec(x._storage, x._mapping, x._accessor, x._offset, mode, overwrite)
         is_tensor = True
@@ -95,9 +96,10 @@ def _check_spec(spec: AccessSpec, mode: Mode, domain: Domain, fn: str, is_tensor
 
 
 def plan_of(view: StorageView, mode: Mode, fn: str) -> LeasePlan:
-    """The :class:`~uni._lease_plan.LeasePlan` of host ``mode`` leases on ``view`` (no overwrite
-    promise): made, checked by :func:`spec_of`, by the first acquisition and kept on the
-    view. Raises as ``spec_of`` does (then nothing is kept)."""
+    """The :class:`~uni._lease_plan.LeasePlan` of host ``mode`` leases on ``view`` (without
+    the overwrite promise: a write plan's :meth:`~uni._lease_plan.LeasePlan.overwriting` is
+    the plan with it): made, checked by :func:`spec_of`, by the first acquisition and kept
+    on the view. Raises as ``spec_of`` does (then nothing is kept)."""
     slot = "_read_plan" if mode == "read" else "_write_plan"
     plan: LeasePlan | None = getattr(view, slot, None)
     if plan is None:
@@ -253,14 +255,18 @@ def _acquire_sync(x: Any, mode: Mode, domain: Domain, fn: str, *, timeout: Any,
     return lease_for(access, is_tensor)
 
 
-def _opened_now(x: Any, mode: Mode, fn: str) -> PendingAcquisition[Any] | None:
+def _opened_now(x: Any, mode: Mode, fn: str, overwrite: bool = False
+                ) -> PendingAcquisition[Any] | None:
     """The uncontended ``_async`` acquisition of a tensor view over plain memory: its plan's
     access (the sync lease's first step, held by no thread: the task that awaits it will),
     granted and opened at call time, in an acquisition that hands it over when awaited; or
-    None, with nothing registered (the general path)."""
+    None, with nothing registered (the general path). ``overwrite``: a write with the
+    overwrite promise (the write plan's :meth:`~uni._lease_plan.LeasePlan.overwriting`)."""
     plan = view_plan(x, mode, fn)
     if plan is None:
         return None
+    if overwrite:
+        plan = plan.overwriting()
     access = plan.open_access(None)
     if access is None:
         return None
@@ -322,9 +328,11 @@ def acquire_host_write_access_sync(x: Any, *, timeout: Any = None, overwrite: An
     ``overwrite=True`` promises to write every element: the storage may skip reading the old
     contents, poisoning does not stop the acquisition, and success clears it.
     """
-    if timeout is None and not overwrite:
+    if timeout is None:
         plan = view_plan(x, "write", "acquire_host_write_access_sync")
         if plan is not None:
+            if overwrite:
+                plan = plan.overwriting()
             lease = make_lease(plan.lease, None, plan)  # the uncontended first step
             if lease is not None:
                 return lease
@@ -359,10 +367,9 @@ def acquire_host_write_access_async(x: MdspecLike, *, overwrite: bool = False,
 def acquire_host_write_access_async(x: Any, *, overwrite: Any = False,
                                     allow_poisoned: Any = False) -> PendingAcquisition[Any]:
     """Register a write request now; ``await`` it (or ``async with`` it) in trio or asyncio."""
-    if not overwrite:
-        pending = _opened_now(x, "write", "acquire_host_write_access_async")
-        if pending is not None:
-            return pending
+    pending = _opened_now(x, "write", "acquire_host_write_access_async", bool(overwrite))
+    if pending is not None:
+        return pending
     return _acquire_async(x, "write", HOST, "acquire_host_write_access_async",
                           overwrite=bool(overwrite), allow_poisoned=bool(allow_poisoned))
 

@@ -58,13 +58,15 @@ class LeasePlan:
 
     ``spec`` is the view's checked :class:`AccessSpec` (domain, accessor, writability: a view
     and its storage never change, so neither do the answers). On plain host memory
-    (:func:`plain_storage`, a non-empty view, no overwrite promise) ``handle`` is the
-    storage's handle, which its acquire hook would return, and ``where`` the view's range
-    in its queue: what ``uni._lease.make_lease`` makes the uncontended lease with.
-    ``lease`` is the lease type to wrap the access in (the layer above chooses it).
+    (:func:`plain_storage`, a non-empty view) ``handle`` is the storage's handle, which its
+    acquire hook would return (with or without the overwrite promise: plain memory has
+    nothing to skip reading), and ``where`` the view's range in its queue: what
+    ``uni._lease.make_lease`` makes the uncontended lease with. ``lease`` is the lease type
+    to wrap the access in (the layer above chooses it). A write plan keeps the plan of the
+    same view's leases with the overwrite promise (:meth:`overwriting`).
     """
 
-    __slots__ = ("handle", "lease", "mode", "span", "spec", "where", "write")
+    __slots__ = ("_overwriting", "handle", "lease", "mode", "span", "spec", "where", "write")
 
     def __init__(self, spec: AccessSpec, lease: Any) -> None:
         self.spec = spec
@@ -72,7 +74,7 @@ class LeasePlan:
         self.write = spec.mode == "write"
         self.lease = lease
         storage = spec.storage
-        plain = spec.lo <= spec.hi and not spec.overwrite and plain_storage(storage)
+        plain = spec.lo <= spec.hi and plain_storage(storage)
         # What HostStorage.handle makes (a plain storage's handle hook is that one), made
         # here without the call.
         self.handle: Any = HostHandle(storage.buffer, spec.offset, storage) if plain else None
@@ -83,6 +85,21 @@ class LeasePlan:
         #: ``mdspan()``): every access the plan opens has its spec and its handle, so one
         #: frozen span serves them all. (Any: the span's module is above this one.)
         self.span: Any = None
+        self._overwriting: LeasePlan | None = None
+
+    def overwriting(self) -> LeasePlan:
+        """The plan of this view's write leases that promise to write every element
+        (``overwrite=True``), made from this write plan's checked spec on first use and kept.
+        Its uncontended lease is this plan's (granted only with no poison in the queue, so
+        there is nothing for the promise to clear: a successful overwrite of poisoned data
+        takes the general path, as a poisoned read does)."""
+        twin = self._overwriting
+        if twin is None:
+            spec = self.spec
+            twin = self._overwriting = LeasePlan(
+                AccessSpec(spec.storage, spec.mapping, spec.accessor, spec.offset, "write", True,
+                           spec.lo, spec.hi, spec.label), self.lease)
+        return twin
 
     def open_access(self, owner: Any) -> Access | None:
         """The uncontended access on this plan: the first step of the one maker of accesses

@@ -9,6 +9,7 @@ and that everything it must not handle still reaches the general path.
 
 from __future__ import annotations
 
+import functools
 import gc
 import random
 import threading
@@ -74,9 +75,13 @@ def test_an_uncontended_lease_takes_the_fast_path(monkeypatch: pytest.MonkeyPatc
     with write(t) as lease:
         assert type(lease) is uni.WriteTensorLease
         lease.numpy()[:] = 7.0
-    assert counts == [2, 0]
+    with write(t, overwrite=True) as lease:  # the promise changes nothing on plain memory
+        assert type(lease) is uni.WriteTensorLease
+        assert lease._access.spec.overwrite
+        lease.numpy()[:] = 8.0
+    assert counts == [3, 0]
     with read(t) as lease:
-        np.testing.assert_array_equal(lease.numpy(), 7.0)
+        np.testing.assert_array_equal(lease.numpy(), 8.0)
     queue = t.storage.access_queue
     assert queue.active_count() == 0 and queue.pending_count() == 0
 
@@ -165,7 +170,8 @@ def _until(cond: Any, limit: float = 10.0) -> None:
         time.sleep(0.001)
 
 
-def test_poison_reaches_the_general_path() -> None:
+@patches_compiled
+def test_poison_reaches_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
     t = uni.from_numpy(np.zeros(4))
     warm(t)
     with pytest.raises(RuntimeError), write(t):
@@ -181,11 +187,44 @@ def test_poison_reaches_the_general_path() -> None:
     other = uni.from_numpy(np.zeros(4))  # another memory, another queue: not poisoned
     with read(other):
         pass
-    with write(t, overwrite=True) as lease:
+    counts = fast_count(monkeypatch)
+    with write(t, overwrite=True) as lease:  # the general path: poison is in the way
         lease.numpy()[:] = 1.0
+    assert counts == [0, 1]
     assert not t.storage.access_queue.has_poison
     with read(t) as lease:  # clean again
         np.testing.assert_array_equal(lease.numpy(), 1.0)
+
+
+@patches_compiled
+def test_a_fast_overwrite_clears_only_its_own_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Granted at once (no poison anywhere then), the overwrite lease still vouches at its
+    # release for what it wrote, and for nothing else: a writer of other elements that
+    # failed meanwhile keeps its poison, and a failed overwrite poisons as any writer does.
+    t = uni.from_numpy(np.zeros(8))
+    left, right = t[0:4], t[4:8]
+    warm(left)
+    warm(right)
+    counts = fast_count(monkeypatch)
+    with write(left, overwrite=True) as lease:
+        with pytest.raises(KeyError), write(right):
+            raise KeyError("the other writer")
+        lease.numpy()[:] = 1.0
+    assert counts == [2, 0]
+    assert t.storage.access_queue.has_poison
+    with read(left) as lease:
+        np.testing.assert_array_equal(lease.numpy(), 1.0)
+    with pytest.raises(uni.PoisonedError, match="the other writer"):
+        read(right)
+    assert counts == [2, 2]  # (poison in the queue: the general path)
+    with write(right, overwrite=True):
+        pass
+    assert not t.storage.access_queue.has_poison
+    with pytest.raises(ValueError), write(left, overwrite=True):
+        raise ValueError("a failed overwrite")
+    assert counts == [3, 3]
+    with pytest.raises(uni.PoisonedError, match="a failed overwrite"):
+        read(left)
 
 
 def test_a_fast_write_lease_that_fails_poisons() -> None:
@@ -513,15 +552,19 @@ def _state_of(lease: Any) -> dict[str, Any]:
     return {name: getattr(access, name, "<unset>") for name in _ACCESS_STATE}
 
 
+def _overwrite(x: Any, **options: Any) -> Any:
+    return write(x, overwrite=True, **options)
+
+
 @patches_compiled
-@pytest.mark.parametrize("mode", ["read", "write"])
+@pytest.mark.parametrize("mode", ["read", "write", "overwrite"])
 def test_the_fast_and_general_makers_make_the_same_lease(
         mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The same classes (lease and access: one maker each), the same state, field by field
     # (only _state tells the plain first step apart), and the same behaviour after.
     t = uni.from_numpy(np.arange(4.0))
     warm(t)
-    acquire = read if mode == "read" else write
+    acquire = {"read": read, "write": write, "overwrite": _overwrite}[mode]
     counts = fast_count(monkeypatch)
     fast = acquire(t)
     fast_state = _state_of(fast)
@@ -590,24 +633,28 @@ def _async_state(lease: Any) -> dict[str, Any]:
 
 
 @patches_compiled
-@pytest.mark.parametrize("mode", ["read", "write"])
+@pytest.mark.parametrize("mode", ["read", "write", "overwrite"])
 @each_loop
 async def test_the_fast_and_general_async_acquisitions_make_the_same_lease(
         loop: Loop, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Granted and opened at call time when nothing is in the way (its queue shows the grant
     # before the await, as the general path's registration does), held by no thread until
     # awaited, then by the awaiting task: field by field what the general path makes.
-    acquire = (uni.acquire_host_read_access_async if mode == "read"
-               else uni.acquire_host_write_access_async)
+    acquire = {"read": uni.acquire_host_read_access_async,
+               "write": uni.acquire_host_write_access_async,
+               "overwrite": functools.partial(uni.acquire_host_write_access_async,
+                                              overwrite=True)}[mode]
     states = []
     for fast in (True, False):
         if not fast:
-            monkeypatch.setattr(uni._acquire, "_opened_now", lambda x, mode, fn: None)
+            monkeypatch.setattr(uni._acquire, "_opened_now",
+                                lambda x, mode, fn, overwrite=False: None)
         t = uni.from_numpy(np.arange(4.0))
         pending = acquire(t[1:])
         assert [(m, g) for m, _, _, _, g in t.storage.access_queue.snapshot()] == [
-            (mode, True)]
+            ("read" if mode == "read" else "write", True)]
         assert pending._access.request.owner_thread is None
+        assert pending._access.spec.overwrite is (mode == "overwrite")
         async with pending as lease:
             assert type(lease) is (uni.ReadTensorLease if mode == "read"
                                    else uni.WriteTensorLease)
