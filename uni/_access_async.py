@@ -1,6 +1,6 @@
 """An :class:`~uni._access.Access`'s coroutine: opening it through a storage's async hook.
 
-Interpreted in every install, as every coroutine of the lease path is (``uni._pending``,
+Interpreted in every install, as every coroutine of the lease path is (``uni._awaited``,
 ``uni._core._parking``): the modules mypyc compiles hold none.
 """
 

@@ -271,8 +271,8 @@ def _opened_now(x: Any, mode: Mode, fn: str, overwrite: bool = False
     if access is None:
         return None
     kind = plan.lease
-    return PendingAcquisition.opened(access, kind is ReadTensorLease or kind is WriteTensorLease,
-                                     kind)
+    return PendingAcquisition(plan.spec, kind is ReadTensorLease or kind is WriteTensorLease,
+                              False, access, kind)  # (granted only with no poison in the queue)
 
 
 def _acquire_async(x: Any, mode: Mode, domain: Domain, fn: str, *, overwrite: bool,

@@ -24,8 +24,8 @@ __all__ = ["COMPILED", "compiled_modules", "implementations", "warn_if_stale"]
 #: directly): the ordering kernel, the lease path over it, the wrapping of host memory
 #: (the factories, uni.from_numpy among them; the storages uni.from_numpy and uni.from_dlpack
 #: make, and the memory registry), and what every await of a uni future or lease asks (which
-#: loop runs the task; the future itself). No coroutine: they stay interpreted (see
-#: tests/core/test_implementations.py). setup.py reads this tuple.
+#: loop runs the task; the future itself; the awaitable acquisition). No coroutine: they stay
+#: interpreted (see tests/core/test_implementations.py). setup.py reads this tuple.
 COMPILED: Final = (
     "uni._core._owners",
     "uni._core._request",
@@ -41,6 +41,7 @@ COMPILED: Final = (
     "uni.storage._numpy",
     "uni._core._library",
     "uni._future",
+    "uni._pending",
 )
 
 _EXTENSIONS: Final = tuple(importlib.machinery.EXTENSION_SUFFIXES)

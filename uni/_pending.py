@@ -1,37 +1,52 @@
 """The ``_async`` acquisition: what ``acquire_host_*_access_async`` (and the CUDA forms, a
 layer above) return, registered at call time and awaited for its lease.
 
-Interpreted in every install: the modules mypyc compiles (uni._implementations.COMPILED)
-hold no coroutines. A compiled coroutine lost its local variables when an exception was
-thrown into it at an await (a cancellation: ``TypeError: ... expected; got None``), and
-what awaiting costs is the loop's, not this code's.
+Compiled (``uni._implementations.COMPILED``), so it holds no coroutine: ``await`` and
+``async with`` reach it through ``__await__`` (a generator) and ``__aenter__``/``__aexit__``,
+plain methods that return awaitables. An acquisition granted and opened at call time is handed
+over in ``__await__`` itself; one that must wait awaits ``_acquire``, the interpreted
+coroutine of ``uni._awaited`` (a compiled coroutine lost its local variables when a
+cancellation was thrown into it at an await: ``TypeError: ... expected; got None``).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Generator
+from collections.abc import Awaitable, Generator, Iterator
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import trio
+from mypy_extensions import mypyc_attr
 
 from uni._access import Access, register_access, release_from_finalizer
-from uni._core import running_library, task_owner, unsupported_loop
-from uni._errors import LeaseError
-from uni._lease import _Lease, lease_for, make_lease
+from uni._awaited import acquire_waiting
+from uni._core import running_library, task_owner
+from uni._lease import _Lease, make_lease
 from uni._spec import AccessSpec
 
 __all__ = ["PendingAcquisition"]
 
-
-_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 
 #: The lease an acquisition gives: a tensor lease for a tensor view, an mdspan lease for an
 #: mdspec (the overloads of the acquire_* functions say which).
 L = TypeVar("L", bound=_Lease)
 
 
+class _Nothing:
+    """What ``__aexit__`` returns: awaited, it gives None at once (the release has happened)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Iterator[None]:
+        return iter(())
+
+
+_NOTHING: Final = _Nothing()
+
+
+# Interpreted subclasses: the CUDA acquisition (uni.cuda._lease), where this module is compiled.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PendingAcquisition(Generic[L]):
     """An ``_async`` acquisition: registered at call time; await it or ``async with`` it,
     inside a trio or an asyncio task.
@@ -43,50 +58,65 @@ class PendingAcquisition(Generic[L]):
     granted at call time (a cancel point, as trio's own waits are).
     """
 
-    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_is_tensor", "_kind", "_lease",
-                 "_state")
+    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_entering", "_is_tensor",
+                 "_kind", "_lease", "_state")
 
-    def __init__(self, spec: AccessSpec, is_tensor: bool, allow_poisoned: bool) -> None:
-        # No owner thread: whoever awaits holds it, and a task never deadlocks a thread.
-        self._access = register_access(spec, owner=None)
+    _access: Access
+    _allow_poisoned: bool
+    _entering: bool
+    _is_tensor: bool
+    _kind: type[L] | None
+    _lease: _Lease | None
+    _state: str
+
+    def __init__(self, spec: AccessSpec, is_tensor: bool, allow_poisoned: bool,
+                 opened: Access | None = None, kind: type[L] | None = None) -> None:
+        """Registers a request for ``spec`` now, held by no thread (whoever awaits holds it,
+        and a task never deadlocks a thread); or, with ``opened``, takes the access of
+        ``spec`` that the uncontended first step granted and opened at call time, for a
+        lease of type ``kind`` (its plan's)."""
+        self._state = "new"  # (a registration that raises leaves nothing to withdraw)
         self._is_tensor = is_tensor
-        self._kind: type[L] | None = None  # (lease_for chooses, once granted)
+        self._kind = kind  # (else lease_for chooses, once granted)
         self._allow_poisoned = allow_poisoned
-        self._state = "registered"
-        self._lease: _Lease | None = None
-
-    @classmethod
-    def opened(cls, access: Access, is_tensor: bool, kind: type[L]) -> PendingAcquisition[L]:
-        """The acquisition of a tensor view or an mdspec whose ``access`` the uncontended
-        first step granted and opened at call time (held by no thread: by the task that
-        awaits it), for a lease of type ``kind`` (its plan's)."""
-        self = cls.__new__(cls)
-        self._access = access
-        self._is_tensor = is_tensor
-        self._kind = kind
-        self._allow_poisoned = False  # (granted only with no poison in the queue)
-        self._state = "opened"
         self._lease = None
-        return self
+        self._entering = False
+        if opened is None:
+            self._access = register_access(spec, None, None, None, None, None)
+            self._state = "registered"
+        else:
+            self._access = opened
+            self._state = "opened"
 
     def __await__(self) -> Generator[Any, None, L]:
         # An acquisition granted at call time is handed over here, in this generator: the
-        # coroutine of _acquire (and its await) is for the one that waits.
+        # coroutine (uni._awaited) is for the one that waits.
         if self._state == "opened":
             library = running_library()
             if library is not None:
                 if library == "trio":
                     # trio's rule for an await, its cancel half: no schedule point unless
-                    # cancelled (checkpoint_if_cancelled, inline: a coroutine of our own
-                    # around it doubled its cost), so an uncontended acquisition costs no trip
-                    # through the scheduler (ASYNC.md: at most one checkpoint).
+                    # cancelled (checkpoint_if_cancelled, inline), so an uncontended
+                    # acquisition costs no trip through the scheduler (ASYNC.md: at most one
+                    # checkpoint).
                     try:
-                        yield from _checkpoint_if_cancelled().__await__()
+                        yield from trio.lowlevel.checkpoint_if_cancelled().__await__()
                     except BaseException:
                         self._give_up()
                         raise
-                return self._hand_over(library)
-        return (yield from self._acquire().__await__())
+                lease = self._hand_over(library)
+                if self._entering:
+                    self._lease = lease
+                return lease
+        lease = yield from self._acquire().__await__()
+        if self._entering:
+            self._lease = lease
+        return lease
+
+    def _acquire(self) -> Awaitable[L]:
+        """The acquisition that waits (or is refused): a coroutine (the CUDA acquisition's
+        own, or uni._awaited's)."""
+        return acquire_waiting(self)
 
     def _give_up(self) -> None:
         """No lease comes of this acquisition (awaited outside trio and asyncio, cancelled, or
@@ -101,66 +131,27 @@ class PendingAcquisition(Generic[L]):
         # From now on a time-out behind it names this task (SPEC §4: who holds it).
         access.request.owner_thread = task_owner(library)
         kind = self._kind
-        assert kind is not None  # (opened() gave it)
+        assert kind is not None  # (given with the opened access)
         return make_lease(kind, access)
 
-    async def _acquire(self) -> L:
-        state = self._state
-        if state != "registered" and state != "opened":
-            raise LeaseError("this acquisition was already awaited; call acquire_* again")
-        access = self._access
-        # Checked even when nothing is in the way (the trio check is one attribute read): an
-        # acquisition that worked only while uncontended would fail the first time it waits.
-        library = running_library()
-        if library is None:
-            self._give_up()
-            spec = access.spec
-            raise unsupported_loop(
-                f"acquire_{spec.storage.domain.value}_{spec.mode}_access_async(...)")
-        if library == "trio":  # (as __await__'s; parking would be one, a grant at once is not)
-            try:
-                await _checkpoint_if_cancelled()
-            except BaseException:
-                self._give_up()
-                raise
-        self._state = "awaiting"
-        if state == "registered":
-            await access.wait_async(library=library)
-        # Granted: from now on a time-out behind it names this task (SPEC §4: who holds it).
-        access.request.owner_thread = task_owner(library)
-        if state == "registered":
-            # Before opening: a handle the opener made would never be handed back.
-            access.check_poison(access.spec.what, allow_poisoned=self._allow_poisoned)
-            await access.open_async()
-        self._state = "done"
-        return lease_for(access, self._is_tensor)  # type: ignore[return-value]
+    def __aenter__(self) -> PendingAcquisition[L]:
+        # Awaited by ``async with``: this acquisition's own __await__, which keeps the lease
+        # for __aexit__ (no coroutine in between).
+        self._entering = True
+        return self
 
-    async def __aenter__(self) -> L:
-        # __await__'s steps again, in this coroutine: `await self` here cost 0.27 us more
-        # per uncontended `async with` under trio (2.59 -> 2.85 us, bench_lease).
-        if self._state == "opened":
-            library = running_library()
-            if library is not None:
-                if library == "trio":
-                    try:
-                        await _checkpoint_if_cancelled()
-                    except BaseException:
-                        self._give_up()
-                        raise
-                lease = self._lease = self._hand_over(library)
-                return lease
-        self._lease = await self._acquire()
-        return self._lease
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        # Release synchronously: a checkpoint here could be skipped by a cancelled scope.
+    def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                  tb: TracebackType | None) -> _Nothing:
+        # Released here, before anything is awaited: a checkpoint could be skipped by a
+        # cancelled scope.
         lease = self._lease
         if lease is not None:
             lease.__exit__(exc_type, exc, tb)
+        return _NOTHING
 
     def __del__(self) -> None:
-        if getattr(self, "_state", None) in ("registered", "opened"):
+        state = getattr(self, "_state", None)
+        if state == "registered" or state == "opened":
             self._state = "dropped"
             access = self._access
             release_from_finalizer(access.withdraw, access.queue, access)

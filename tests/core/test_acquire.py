@@ -21,7 +21,7 @@ from support.acquire import Boom, InThread, assert_nothing_grantable_is_pending,
 from support.aio import drive_by_hand
 from support.aio import run as aio_run
 from support.loops import Loop, each_loop
-from support.storages import assert_idle
+from support.storages import assert_idle, general_path_zeros
 
 import uni
 from uni._core._waiters import _AsyncioWaiter, _TrioWaiter
@@ -454,15 +454,16 @@ def test_timeouts_with_asyncio_wait_for() -> None:
 def test_an_awaited_acquisition_in_a_cancelled_trio_scope_raises_cancelled(form: str,
                                                                           path: str) -> None:
     # trio's rule for an await, its cancel half: even an acquisition granted when it was
-    # called (the plan's first step; the general path, for an overwrite promise, granted at
-    # registration) raises Cancelled in a cancelled scope, and gives its grant back.
-    t = uni.zeros((3,))
+    # called (the plan's first step; the general path, for memory that is not plain, granted
+    # at registration) raises Cancelled in a cancelled scope, and gives its grant back.
+    t = general_path_zeros(3) if path == "general path" else uni.zeros((3,))
     x = t.mdspec() if path == "mdspec" else t
 
     async def main() -> None:
         with trio.CancelScope() as scope:
             scope.cancel()
-            pending = write_async(x, overwrite=path == "general path")
+            pending = write_async(x)
+            assert (pending._state == "opened") is (path != "general path")
             assert queue_of(t).active_count() == 1  # granted already, before the await
             if form == "await":
                 (await pending).release()
@@ -497,12 +498,13 @@ class _Steps(trio.abc.Instrument):
 def test_an_uncontended_awaited_acquisition_is_no_schedule_point(form: str, path: str) -> None:
     # The cancel point above costs no trip through trio's scheduler (ASYNC.md: at most one
     # checkpoint): the task is not stepped again while it takes the lease.
-    t = uni.zeros((3,))
+    t = general_path_zeros(3) if path == "general path" else uni.zeros((3,))
 
     async def main() -> None:
         counter = _Steps(trio.lowlevel.current_task())
         trio.lowlevel.add_instrument(counter)
-        pending = write_async(t, overwrite=path == "general path")
+        pending = write_async(t)
+        assert (pending._state == "opened") is (path != "general path")
         if form == "await":
             (await pending).release()
         else:
@@ -514,6 +516,34 @@ def test_an_uncontended_awaited_acquisition_is_no_schedule_point(form: str, path
         assert_idle(t)
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("form", ["async with", "await"])
+@pytest.mark.parametrize("path", ["granted at call time", "general path"])
+def test_an_uncontended_awaited_acquisition_never_yields_to_asyncio(form: str,
+                                                                   path: str) -> None:
+    # asyncio's rule for an await: no trip through the loop when nothing has to wait (as an
+    # uncontended asyncio.Lock). Stepped by hand inside a running task, the body finishes on
+    # its first step, and the lease is released by the end of the async with.
+    t = general_path_zeros(3) if path == "general path" else uni.zeros((3,))
+
+    async def body() -> None:
+        if form == "await":
+            lease = await write_async(t)
+            np.asarray(lease.mdspan())[:] = 1.0
+            lease.release()
+        else:
+            async with write_async(t) as lease:
+                np.asarray(lease.mdspan())[:] = 1.0
+
+    async def main() -> None:
+        step = body()
+        with pytest.raises(StopIteration):
+            step.send(None)
+        assert_idle(t)
+
+    aio_run(main)
+    np.testing.assert_array_equal(values(t), 1.0)
 
 
 # -- poisoning -----------------------------------------------------------------------------

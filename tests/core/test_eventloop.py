@@ -7,13 +7,12 @@ import asyncio
 import gc
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import sniffio
 import trio
 import trio.testing
-from support.aio import drive_by_hand, run, settle
+from support.aio import drive_by_hand, hide_current_tasks, run, settle
 
 import uni
 from uni._core import (
@@ -91,18 +90,6 @@ def test_another_library_is_named() -> None:
         sniffio.current_async_library_cvar.reset(token)
 
 
-class _Delegating(dict[Any, Any]):
-    """What ``asyncio.current_task`` reads, but not a plain dict: running_library must ask
-    ``current_task`` instead of reading it (as where asyncio has no such mapping)."""
-
-    def __init__(self, real: dict[Any, Any]) -> None:
-        super().__init__()
-        self.real = real
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return self.real.get(key, default)
-
-
 def _sniffio_says() -> str | None:
     try:
         return sniffio.current_async_library()
@@ -125,8 +112,7 @@ def test_the_running_library_is_sniffios_answer(where: str, mapping: bool,
     # an asyncio task is found in the mapping asyncio.current_task reads, or, where asyncio
     # has none (another Python), by asking current_task.
     if not mapping:
-        monkeypatch.setattr(asyncio.tasks, "_current_tasks",
-                            _Delegating(asyncio.tasks._current_tasks))  # type: ignore[attr-defined]
+        hide_current_tasks(monkeypatch)
     async def in_asyncio() -> tuple[str | None, str | None]:
         if where == "asyncio callback":  # a loop runs, but no task: sniffio finds none
             future = asyncio.get_running_loop().create_future()

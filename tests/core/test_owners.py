@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+from support.aio import hide_current_tasks, run
 from support.cuda_doubles import RecordingStream, fake_cuda
 from support.loops import Loop, each_loop
 
@@ -88,6 +89,27 @@ async def test_each_task_is_one_owner_for_all_its_grants(loop: Loop) -> None:
     assert first[0] is not second[0]
     assert type(first[0]) is TaskOwner and first[0].ident is None
     assert all(f"{loop.name} task" in w and "finished" not in w for w in words.values())
+
+
+@pytest.mark.parametrize("mapping", [True, False], ids=["asyncio's mapping", "current_task"])
+def test_an_asyncio_tasks_owner_names_that_task(mapping: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The task is found in the mapping asyncio.current_task reads (3.11), or, where that is
+    # not a plain dict (3.12 and later), by asking current_task: the same task either way.
+    if not mapping:
+        hide_current_tasks(monkeypatch)
+    t = uni.zeros((4,))
+
+    async def main() -> None:
+        async with uni.acquire_host_read_access_async(t) as lease:  # granted at call time
+            assert _owner_of(lease).task() is asyncio.current_task()
+        blocker = uni.acquire_host_write_access_sync(t)
+        pending = uni.acquire_host_read_access_async(t)  # waits: the general path
+        asyncio.get_running_loop().call_soon(blocker.release)
+        async with pending as lease:
+            assert _owner_of(lease).task() is asyncio.current_task()
+
+    run(main)
 
 
 @pytest.mark.parametrize("loop", ["trio", "asyncio"])

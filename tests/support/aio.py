@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+import pytest
+
 T = TypeVar("T")
 
 BOUND = 10.0  # seconds: only ever reached when something deadlocked
@@ -50,3 +52,22 @@ def drive_by_hand(awaitable: Any) -> Any:
         return step.send(None)
     finally:
         step.close()
+
+
+class _Delegating(dict[Any, Any]):
+    """What ``asyncio.current_task`` reads, but not a plain dict (see hide_current_tasks)."""
+
+    def __init__(self, real: dict[Any, Any]) -> None:
+        super().__init__()
+        self.real = real
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.real.get(key, default)
+
+
+def hide_current_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the mapping ``asyncio.current_task`` reads (``asyncio.tasks._current_tasks``,
+    which uni reads on 3.11) something other than a plain dict: uni must then ask
+    ``current_task``, as where asyncio has no such mapping (3.12 and later)."""
+    monkeypatch.setattr(asyncio.tasks, "_current_tasks",
+                        _Delegating(asyncio.tasks._current_tasks))  # type: ignore[attr-defined]

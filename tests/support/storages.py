@@ -93,6 +93,23 @@ class AsyncFaultyStorage(FaultyStorage):
         return self._stage(region, fill=not (overwrite and region.covers_exactly()))
 
 
+class HookedHostStorage(uni.storage.HostStorage):
+    """Host memory with acquire hooks of its own (handing out the same handles): not plain
+    memory (``uni._lease_plan.plain_storage``), so every lease of it takes the general path,
+    granted at registration when nothing is in the way."""
+
+    def acquire_read(self, region: Region) -> uni.HostHandle:
+        return super().acquire_read(region)
+
+    def acquire_write(self, region: Region, *, overwrite: bool) -> uni.HostHandle:
+        return super().acquire_write(region, overwrite=overwrite)
+
+
+def general_path_zeros(n: int) -> uni.Tensor:
+    """``n`` zeros whose leases all take the general path (:class:`HookedHostStorage`)."""
+    return uni.Tensor.from_storage(HookedHostStorage(n), uni.layout_right((n,)))
+
+
 def assert_idle(t: uni.Tensor) -> None:
     """Nothing pending or active, and a fresh writer over the whole storage is granted at once
     (timeout=0: a writer that had to wait would raise LeaseTimeoutError or WouldBlockError)."""

@@ -10,14 +10,14 @@ is in :mod:`uni._core._eventloop`.
 from __future__ import annotations
 
 import sys
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import sniffio
 import trio
 
 from uni._errors import EventLoopError
 
-__all__ = ["Library", "current_library", "loop_in_this_thread", "running_library",
+__all__ = ["Library", "asyncio_task", "current_library", "loop_in_this_thread", "running_library",
            "unsupported_loop"]
 
 Library = Literal["trio", "asyncio"]
@@ -47,21 +47,26 @@ def running_library() -> Library | None:
             asyncio = sys.modules.get("asyncio")
             if asyncio is not None:
                 loop = asyncio._get_running_loop()
-                if loop is not None:
-                    if _READ_CURRENT_TASKS:
-                        # asyncio.current_task(loop) is Python code on 3.11 (a call out of
-                        # compiled code costs more than its body): the mapping it reads.
-                        tasks = getattr(asyncio.tasks, "_current_tasks", None)
-                        if type(tasks) is dict:
-                            return "asyncio" if tasks.get(loop) is not None else None
-                    if asyncio.current_task(loop) is not None:
-                        return "asyncio"
+                if loop is not None and asyncio_task(asyncio, loop) is not None:
+                    return "asyncio"
             return None
     if name == "trio":
         return "trio"
     if name == "asyncio":
         return "asyncio"
     return None
+
+
+def asyncio_task(asyncio: Any, loop: object) -> object:
+    """``asyncio.current_task(loop)`` (``asyncio``: the module) for the loop running in this
+    thread: the task it runs, or None."""
+    if _READ_CURRENT_TASKS:
+        # asyncio.current_task(loop) is Python code on 3.11 (a call out of compiled code
+        # costs more than its body): the mapping it reads.
+        tasks = getattr(asyncio.tasks, "_current_tasks", None)
+        if type(tasks) is dict:
+            return tasks.get(loop)
+    return asyncio.current_task(loop)
 
 
 def current_library(what: str) -> Library:

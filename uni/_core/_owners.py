@@ -11,6 +11,8 @@ from typing import Any, Final
 
 import trio
 
+from uni._core._library import asyncio_task
+
 __all__ = ["CURRENT_THREAD", "Owner", "TaskOwner", "current_owner", "task_owner"]
 
 
@@ -99,7 +101,7 @@ def _current_task(library: str) -> object:
             return None
     # asyncio.current_task() without its own lookup of the loop (which raises outside one)
     loop = asyncio._get_running_loop()
-    return None if loop is None else asyncio.current_task(loop)
+    return None if loop is None else asyncio_task(asyncio, loop)
 
 
 #: id(task) -> the owner naming it: every grant a task awaits names the same task, so it
