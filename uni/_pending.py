@@ -12,9 +12,9 @@ cancellation was thrown into it at an await: ``TypeError: ... expected; got None
 from __future__ import annotations
 
 import warnings
-from collections.abc import Awaitable, Generator, Iterator
+from collections.abc import Awaitable, Generator
 from types import TracebackType
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar, cast
 
 import trio
 from mypy_extensions import mypyc_attr
@@ -38,8 +38,10 @@ class _Nothing:
 
     __slots__ = ()
 
-    def __await__(self) -> Iterator[None]:
-        return iter(())
+    def __await__(self) -> Generator[Any, None, None]:
+        # An empty iterator, which an await takes as a generator that is done at once
+        # (typed as one: an Awaitable's __await__ is a Generator to the type checkers).
+        return cast("Generator[Any, None, None]", iter(()))
 
 
 _NOTHING: Final = _Nothing()
@@ -141,7 +143,7 @@ class PendingAcquisition(Generic[L]):
         return self
 
     def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                  tb: TracebackType | None) -> _Nothing:
+                  tb: TracebackType | None) -> Awaitable[None]:
         # Released here, before anything is awaited: a checkpoint could be skipped by a
         # cancelled scope.
         lease = self._lease
