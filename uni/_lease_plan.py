@@ -95,6 +95,7 @@ class LeasePlan:
         takes the general path, as a poisoned read does)."""
         twin = self._overwriting
         if twin is None:
+            assert self.write, "only a write plan has an overwriting twin"
             spec = self.spec
             twin = self._overwriting = LeasePlan(
                 AccessSpec(spec.storage, spec.mapping, spec.accessor, spec.offset, "write", True,

@@ -148,6 +148,7 @@ class PendingAcquisition(Generic[L]):
         # cancelled scope.
         lease = self._lease
         if lease is not None:
+            self._lease = None  # (released: this acquisition keeps nothing of it)
             lease.__exit__(exc_type, exc, tb)
         return _NOTHING
 

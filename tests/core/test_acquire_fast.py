@@ -198,9 +198,10 @@ def test_poison_reaches_the_general_path(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @patches_compiled
 def test_a_fast_overwrite_clears_only_its_own_elements(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Granted at once (no poison anywhere then), the overwrite lease still vouches at its
-    # release for what it wrote, and for nothing else: a writer of other elements that
-    # failed meanwhile keeps its poison, and a failed overwrite poisons as any writer does.
+    # Granted at once (no poison anywhere then), the overwrite lease clears nothing at its
+    # release but its own elements: a writer of other elements that failed meanwhile keeps
+    # its poison (the release, with poison in the queue, takes the general end); and a failed
+    # overwrite poisons as any writer does.
     t = uni.from_numpy(np.zeros(8))
     left, right = t[0:4], t[4:8]
     warm(left)

@@ -341,6 +341,23 @@ def test_a_move_that_gives_no_lease_leaves_the_tensor_its_buffer(when: str) -> N
         pass
 
 
+@pytest.mark.parametrize("allow", [np.True_, 1], ids=["numpy bool", "int"])
+def test_an_async_acquisition_takes_allow_poisoned_as_a_truth_value(allow: Any) -> None:
+    # As the sync path does: a numpy bool or an int allows the poisoned data (the compiled
+    # acquisition it builds checks for a bool), and a move still takes the buffer.
+    t = _owned_fake((4,))
+    with pytest.raises(KeyError), uni.acquire_cuda_write_access_sync(t):
+        raise KeyError("failed writer")
+
+    async def main() -> None:
+        async with uni.acquire_cuda_read_access_async(t, RecordingStream(), allow_poisoned=allow,
+                                                      move=True):
+            assert not t.storage.buffer.closed
+
+    trio.run(main)
+    assert t.storage.buffer.closed  # moved into the lease, freed at its release
+
+
 def test_move_refuses_foreign_memory_and_non_tensors() -> None:
     t = fake_cuda((4,))
     with pytest.raises(uni.LeaseError, match="wrapped foreign memory"):

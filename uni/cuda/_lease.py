@@ -428,7 +428,15 @@ def _acquire_async(x: Any, mode: Mode, stream: Any, fn: str, *, overwrite: bool,
     on = check_stream(stream, _device_of(spec), fn)
     if moved is not None:
         moved.moved = True  # later acquisitions fail at once
-    return PendingCudaAcquisition(spec, is_tensor, allow_poisoned, on, mode == "read", moved)
+    try:
+        # bool(): the compiled PendingAcquisition checks its declared types (a numpy bool is
+        # not a bool).
+        return PendingCudaAcquisition(spec, is_tensor, bool(allow_poisoned), on, mode == "read",
+                                      moved)
+    except BaseException:
+        if moved is not None:
+            moved.moved = False  # no acquisition came of it: the tensor keeps its buffer
+        raise
 
 
 @overload
