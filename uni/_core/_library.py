@@ -9,16 +9,18 @@ is in :mod:`uni._core._eventloop`.
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from typing import Any, Final, Literal
+from collections.abc import Callable
+from typing import Final, Literal
 
 import sniffio
 import trio
 
 from uni._errors import EventLoopError
 
-__all__ = ["Library", "asyncio_task", "current_library", "loop_in_this_thread", "running_library",
-           "unsupported_loop"]
+__all__ = ["Library", "asyncio_task", "current_library", "loop_in_this_thread",
+           "running_asyncio_task", "running_library", "unsupported_loop"]
 
 Library = Literal["trio", "asyncio"]
 
@@ -30,7 +32,12 @@ _READ_CURRENT_TASKS: Final = sys.version_info < (3, 12)
 # trio names itself here for the whole of its run, in its run thread: reading it is the
 # cheapest way to recognise trio, and sniffio reads it first too.
 _sniffio_thread = sniffio.thread_local
-_sniffio_cvar = sniffio.current_async_library_cvar
+# Bound once: compiled code calls a bound callable directly, and looks a method or a module's
+# attribute up by name on every call. (asyncio is imported with uni, as it was before by
+# uni._core._owners: any asyncio task may await uni's acquisitions and operations.)
+_sniffio_cvar_get: Final[Callable[[], str | None]] = sniffio.current_async_library_cvar.get
+_get_running_loop: Final = asyncio._get_running_loop
+_asyncio_tasks: Final = asyncio.tasks
 
 
 def running_library() -> Library | None:
@@ -42,13 +49,11 @@ def running_library() -> Library | None:
     module lookups: every await of a uni future or lease asks."""
     name = _sniffio_thread.name
     if name is None:
-        name = _sniffio_cvar.get()
+        name = _sniffio_cvar_get()
         if name is None:
-            asyncio = sys.modules.get("asyncio")
-            if asyncio is not None:
-                loop = asyncio._get_running_loop()
-                if loop is not None and asyncio_task(asyncio, loop) is not None:
-                    return "asyncio"
+            loop = _get_running_loop()
+            if loop is not None and asyncio_task(loop) is not None:
+                return "asyncio"
             return None
     if name == "trio":
         return "trio"
@@ -57,16 +62,23 @@ def running_library() -> Library | None:
     return None
 
 
-def asyncio_task(asyncio: Any, loop: object) -> object:
-    """``asyncio.current_task(loop)`` (``asyncio``: the module) for the loop running in this
-    thread: the task it runs, or None."""
+def running_asyncio_task() -> object:
+    """The asyncio task running this code, or None (outside a loop, or in one of its
+    callbacks): ``asyncio.current_task()`` without raising outside a loop."""
+    loop = _get_running_loop()
+    return None if loop is None else asyncio_task(loop)
+
+
+def asyncio_task(loop: object) -> object:
+    """``asyncio.current_task(loop)`` for the loop running in this thread: the task it runs,
+    or None."""
     if _READ_CURRENT_TASKS:
         # asyncio.current_task(loop) is Python code on 3.11 (a call out of compiled code
         # costs more than its body): the mapping it reads.
-        tasks = getattr(asyncio.tasks, "_current_tasks", None)
+        tasks = getattr(_asyncio_tasks, "_current_tasks", None)
         if type(tasks) is dict:
             return tasks.get(loop)
-    return asyncio.current_task(loop)
+    return asyncio.current_task(loop)  # type: ignore[arg-type]
 
 
 def current_library(what: str) -> Library:
@@ -100,9 +112,6 @@ def loop_in_this_thread() -> Library | None:
     """
     if trio.lowlevel.in_trio_run():
         return "trio"
-    if "asyncio" in sys.modules:
-        import asyncio  # deferred: loaded already whenever an asyncio loop can run
-
-        if asyncio._get_running_loop() is not None:
-            return "asyncio"
+    if _get_running_loop() is not None:
+        return "asyncio"
     return None

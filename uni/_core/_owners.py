@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import enum
 import threading
@@ -11,7 +10,7 @@ from typing import Any, Final
 
 import trio
 
-from uni._core._library import asyncio_task
+from uni._core._library import running_asyncio_task
 
 __all__ = ["CURRENT_THREAD", "Owner", "TaskOwner", "current_owner", "task_owner"]
 
@@ -99,9 +98,7 @@ def _current_task(library: str) -> object:
             return trio.lowlevel.current_task()
         except RuntimeError:  # not inside a task after all
             return None
-    # asyncio.current_task() without its own lookup of the loop (which raises outside one)
-    loop = asyncio._get_running_loop()
-    return None if loop is None else asyncio_task(asyncio, loop)
+    return running_asyncio_task()
 
 
 #: id(task) -> the owner naming it: every grant a task awaits names the same task, so it
