@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from uni._executor import Job  # annotations only: the executor imports this module
 
 __all__ = ["Completion", "Finished", "OpFuture", "done_future", "failed_future", "succeeded"]
+
+# Bound once: compiled code looks a module's attribute up by name on every use.
+_checkpoint: Final = trio.lowlevel.checkpoint
 
 
 class Completion(Protocol):
@@ -114,7 +117,7 @@ class OpFuture:
             # own in between, only trio's checkpoint (one on every await, as trio's rule is).
             library = running_library()
             if library == "trio":
-                yield from trio.lowlevel.checkpoint().__await__()
+                yield from _checkpoint().__await__()
             elif library is None:
                 raise unsupported_loop(f"uni.{self.op}_async(...)")
             return completion._value  # (result() without the call)

@@ -45,6 +45,8 @@ class _Nothing:
 
 
 _NOTHING: Final = _Nothing()
+# Bound once: compiled code looks a module's attribute up by name on every use.
+_checkpoint_if_cancelled: Final = trio.lowlevel.checkpoint_if_cancelled
 
 
 # Interpreted subclasses: the CUDA acquisition (uni.cuda._lease), where this module is compiled.
@@ -102,7 +104,7 @@ class PendingAcquisition(Generic[L]):
                     # acquisition costs no trip through the scheduler (ASYNC.md: at most one
                     # checkpoint).
                     try:
-                        yield from trio.lowlevel.checkpoint_if_cancelled().__await__()
+                        yield from _checkpoint_if_cancelled().__await__()
                     except BaseException:
                         self._give_up()
                         raise
