@@ -26,7 +26,7 @@ from uni._errors import KernelDispatchError
 from uni._future import OpFuture, failed_future, succeeded
 from uni._handle import HOST
 from uni._operation_access import OperationAccess
-from uni._poison import held_by_a_future
+from uni._poison import fail_future
 
 __all__ = [
     "Executor",
@@ -260,7 +260,7 @@ def _to_workers(job: Job, run: Callable[[], None],
         _workers().submit(run)
     except BaseException as err:  # interpreter shutdown: no new threads
         job.fail(err)
-        future.set_exception(held_by_a_future(err, future))
+        fail_future(future, err)
     finally:
         _submitting.active = False
 
@@ -289,7 +289,7 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
         if error is None:
             future.set_result(str(job.backend.name))
         else:
-            future.set_exception(held_by_a_future(error, future))
+            fail_future(future, error)
 
     def run() -> None:
         try:
@@ -297,7 +297,7 @@ def submit(job: Job, stream: Any = None) -> OpFuture:
         except BaseException as err:
             job.fail(err)  # no-op when the job already poisoned and released
             if not future.done():  # it failed before it held anything (e.g. poisoned input)
-                future.set_exception(held_by_a_future(err, future))
+                fail_future(future, err)
 
     # (A partial, not a closure that names itself to start its fresh thread: that would be a
     # reference cycle holding the job, and its operands' memory, until a garbage collection.)

@@ -14,7 +14,7 @@ import trio
 
 from uni._core import await_completion, loop_in_this_thread, running_library, unsupported_loop
 from uni._errors import LeaseConflictError, LeaseTimeoutError, WouldBlockError
-from uni._poison import held_by_a_future
+from uni._poison import fail_future
 
 if TYPE_CHECKING:
     from uni._executor import Job  # annotations only: the executor imports this module
@@ -174,7 +174,7 @@ def failed_future(op: str, error: BaseException, job: Job | None = None) -> OpFu
     """An OpFuture that has already failed with ``error`` (its outputs are poisoned).
 
     Its completion is a ``concurrent.futures.Future`` (a failure is rare; a poison record
-    needs a weak reference to what holds it: :func:`uni._poison.held_by_a_future`)."""
+    needs a weak reference to what holds it: :func:`uni._poison.fail_future`)."""
     completion: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    completion.set_exception(held_by_a_future(error, completion))
+    fail_future(completion, error)
     return OpFuture(op, completion, "", job)

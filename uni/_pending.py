@@ -95,26 +95,23 @@ class PendingAcquisition(Generic[L]):
     def __await__(self) -> Generator[Any, None, L]:
         # An acquisition granted at call time is handed over here, in this generator: the
         # coroutine (uni._awaited) is for the one that waits.
-        if self._state == "opened":
-            library = running_library()
-            if library is not None:
-                if library == "trio":
-                    # trio's rule for an await, its cancel half: no schedule point unless
-                    # cancelled (checkpoint_if_cancelled, inline), so an uncontended
-                    # acquisition costs no trip through the scheduler (ASYNC.md: at most one
-                    # checkpoint).
-                    try:
-                        yield from _checkpoint_if_cancelled().__await__()
-                    except BaseException:
-                        self._give_up()
-                        raise
-                lease = self._hand_over(library)
-                if self._entering:
-                    self._lease = lease
-                return lease
-        lease = yield from self._acquire().__await__()
+        library = running_library() if self._state == "opened" else None
+        lease: L
+        if library is not None:
+            if library == "trio":
+                # trio's rule for an await, its cancel half: no schedule point unless
+                # cancelled (checkpoint_if_cancelled, inline), so an uncontended acquisition
+                # costs no trip through the scheduler (ASYNC.md: at most one checkpoint).
+                try:
+                    yield from _checkpoint_if_cancelled().__await__()
+                except BaseException:
+                    self._give_up()
+                    raise
+            lease = self._hand_over(library)
+        else:
+            lease = yield from self._acquire().__await__()
         if self._entering:
-            self._lease = lease
+            self._lease = lease  # (for __aexit__)
         return lease
 
     def _acquire(self) -> Awaitable[L]:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["MAX_RUNS", "PoisonRecord", "bytes_of_range", "bytes_of_view", "difference",
-           "held_by_a_future", "intersects", "is_empty", "union"]
+           "fail_future", "intersects", "is_empty", "union"]
 
 #: A view with more runs than this is poisoned by its whole byte range, and clears nothing
 #: (conservative both ways: it may poison more than it reached, never less). 2**20 runs are
@@ -40,26 +40,26 @@ _EMPTY = np.empty(0, dtype=np.int64)
 _ALONE = 3 if hasattr(sys, "getrefcount") else 0
 
 # Set on a failure that the future of the operation it failed holds: a weak reference to
-# that completion (held_by_a_future).
+# that completion (fail_future).
 _HELD_BY_A_FUTURE = "_uni_held_by_a_future"
 
 
-def held_by_a_future(err: BaseException, completion: Any) -> BaseException:
-    """``err``, marked as held by ``completion``, the future of the operation it failed.
+def fail_future(future: Any, err: BaseException) -> None:
+    """Fail ``future`` (a ``concurrent.futures.Future``: the completion of the operation
+    ``err`` failed) with ``err``, marked as held by it.
 
-    While that completion lives, its reference is nobody still handling the failure:
+    While that future lives, its reference is nobody still handling the failure:
     :meth:`PoisonRecord.settle` allows for it. Without that, a record could never settle an
     operation's failure: whoever gets it from the future (``result()``, ``await``) re-raises
     that very exception, whose traceback then holds their frames, one of which holds the
     future, which holds the exception -- a cycle the record keeps alive, with every tensor
-    of those frames, for as long as the poisoned memory lives. Once the completion is gone,
-    any other reference is someone's, and nothing is allowed for. ``completion`` must take
-    weak references (a ``concurrent.futures.Future`` does)."""
+    of those frames, for as long as the poisoned memory lives. Once the future is gone, any
+    other reference is someone's, and nothing is allowed for."""
     try:
-        setattr(err, _HELD_BY_A_FUTURE, weakref.ref(completion))
+        setattr(err, _HELD_BY_A_FUTURE, weakref.ref(future))
     except (AttributeError, TypeError):  # an exception that takes no attributes: not settled
         pass
-    return err
+    future.set_exception(err)
 
 
 #: A view as the queue sees it: ``((queue_offset, itemsize), (offset, shape, strides))``.

@@ -253,9 +253,7 @@ async def await_completion(completion: _Completion, what: str) -> Any:
     """Await ``completion`` (``done()``, ``result()``, ``add_done_callback``: an operation's)
     in the calling trio or asyncio task, and return its result or raise its error; ``what``
     names the awaited call in an :func:`unsupported_loop` error."""
-    library = running_library()
-    if library is None:
-        raise unsupported_loop(what)
+    library = current_library(what)
     if completion.done():
         if library == "trio":
             await trio.lowlevel.checkpoint()

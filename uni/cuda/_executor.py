@@ -38,7 +38,7 @@ from uni._errors import KernelDispatchError, LeaseReleasedError, WouldBlockError
 from uni._executor import Job
 from uni._future import OpFuture
 from uni._operation_access import OperationAccess
-from uni._poison import held_by_a_future
+from uni._poison import fail_future
 from uni.cuda._fences import StreamWaiter, order_after_sync, split_fences
 from uni.cuda._launch import check_stream, launching, on_loop_thread, run_blocking, run_soon
 from uni.cuda._stream import default_stream
@@ -149,13 +149,13 @@ class CudaExecutor:
             if withdrawn:
                 err = LeaseReleasedError(f"uni.{job.op}_async: a lease request was withdrawn")
                 job.fail(err)
-                future.set_exception(held_by_a_future(err, future))
+                fail_future(future, err)
                 return
             try:
                 backend, fence = issue(job, stream, detached=True)
             except BaseException as err:
                 job.fail(err)  # no-op when issue already released (and poisoned)
-                future.set_exception(held_by_a_future(err, future))
+                fail_future(future, err)
                 return
             fence.add_done_callback(lambda: _complete(future, fence, backend))
 
@@ -180,7 +180,7 @@ class CudaExecutor:
 def _complete(future: concurrent.futures.Future[Any], fence: Any, backend: Any) -> None:
     error = getattr(fence, "error", None)
     if error is not None:
-        future.set_exception(held_by_a_future(error, future))
+        fail_future(future, error)
     else:
         future.set_result(str(getattr(backend, "name", backend)))
 
