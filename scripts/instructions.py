@@ -51,6 +51,21 @@ def request():
     with uni.acquire_host_read_access_sync(y) as lease:
         np.asarray(lease.mdspan())
 
+def request_part(steps):
+    # The sync request up to its step ``steps`` (0: the two wraps alone; 4: all of it), to
+    # see where the request goes: each case less the one before is one step on fresh data.
+    x = uni.from_numpy(np.ones(256))
+    y = uni.from_numpy(np.empty(64))
+    if steps >= 1:
+        uni.gemv(w, x, y)
+    if steps >= 2:
+        uni.transform(y, uni.ops.add, y, bias)
+    if steps >= 3:
+        uni.transform(y, uni.ops.square, y)
+    if steps >= 4:
+        with uni.acquire_host_read_access_sync(y) as lease:
+            np.asarray(lease.mdspan())
+
 def numpy_request():
     x = np.ones(256)
     y = np.empty(64)
@@ -96,6 +111,10 @@ SYNC: dict[str, tuple[str, str | None]] = {
     "gemv 64x256 fresh vectors": (
         "uni.gemv(w, uni.from_numpy(np.ones(256)), uni.from_numpy(np.empty(64)))", None),
     "request sync": ("request()", "numpy request sync"),
+    "request sync: its wraps": ("request_part(0)", None),
+    "request sync: to its gemv": ("request_part(1)", None),
+    "request sync: to its add": ("request_part(2)", None),
+    "request sync: to its square": ("request_part(3)", None),
     "numpy request sync": ("numpy_request()", None),
 }
 _REFERENCE_SETUP = "s64n, d64n = np.ones(64), np.zeros(64)\na8n, c8n = np.ones((8, 8)), np.zeros((8, 8))\n"
