@@ -52,8 +52,9 @@ def request():
         np.asarray(lease.mdspan())
 
 def request_part(steps):
-    # The sync request up to its step ``steps`` (0: the two wraps alone; 4: all of it), to
-    # see where the request goes: each case less the one before is one step on fresh data.
+    # request() up to its step ``steps`` (0: the two wraps alone; 3: all but the read lease),
+    # to see where the request goes: each case less the one before is one step on fresh
+    # data, and request() less request_part(3) its read lease with the numpy view.
     x = uni.from_numpy(np.ones(256))
     y = uni.from_numpy(np.empty(64))
     if steps >= 1:
@@ -62,9 +63,6 @@ def request_part(steps):
         uni.transform(y, uni.ops.add, y, bias)
     if steps >= 3:
         uni.transform(y, uni.ops.square, y)
-    if steps >= 4:
-        with uni.acquire_host_read_access_sync(y) as lease:
-            np.asarray(lease.mdspan())
 
 def numpy_request():
     x = np.ones(256)

@@ -547,13 +547,49 @@ class _Refuse:
         return uni.Decline.UNSUPPORTED_INSTANCE
 
 
-def _override_operands(op: str) -> tuple[Any, ...]:
-    return _poison_operands(op)
+def _override_operands(case: str) -> tuple[str, tuple[Any, ...]]:
+    """``(op, operands)``: each way a plan is found (a transform of one tensor, and of a
+    tensor and a scalar, have paths of their own)."""
+    if case == "transform of one tensor":
+        return "transform", (uni.zeros((4, 3)), uni.ops.square, uni.full((4, 3), 3.0))
+    if case == "transform with a scalar":
+        return "transform", (uni.zeros((4, 3)), uni.ops.add, uni.full((4, 3), 3.0), 2.0)
+    if case == "transform of a scalar":
+        return "transform", (uni.zeros((4, 3)), uni.ops.negate, 2.0)
+    return case, _poison_operands(case)
 
 
-@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
-def test_an_override_in_another_thread_is_honoured_there(op: str) -> None:
-    operands = _override_operands(op)
+_OVERRIDE_CASES = ["copy", "gemv", "gemm", "transform", "transform of one tensor",
+                   "transform with a scalar", "transform of a scalar"]
+
+
+@pytest.mark.parametrize("case", _OVERRIDE_CASES)
+def test_a_repeat_on_the_same_tensors_runs_from_its_identity_record(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each front end builds its identity key inline: the record lookup_identity finds must be
+    # the one the call finds, or every repeat would build its keys again (slower, not wrong).
+    op, operands = _override_operands(case)
+    for _ in range(3):
+        getattr(uni, op)(*operands)
+    entry = _plan.lookup(op, *operands)
+    assert entry is not None
+    assert _plan.lookup_identity(op, *operands) is entry
+
+    def by_value(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the repeat missed its identity record and built its keys")
+
+    monkeypatch.setattr(_plan, "_run", by_value)
+    out = operands[0] if op == "transform" else operands[-1]
+    expected = np.array(out.to_numpy(), copy=True)
+    with uni.acquire_host_write_access_sync(out, overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = 0
+    getattr(uni, op)(*operands)
+    np.testing.assert_array_equal(out.to_numpy(), expected)  # it ran: the same result again
+
+
+@pytest.mark.parametrize("case", _OVERRIDE_CASES)
+def test_an_override_in_another_thread_is_honoured_there(case: str) -> None:
+    op, operands = _override_operands(case)
     refuse = _Refuse()
     ready, go = threading.Event(), threading.Event()
     seen: list[BaseException | None] = []
@@ -579,9 +615,9 @@ def test_an_override_in_another_thread_is_honoured_there(op: str) -> None:
     assert refuse.calls >= 1
 
 
-@pytest.mark.parametrize("op", ["copy", "gemv", "gemm", "transform"])
-def test_an_override_in_this_context_is_honoured_by_sync_and_async_forms(op: str) -> None:
-    operands = _override_operands(op)
+@pytest.mark.parametrize("case", _OVERRIDE_CASES)
+def test_an_override_in_this_context_is_honoured_by_sync_and_async_forms(case: str) -> None:
+    op, operands = _override_operands(case)
     for _ in range(3):
         getattr(uni, op)(*operands)
     refuse = _Refuse()
