@@ -101,6 +101,12 @@ SYNC: dict[str, tuple[str, str | None]] = {
         "uni.transform(uni.from_numpy(np.empty(64)), uni.ops.add, uni.from_numpy(np.ones(64)),"
         " uni.from_numpy(np.ones(64)))", "np.add 64 fresh"),
     "np.add 64 fresh": ("np.add(np.ones(64), np.ones(64), out=np.empty(64))", None),
+    "add 1.0 64 repeated": ("uni.transform(y64, uni.ops.add, y64, 1.0)", "np.add 1.0 64"),
+    "np.add 1.0 64": ("np.add(d64n, 1.0, out=d64n)", None),
+    "add 1.0 64 fresh data": (
+        "t = uni.from_numpy(np.empty(64)); uni.transform(t, uni.ops.add, t, 1.0)",
+        "np.add 1.0 64 fresh"),
+    "np.add 1.0 64 fresh": ("t = np.empty(64); np.add(t, 1.0, out=t)", None),
     "gemm 8x8 fresh data": (
         "uni.gemm(uni.from_numpy(np.ones((8, 8))), uni.from_numpy(np.ones((8, 8))),"
         " uni.from_numpy(np.empty((8, 8))))", "np.matmul 8x8 fresh"),

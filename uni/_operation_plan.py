@@ -146,6 +146,10 @@ def _keys(op: str, operands: Sequence[Any]) -> tuple[Key, Key] | None:
             return _keys3(head, tensors)  # out = x op y, the common transform
         if len(tensors) == 2 and type(tensors[1]) is Tensor:
             return _keys2(head, tensors)  # out = op(x)
+        if len(tensors) == 3 and (type(tensors[1]) is Tensor) is not (type(tensors[2]) is Tensor):
+            first = type(tensors[1]) is Tensor  # out = x op 1.0, or 1.0 op x
+            return _keys_scalar(head, tensors[0], tensors[1] if first else tensors[2],
+                                type(tensors[2] if first else tensors[1]), first)
     else:
         head = (op,)
         tensors = tuple(operands)
@@ -190,6 +194,22 @@ def _keys3(head: Key, tensors: Sequence[Any]) -> tuple[Key, Key] | None:
               cm.strides, type(c._accessor))
     return layout, (layout, id(a._storage), a._offset, id(b._storage), b._offset,
                     id(c._storage), c._offset)
+
+
+def _keys_scalar(head: Key, out: Any, t: Tensor, scalar: type, first: bool
+                 ) -> tuple[Key, Key] | None:
+    # A transform of a tensor and a scalar (anything else that is no tensor counts by its
+    # type, as in _keys' loop), built flat as _keys3: ``first``, the tensor is the left input.
+    if type(out) is not Tensor:
+        return None
+    om, tm = out._mapping, t._mapping
+    if first:
+        layout = (*head, type(om), om.extents.shape, om.strides, type(out._accessor),
+                  type(tm), tm.extents.shape, tm.strides, type(t._accessor), scalar)
+    else:
+        layout = (*head, type(om), om.extents.shape, om.strides, type(out._accessor), scalar,
+                  type(tm), tm.extents.shape, tm.strides, type(t._accessor))
+    return layout, (layout, id(out._storage), out._offset, id(t._storage), t._offset)
 
 
 def _storage_part(t: Tensor) -> tuple[Any, ...] | None:
@@ -809,6 +829,22 @@ def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
         keys = _keys3(("transform", id(op)), tensors)  # as _keys makes them
         return None if keys is None else _run("transform", (out, op, x, y), (), op, keys,
                                               tensors)
+    if len(inputs) == 2 and (type(inputs[0]) is Tensor) is not (type(inputs[1]) is Tensor):
+        # out = x op 1.0, or 1.0 op x: the same, with the one scalar's type in the keys (in
+        # its place) and its value passed to the run.
+        x, y = inputs
+        first = type(x) is Tensor
+        tensor, scalar = (x, y) if first else (y, x)
+        entry = _by_identity.get(("transform", id(op), id(out), id(x) if first else type(x),
+                                  type(y) if first else id(y)))
+        if entry is not None:
+            if entry.anchor is not op or (EVER_SET[0] and (overrides_now() or diagnostics_now())):
+                return None
+            return entry((scalar,))
+        pair = (out, tensor)
+        keys = _keys_scalar(("transform", id(op)), out, tensor, type(scalar), first)
+        return None if keys is None else _run("transform", (out, op, x, y), (scalar,), op,
+                                              keys, pair)
     if len(inputs) == 1 and type(inputs[0]) is Tensor:
         # out = op(x) (``y * y`` as square): the same, for two tensors.
         (x,) = inputs
