@@ -554,13 +554,16 @@ def _override_operands(case: str) -> tuple[str, tuple[Any, ...]]:
         return "transform", (uni.zeros((4, 3)), uni.ops.square, uni.full((4, 3), 3.0))
     if case == "transform with a scalar":
         return "transform", (uni.zeros((4, 3)), uni.ops.add, uni.full((4, 3), 3.0), 2.0)
+    if case == "transform with a scalar on the left":
+        return "transform", (uni.zeros((4, 3)), uni.ops.subtract, 2.0, uni.full((4, 3), 3.0))
     if case == "transform of a scalar":
         return "transform", (uni.zeros((4, 3)), uni.ops.negate, 2.0)
     return case, _poison_operands(case)
 
 
 _OVERRIDE_CASES = ["copy", "gemv", "gemm", "transform", "transform of one tensor",
-                   "transform with a scalar", "transform of a scalar"]
+                   "transform with a scalar", "transform with a scalar on the left",
+                   "transform of a scalar"]
 
 
 @pytest.mark.parametrize("case", _OVERRIDE_CASES)
@@ -826,6 +829,48 @@ def test_a_float_input_keeps_its_side_on_every_path(op: Any, side: str) -> None:
                 assert _plan.first_sight_runs() == before + 1
             target.to_numpy()[...] = 0.0
         assert _plan.lookup_identity("transform", out, op, *inputs) is not None
+
+
+@pytest.mark.parametrize("first", ["left", "right"])
+def test_the_same_tensors_with_the_scalar_on_the_other_side_find_their_own_plan(
+        first: str) -> None:
+    # ``x - 1.5`` and ``1.5 - x`` on the very same out and x: each side has its own identity
+    # record and plan, whichever ran (and was recorded) first.
+    x_np = np.arange(6.0)
+    x, out = uni.from_numpy(x_np), uni.zeros((6,))
+    sides = [(x, 1.5), (1.5, x)] if first == "right" else [(1.5, x), (x, 1.5)]
+    for inputs in sides:
+        expected = x_np - 1.5 if inputs[0] is x else 1.5 - x_np
+        for _ in range(5):  # through the general path, the plan and the identity record
+            uni.transform(out, uni.ops.subtract, *inputs)
+            np.testing.assert_array_equal(out.to_numpy(), expected)
+        assert _plan.lookup_identity("transform", out, uni.ops.subtract, *inputs) is not None
+    left = _plan.lookup_identity("transform", out, uni.ops.subtract, 1.5, x)
+    assert left is not _plan.lookup_identity("transform", out, uni.ops.subtract, x, 1.5)
+
+
+class _SubTensor(uni.Tensor):
+    __slots__ = ()
+
+
+@pytest.mark.parametrize("inputs", ["one tensor", "two tensors", "scalar right", "scalar left"])
+def test_an_output_that_is_no_plain_tensor_is_never_planned(inputs: str) -> None:
+    # Plans are keyed for exactly uni.Tensor: a subclass's output takes the general path
+    # every time, with the same values.
+    x = uni.from_numpy(np.arange(6.0))
+    plain = uni.zeros((6,))
+    out = _SubTensor.from_storage(plain.storage, plain.mapping)
+    op, args = {"one tensor": (uni.ops.square, (x,)), "two tensors": (uni.ops.add, (x, x)),
+                "scalar right": (uni.ops.subtract, (x, 1.5)),
+                "scalar left": (uni.ops.subtract, (1.5, x))}[inputs]
+    expected = op.apply_numpy(*(a.to_numpy() if isinstance(a, uni.Tensor) else a for a in args))
+    before = _plan.first_sight_runs()
+    for _ in range(4):
+        uni.transform(out, op, *args)
+        np.testing.assert_array_equal(out.to_numpy(), expected)
+    assert _plan.first_sight_runs() == before
+    assert _plan.lookup("transform", out, op, *args) is None
+    assert _plan.lookup_identity("transform", out, op, *args) is None
 
 
 def test_a_transform_of_two_tensors_is_found_by_its_flat_key() -> None:
