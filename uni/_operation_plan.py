@@ -816,71 +816,55 @@ run_gemv = _product_runner("gemv")
 
 def run_transform(out: Any, op: Any, inputs: tuple[Any, ...]) -> str | None:
     """Run the plan of the transform if one exists (its scalar inputs passed at run time)."""
-    if len(inputs) == 2 and type(inputs[0]) is Tensor and type(inputs[1]) is Tensor:
-        # out = x op y, the common transform: its identity key (as _identity_key makes it)
-        # and its first sight without a scalar to pass.
+    # The common forms -- out = x op y, x op 1.0 or 1.0 op x, op(x) -- build their identity
+    # key (as _identity_key makes it) and, on a miss, their keys flat (as _keys makes them);
+    # any other form through _identity_key and _keys' loop.
+    form = 0
+    if len(inputs) == 2:
         x, y = inputs
-        entry = _by_identity.get(("transform", id(op), id(out), id(x), id(y)))
-        if entry is not None:
-            if entry.anchor is not op or (EVER_SET[0] and (overrides_now() or diagnostics_now())):
-                return None
-            return entry(())
-        tensors = (out, x, y)
-        keys = _keys3(("transform", id(op)), tensors)  # as _keys makes them
-        return None if keys is None else _run("transform", (out, op, x, y), (), op, keys,
-                                              tensors)
-    if len(inputs) == 2 and (type(inputs[0]) is Tensor) is not (type(inputs[1]) is Tensor):
-        # out = x op 1.0, or 1.0 op x: the same, with the one scalar's type in the keys (in
-        # its place) and its value passed to the run.
-        x, y = inputs
-        first = type(x) is Tensor
-        tensor, scalar = (x, y) if first else (y, x)
-        entry = _by_identity.get(("transform", id(op), id(out), id(x) if first else type(x),
-                                  type(y) if first else id(y)))
-        if entry is not None:
-            if entry.anchor is not op or (EVER_SET[0] and (overrides_now() or diagnostics_now())):
-                return None
-            return entry((scalar,))
-        pair = (out, tensor)
-        keys = _keys_scalar(("transform", id(op)), out, tensor, type(scalar), first)
-        return None if keys is None else _run("transform", (out, op, x, y), (scalar,), op,
-                                              keys, pair)
-    if len(inputs) == 1 and type(inputs[0]) is Tensor:
-        # out = op(x) (``y * y`` as square): the same, for two tensors.
+        if type(x) is Tensor:
+            if type(y) is Tensor:
+                ids: Key | None = ("transform", id(op), id(out), id(x), id(y))
+                args: tuple[Any, ...] = ()
+                form = 3
+            else:
+                ids, args, form = ("transform", id(op), id(out), id(x), type(y)), (y,), 2
+        elif type(y) is Tensor:
+            ids, args, form = ("transform", id(op), id(out), type(x), id(y)), (x,), 2
+    elif len(inputs) == 1 and type(inputs[0]) is Tensor:
         (x,) = inputs
-        entry = _by_identity.get(("transform", id(op), id(out), id(x)))
-        if entry is not None:
-            if entry.anchor is not op or (EVER_SET[0] and (overrides_now() or diagnostics_now())):
-                return None
-            return entry(())
-        pair = (out, x)
-        keys = _keys2(("transform", id(op)), pair)  # as _keys makes them
-        return None if keys is None else _run("transform", (out, op, x), (), op, keys, pair)
-    operands = (out, op, *inputs)
-    ids = _identity_key("transform", operands)
+        ids, args, form = ("transform", id(op), id(out), id(x)), (), 1
+    if not form:
+        ids = _identity_key("transform", (out, op, *inputs))
+        args = _scalars(inputs)
     entry = None if ids is None else _by_identity.get(ids)
     if entry is not None:
         # The entry keeps its op (anchor) alive, so id(op) in the key is this very op.
         if entry.anchor is not op or (EVER_SET[0] and (overrides_now() or diagnostics_now())):
             return None
-        # One storage reference per tensor operand: as many as out and the inputs means no
-        # scalar input (the common case, without building a tuple of them).
-        if len(entry.refs) == 1 + len(inputs):
-            return entry(())
-        return entry(_scalars(inputs))
-    return _run("transform", operands, _scalars(inputs), op)
+        return entry(args)
+    head = ("transform", id(op))
+    if form == 3:
+        tensors: tuple[Tensor, ...] = (out, x, y)
+        keys = _keys3(head, tensors)
+        operands: tuple[Any, ...] = (out, op, x, y)
+    elif form == 2:
+        first = type(x) is Tensor  # the tensor is the left input
+        tensor = x if first else y
+        tensors = (out, tensor)
+        keys = _keys_scalar(head, out, tensor, type(args[0]), first)
+        operands = (out, op, x, y)
+    elif form == 1:
+        tensors = (out, x)
+        keys = _keys2(head, tensors)
+        operands = (out, op, x)
+    else:
+        return _run("transform", (out, op, *inputs), args, op)
+    return None if keys is None else _run("transform", operands, args, op, keys, tensors)
 
 
 def _scalars(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    # A transform's scalar inputs, in order: for one and two inputs without a generator
-    # (0.1 us against 0.29, on every ``x + 1.0``).
-    if len(inputs) == 1:
-        return () if type(inputs[0]) is Tensor else inputs
-    if len(inputs) == 2:
-        x, y = inputs
-        if type(x) is Tensor:
-            return () if type(y) is Tensor else (y,)
-        return (x,) if type(y) is Tensor else (x, y)
+    # A transform's scalar inputs, in order (the forms run_transform keys flat pass theirs).
     return tuple(x for x in inputs if type(x) is not Tensor)
 
 
