@@ -17,7 +17,7 @@ import numpy as np
 
 from uni._access import register_access
 from uni._core import normalize_timeout
-from uni._errors import DomainError, LeaseError
+from uni._errors import DomainError, DTypeError, LeaseError
 from uni._handle import HOST, Domain, HostHandle
 from uni._lease import (
     ReadMdspanLease,
@@ -178,16 +178,24 @@ def mdspec_plan(x: Any, mode: Mode, fn: str) -> LeasePlan | None:
 def _from_tensor_view(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
     storage = getattr(x, "storage", None)
     if storage is not None and not callable(storage):
-        _check_layout(x.mapping, x.offset, storage, fn)
+        _check_layout(x.mapping, x.accessor, x.offset, storage, fn)
         return AccessSpec(storage, x.mapping, x.accessor, x.offset, mode, overwrite)
     spec = x.mdspec() if hasattr(x, "mdspec") else x.mdspan()
     return _from_mdspec(spec, mode, overwrite, fn)
 
 
-def _check_layout(mapping: Any, offset: Any, storage: Any, fn: str) -> None:
-    # Tensors checked their layout when built; anything else is checked here, before a
-    # storage is ever asked for (or writes back) elements outside its buffer.
+def _check_layout(mapping: Any, accessor: Any, offset: Any, storage: Any, fn: str) -> None:
+    # Tensors checked their layout and their accessor's element type when built; anything
+    # else is checked here, before a storage is ever asked for (or writes back) elements
+    # outside its buffer, or elements of another type than it holds.
     check_fits(mapping, offset, storage.size, what=f"storage ({type(storage).__name__})")
+    stored = getattr(accessor, "stored_type", None) or accessor.element_type
+    if stored != storage.dtype:
+        raise DTypeError(
+            f"{fn}: the accessor ({type(accessor).__name__}) reads {np.dtype(stored)} "
+            f"elements but the storage ({type(storage).__name__}) holds {storage.dtype}: "
+            "build the mdspec with an accessor of the storage's dtype"
+        )
 
 
 def _mdspec_spec(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
@@ -200,19 +208,19 @@ def _mdspec_spec(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
 def _from_mdspec(spec: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:
     descriptor = getattr(spec, "data_descriptor", None)
     if isinstance(descriptor, DataDescriptor):
-        _check_layout(spec.mapping, descriptor.offset, descriptor.storage, fn)
+        _check_layout(spec.mapping, spec.accessor, descriptor.offset, descriptor.storage, fn)
         return AccessSpec(descriptor.storage, spec.mapping, spec.accessor, descriptor.offset,
                           mode, overwrite)
     handle = getattr(spec, "data_handle", None)
     if isinstance(handle, HostHandle) and handle.owner is not None:
-        _check_layout(spec.mapping, handle.offset, handle.owner, fn)
+        _check_layout(spec.mapping, spec.accessor, handle.offset, handle.owner, fn)
         return AccessSpec(handle.owner, spec.mapping, spec.accessor, handle.offset, mode,
                           overwrite)
     if isinstance(handle, HostHandle):
         # A bare buffer no storage owns: wrap it. The wrapper registers its address range,
         # so it joins the queue of any memory uni already orders that it overlaps.
         storage = HostStorage.wrap(handle.buffer)
-        _check_layout(spec.mapping, handle.offset, storage, fn)
+        _check_layout(spec.mapping, spec.accessor, handle.offset, storage, fn)
         return AccessSpec(storage, spec.mapping, spec.accessor, handle.offset, mode, overwrite)
     raise TypeError(
         f"{fn} cannot find the storage of {type(spec).__name__}: expected a uni.MdSpec with a "

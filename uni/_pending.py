@@ -62,11 +62,12 @@ class PendingAcquisition(Generic[L]):
     granted at call time (a cancel point, as trio's own waits are).
     """
 
-    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_entering", "_is_tensor",
-                 "_kind", "_lease", "_state")
+    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_driver", "_entering",
+                 "_is_tensor", "_kind", "_lease", "_state")
 
     _access: Access
     _allow_poisoned: bool
+    _driver: Generator[Any, Any, L] | None
     _entering: bool
     _is_tensor: bool
     _kind: type[L] | None
@@ -85,6 +86,7 @@ class PendingAcquisition(Generic[L]):
         self._allow_poisoned = allow_poisoned
         self._lease = None
         self._entering = False
+        self._driver = None
         if opened is None:
             self._access = register_access(spec, None, None, None, None, None)
             self._state = "registered"
@@ -113,6 +115,39 @@ class PendingAcquisition(Generic[L]):
         if self._entering:
             self._lease = lease  # (for __aexit__)
         return lease
+
+    # The coroutine protocol (send, throw, close): asyncio runs an acquisition handed to
+    # ensure_future, create_task, gather or (Python 3.11's) wait_for as the task's own
+    # coroutine, rather than in a wrapper coroutine that a cancellation before the task's
+    # first step would close unstarted, never asking this acquisition: then it withdraws.
+    def send(self, value: Any) -> Any:
+        """Step the acquisition as a task steps its coroutine (``__await__`` driven)."""
+        driver = self._driver
+        if driver is None:
+            driver = self._driver = self.__await__()
+        return driver.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        """Throw into the acquisition as into a coroutine: before its first step (a task
+        cancelled before it ran), the request is withdrawn, granted or not, and the
+        exception raised."""
+        driver = self._driver
+        if driver is None:
+            if self._state == "registered" or self._state == "opened":
+                self._give_up()
+            if isinstance(typ, BaseException):
+                raise typ
+            raise typ() if val is None else (val if isinstance(val, BaseException) else typ(val))
+        return driver.throw(typ) if val is None and tb is None else driver.throw(typ, val, tb)
+
+    def close(self) -> None:
+        """Close the acquisition as a coroutine: unstarted, its request is withdrawn."""
+        driver = self._driver
+        if driver is None:
+            if self._state == "registered" or self._state == "opened":
+                self._give_up()
+        else:
+            driver.close()
 
     def _acquire(self) -> Awaitable[L]:
         """The acquisition that waits (or is refused): a coroutine (the CUDA acquisition's

@@ -180,6 +180,36 @@ def test_sync_timeout_names_the_holder() -> None:
     assert_idle(t)
 
 
+def test_a_timeout_behind_an_operation_names_the_holder_the_operation_waits_for() -> None:
+    # The read waits for the gemm that will write c; the gemm waits for another thread's
+    # writer of a. The message goes on past the gemm to that writer and its thread.
+    a, c = uni.zeros((3, 3)), uni.zeros((3, 3))
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with write_sync(a):
+            holding.set()
+            done.wait(10)
+
+    holder = InThread(hold, name="holder-of-a")
+    holding.wait(10)
+    future = uni.gemm_async(a, a, c)
+    with pytest.raises(uni.LeaseTimeoutError) as info:
+        read_sync(c, timeout=0.02)
+    message = str(info.value)
+    assert "it waits for what is held by gemm write of shape (3, 3)" in message
+    assert ("which in turn waits for what is held by write lease on Tensor(shape=(3, 3), "
+            "dtype=float64) from thread 'holder-of-a'") in message
+    with pytest.raises(uni.LeaseTimeoutError) as direct:  # no operation in between
+        read_sync(a, timeout=0)
+    assert "in turn" not in str(direct.value) and "holder-of-a" in str(direct.value)
+    done.set()
+    holder.join()
+    future.result()
+    assert_idle(a)
+    assert_idle(c)
+
+
 @pytest.mark.parametrize(
     ("held", "asked"),
     [("read", "write"), ("write", "read"), ("write", "write")],
@@ -444,6 +474,48 @@ def test_timeouts_with_asyncio_wait_for() -> None:
         async with asyncio.timeout(5):
             async with later:
                 pass
+        assert_idle(t)
+
+    aio_run(main)
+
+
+@pytest.mark.parametrize("path", ["granted at call time", "general path", "contended"])
+@pytest.mark.parametrize("how", ["wait_for 0", "task cancelled before its first step",
+                                 "task closed unstarted"])
+def test_an_asyncio_task_of_an_acquisition_cancelled_before_it_ran_withdraws_it(
+        how: str, path: str) -> None:
+    # asyncio makes a task of the acquisition itself (ensure_future; Python 3.11's wait_for,
+    # which with a timeout of 0 cancels that task before its first step): the cancellation is
+    # thrown into the acquisition, which withdraws its request, granted or not -- no lease
+    # left held for as long as the acquisition object lives.
+    t = general_path_zeros(3) if path == "general path" else uni.zeros((3,))
+
+    async def main() -> None:
+        held = write_sync(t).transfer() if path == "contended" else None
+        pending = read_async(t)
+        assert queue_of(t).active_count() + queue_of(t).pending_count() == 1 + (held is not None)
+        if how == "wait_for 0":
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.ensure_future(pending), 0)
+        elif how == "task cancelled before its first step":
+            task = asyncio.ensure_future(pending)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            pending.close()  # as a task's coroutine is closed when it never ran
+        if held is not None:
+            held.release()
+        assert_idle(t)  # withdrawn while `pending` is still referenced
+        async with asyncio.timeout(5):
+            async with write_async(t):  # nothing left in the way
+                pass
+        with pytest.raises(uni.LeaseError, match="already awaited"):
+            await pending
+        # A task of an acquisition that runs gives its lease, as an await does.
+        lease = await asyncio.wait_for(asyncio.ensure_future(read_async(t)), 5)
+        assert type(lease).__name__ == "ReadTensorLease"
+        lease.release()
         assert_idle(t)
 
     aio_run(main)
@@ -958,10 +1030,44 @@ def test_timeout_accepts_infinity_and_refuses_nonsense_up_front() -> None:
     threading.Timer(0.05, held.release).start()
     with uni.acquire_host_read_access_sync(t, timeout=float("inf")):  # waits, no OverflowError
         pass
-    for bad in (float("nan"), "soon", [1]):
+    for bad in (float("nan"), "soon", "1", b"1", [1]):
         with pytest.raises(uni.LeaseError, match="timeout must be a number"):
             uni.acquire_host_read_access_sync(t, timeout=bad)  # type: ignore[arg-type]
     assert t.storage.access_queue.snapshot() == []
+
+
+def test_a_timeout_of_zero_or_less_does_not_wait() -> None:
+    t = uni.zeros(3)
+    held = uni.acquire_host_write_access_sync(t).transfer()  # no longer this thread's
+    for timeout in (0, 0.0, -5, -0.5):
+        with pytest.raises(uni.LeaseTimeoutError):
+            uni.acquire_host_read_access_sync(t, timeout=timeout)
+    held.release()
+    with uni.acquire_host_read_access_sync(t, timeout=-5):  # nothing in the way: granted
+        pass
+    assert t.storage.access_queue.snapshot() == []
+
+
+def test_an_mdspec_whose_accessor_reads_another_dtype_is_refused_before_anything_is_granted(
+        tmp_path: Any) -> None:
+    # A tensor refuses such an accessor when built; an mdspec (or a span, or a duck-typed
+    # view) is checked when acquired, host or mapped, read or write: nothing granted, nothing
+    # poisoned, and a mapped file never sees a write back of elements it does not hold.
+    mapped = uni.storage.MappedFileStorage(tmp_path / "f.f64", np.float64, 10, mode="w+")
+    for storage in (uni.storage.HostStorage(10), mapped):
+        t = uni.Tensor.from_storage(storage, uni.layout_right((10,)))
+        with uni.acquire_host_write_access_sync(t) as lease:
+            np.asarray(lease.mdspan())[...] = 2.5
+        bad = uni.MdSpec(uni.DataDescriptor(storage), uni.layout_right((10,)),
+                         uni.DefaultAccessor(np.int32))
+        for acquire in (uni.acquire_host_read_access_sync, uni.acquire_host_write_access_sync,
+                        uni.acquire_host_read_access_async, uni.acquire_host_write_access_async):
+            with pytest.raises(uni.DTypeError,
+                               match=r"reads int32 elements but the storage .* holds float64"):
+                acquire(bad)
+        assert storage.access_queue.snapshot() == []
+        with uni.acquire_host_read_access_sync(t) as lease:  # not poisoned, untouched
+            assert np.asarray(lease.mdspan()).tolist() == [2.5] * 10
 
 
 def test_duck_typed_views_are_checked_against_their_storage() -> None:
@@ -989,4 +1095,9 @@ def test_duck_typed_views_are_checked_against_their_storage() -> None:
 
     with pytest.raises(uni.LayoutError, match=r"reaches elements -3\.\.45"):
         uni.acquire_host_read_access_sync(TensorLike())
-    assert seen == []  # the hook never saw a region outside the buffer
+    inside = TensorLike()
+    inside.mapping, inside.offset = uni.layout_right((4,)), 0
+    inside.accessor = uni.DefaultAccessor(np.int64)  # of another dtype than the storage's
+    with pytest.raises(uni.DTypeError, match="reads int64 elements but the storage"):
+        uni.acquire_host_read_access_sync(inside)
+    assert seen == []  # the hook never saw a region outside the buffer, nor one of int64s

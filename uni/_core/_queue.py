@@ -67,7 +67,7 @@ from uni._core._owners import (
 )
 from uni._core._request import _MAKER, _NO_FENCES, AccessRequest, Mode, _Fenced, _who, in_conflict
 from uni._core._waiters import Waiter, _CallbackWaiter, _ThreadWaiter
-from uni._core._waitgraph import _owned_in_wait_graph
+from uni._core._waitgraph import _owned_in_wait_graph, holders_upstream
 from uni._errors import (
     LeaseConflictError,
     LeaseError,
@@ -408,7 +408,7 @@ class AccessQueue:
         self._wake(woken)
         raise LeaseTimeoutError(
             f"{_who(req)} on {self.label} was not granted within {timeout} s: it waits for "
-            f"what is {_describe(holders)}"
+            f"what is {_describe(holders)}{_upstream(holders)}"
         )
 
     def wait_async(self, req: AccessRequest, *, library: Library | None = None
@@ -851,11 +851,15 @@ def _inside(loop: Library) -> str:
 def normalize_timeout(timeout: object) -> float | None:
     """A timeout in seconds, ``None``/``inf`` meaning forever; LeaseError otherwise.
 
-    Infinity waits forever (it would overflow the lock's own limit); negative means "do not
-    wait"; NaN and non-numbers are refused before anything is registered.
+    Infinity waits forever (it would overflow the lock's own limit); zero or negative means
+    "do not wait" (as ``threading.Event.wait`` and ``asyncio.wait_for`` take it); NaN and
+    non-numbers, text among them (``float("1")`` would read it), are refused before anything
+    is registered.
     """
     if timeout is None:
         return None
+    if isinstance(timeout, (str, bytes, bytearray)):
+        raise LeaseError(f"timeout must be a number of seconds or None, got {timeout!r}")
     try:
         value = float(timeout)  # type: ignore[arg-type]  # refused below if it is not a number
     except (TypeError, ValueError):
@@ -876,6 +880,17 @@ def _held_by_this_task(reqs: list[AccessRequest]) -> bool:
         if r.granted and isinstance(owner, TaskOwner) and owner.is_current():
             return True
     return False
+
+
+def _upstream(holders: list[AccessRequest]) -> str:
+    """Whom the wait for ``holders`` comes down to beyond them (an operation in the way that
+    holds some of its data and waits for the rest): words to add, or none."""
+    deeper = holders_upstream(holders)
+    if not deeper:
+        return ""
+    named = "; ".join(_who(r) for r in deeper[:3])
+    more = f" and {len(deeper) - 3} more" if len(deeper) > 3 else ""
+    return f", which in turn waits for what is held by {named}{more}"
 
 
 def _describe(reqs: list[AccessRequest]) -> str:
