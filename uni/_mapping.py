@@ -16,7 +16,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # Exact uniqueness of an arbitrary strided mapping is expensive in general; below this many
 # elements we simply enumerate, above it we use the sufficient nested-strides test.
-_BRUTE_FORCE_UNIQUE_LIMIT = 4096
+_EXACT_UNIQUE_LIMIT = 1 << 24  # 128 MiB of offsets at most (asked of interleaved layouts only)
 
 
 def _as_extents(value: Any) -> Extents:
@@ -141,6 +141,14 @@ def _reach(self: Any) -> tuple[int, int]:
 
 
 def _is_unique(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    return reaches_each_once(shape, strides) is True
+
+
+def reaches_each_once(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool | None:
+    """Whether no two indices of the layout reach one element: True or False, exactly; None
+    for a layout that interleaves its axes (no view of one allocation does) past
+    ``_EXACT_UNIQUE_LIMIT`` elements, where the exact answer would cost memory out of
+    proportion (a sorted offset per index)."""
     size = math.prod(shape)
     if size <= 1:
         return True
@@ -148,15 +156,13 @@ def _is_unique(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
         return False
     if nests(shape, strides):
         return True
-    if size > _BRUTE_FORCE_UNIQUE_LIMIT:
-        # Note: conservative answer for huge interleaved layouts; such a mapping is treated as
-        # possibly aliasing, which only costs a staging copy, never a wrong result.
-        return False
-    offsets = {0}
-    for stride, extent in sorted((abs(s), n) for n, s in zip(shape, strides, strict=True)
-                                 if n > 1):
-        offsets = {o + i * stride for o in offsets for i in range(extent)}
-    return len(offsets) == size
+    if size > _EXACT_UNIQUE_LIMIT:
+        return None
+    offsets = np.zeros(1, dtype=np.int64)
+    for n, s in zip(shape, strides, strict=True):
+        if n > 1:
+            offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * s).ravel()
+    return bool(np.unique(offsets).size == size)
 
 
 @attrs.frozen

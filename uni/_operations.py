@@ -30,7 +30,7 @@ from uni._errors import (
 from uni._executor import Job, run_inline, submit
 from uni._future import OpFuture, done_future, failed_future
 from uni._handle import HOST
-from uni._mapping import layout_stride
+from uni._mapping import layout_stride, reaches_each_once
 from uni._mdspec import MdSpan
 from uni._operation_access import SMALL_ELEMENTS, SMALL_MACS, OperationAccess, stage
 from uni._tensor import Tensor
@@ -71,8 +71,10 @@ def _same_domain(op: str, tensors: dict[str, Tensor]) -> None:
 
 
 def _output(op: str, name: str, t: Tensor) -> None:
-    """Refuse an output that cannot take the result: a read-only one, or one that broadcasts
-    (a stride-0 axis would write several results to one element, and keep one of them)."""
+    """Refuse an output that cannot take the result: a read-only one, or one that reaches an
+    element from several indices (a stride-0 axis, or strides that interleave onto each
+    other): several results would land on one element, and which is kept would depend on
+    the backend's order."""
     if t.readonly:
         raise ReadOnlyOutputError(
             f"{op}: the output '{name}' is read-only (accessor {type(t.accessor).__name__}"
@@ -87,6 +89,12 @@ def _output(op: str, name: str, t: Tensor) -> None:
                 f"{extent} and stride 0 (shape {t.shape}, strides {t.strides}); pass an output "
                 "with an element of its own per result"
             )
+    if reaches_each_once(t.shape, t.strides) is False:
+        raise LayoutError(
+            f"{op}: the output '{name}' (shape {t.shape}, strides {t.strides}) reaches some "
+            "of its elements from more than one index; pass an output with an element of its "
+            "own per result"
+        )
 
 
 def _broadcast_batch(op: str, name: str, t: Tensor, batch: tuple[int, ...], core: int) -> Tensor:

@@ -28,7 +28,7 @@ import functools
 import math
 import struct
 from collections.abc import Callable, Mapping
-from typing import Any, TypeAlias, TypeGuard
+from typing import Any, Final, TypeAlias, TypeGuard
 
 import attrs
 import numpy as np
@@ -336,18 +336,41 @@ def cast_value(value: PythonScalar, dtype: Any) -> PythonScalar:
 def python_scalar_to(value: PythonScalar, dtype: Any) -> PythonScalar:
     """Convert a Python scalar operand into the dtype the operation computes in.
 
-    Like ``cast_value``, except that an ``int`` that does not fit an integer ``dtype`` raises
-    DTypeError.
+    Like ``cast_value``, except that an ``int`` that does not fit an integer ``dtype``, or
+    is too large for any float (past float64's range) where ``dtype`` is a float or complex
+    dtype, raises DTypeError; and a float or complex value into a bool dtype (the slot numpy's
+    own resolution gives a logical ufunc's input: ``np.logical_and(x, 1.5)``) is its truth,
+    as numpy takes it there.
     """
     # Note: PyTorch wraps such literals silently (int32 tensor + 2**40 adds 0); uni refuses,
-    # as numpy 2 does, because a wrapped literal is never what was written.
+    # as numpy 2 does, because a wrapped literal is never what was written. An int past
+    # float64 would become infinity: numpy raises OverflowError there (one that fits float64
+    # but not float32 rounds to infinity, in numpy as here: the IEEE result).
     dt = as_dtype(dtype)
-    if _CATEGORY[dt] is Category.INTEGER and isinstance(value, int):
-        info = np.iinfo(dt)
-        if not info.min <= value <= info.max:
-            raise DTypeError(f"the Python scalar {value!r} does not fit the computing dtype "
-                             f"{dt.name} (range {info.min}..{info.max})")
+    category = _CATEGORY[dt]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if category is Category.INTEGER:
+            info = np.iinfo(dt)
+            if not info.min <= value <= info.max:
+                raise DTypeError(f"the Python scalar {value!r} does not fit the computing dtype "
+                                 f"{dt.name} (range {info.min}..{info.max})")
+        elif category is not Category.BOOL and abs(value) > _LARGEST_FLOAT_INT:
+            raise DTypeError(f"the Python int {_short(value)} is too large for the computing "
+                             f"dtype {dt.name} (for any float: past float64's largest, "
+                             f"about 1.8e308)")
+    elif category is Category.BOOL and isinstance(value, float | complex):
+        return bool(value != 0)
     return cast_value(value, dt)
+
+
+#: float64's largest finite value as an int: a Python int past it becomes no float64.
+_LARGEST_FLOAT_INT: Final = int(np.finfo(np.float64).max)
+
+
+def _short(value: int) -> str:
+    # A huge int in a message: its magnitude, not its 400 digits.
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:6]}...({len(text)} digits)"
 
 
 def scalar_converter(kind: type, dtype: Any) -> Callable[[Any], Any]:

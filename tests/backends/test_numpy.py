@@ -462,15 +462,20 @@ def test_declines_say_what_to_change() -> None:
 
 
 def test_an_output_that_reaches_an_element_twice_is_declined() -> None:
-    # (Overlapping rows: (0, 1) and (1, 0) are one element. A stride-0 axis, which also
-    # reaches an element twice, is refused by the front ends before any backend sees it.)
+    # (Overlapping rows: (0, 1) and (1, 0) are one element.) The front ends refuse such an
+    # output before any backend sees it (tests/ops/test_operations.py); the backend declines
+    # it on its own too, asked directly.
     storage = HostStorage(4, np.float64)
     twice = uni.Tensor.from_storage(storage, uni.layout_stride((2, 2), (1, 1)))
     ones = uni.from_numpy(np.ones((2, 2)))
-    with pytest.raises(uni.KernelDispatchError) as info:
+    with pytest.raises(uni.LayoutError, match="reaches some of its elements from more than"):
         uni.gemm(ones, ones, twice, backends=["numpy"])
-    assert info.value.attempts[0].decline is uni.Decline.UNSUPPORTED_LAYOUT
-    assert "more than once" in str(info.value)
+    with uni.acquire_host_read_access_sync(ones) as a, \
+            uni.acquire_host_write_access_sync(twice) as c:
+        answer = NUMPY.try_kernel("gemm", GemmCall(a.mdspan(), a.mdspan(), c.mdspan(), 1, 0))
+    assert answer.reason is uni.Decline.UNSUPPORTED_LAYOUT
+    assert "more than once" in answer.detail
+    assert storage.access_queue.snapshot() == []
 
 
 def test_try_kernel_declines_spans_it_cannot_reach() -> None:
@@ -630,6 +635,37 @@ def test_numpy_ufuncs_run_vectorised_with_numpys_own_dtypes() -> None:
     roots = uni.zeros(3, np.int32)
     uni.transform(roots, np.sqrt, uni.from_numpy(np.array([4, 10, -1], np.int32)))
     assert np.asarray(roots).tolist() == [2, 3, 0]  # float64 sqrt, stored truncating, NaN -> 0
+
+
+@pytest.mark.parametrize("backends", [None, ["numpy"], ["cpu_reference"]])
+def test_logical_ufuncs_take_a_python_float_or_complex_by_its_truth(
+        backends: list[str] | None) -> None:
+    # numpy resolves np.logical_and(float64, 1.5) to its bool loop and reads 1.5 as True.
+    values = np.array([0.0, 2.0, -0.5])
+    x = uni.from_numpy(values)
+    out = uni.zeros(3)
+    for ufunc in (np.logical_and, np.logical_or, np.logical_xor):
+        for scalar in (1.5, 0.0, -0.0, 1j, 0j, float("nan")):
+            uni.transform(out, ufunc, x, scalar, backends=backends)
+            assert np.asarray(out).tolist() == ufunc(values, scalar).tolist(), (ufunc, scalar)
+            uni.transform(out, ufunc, scalar, x, backends=backends)
+            assert np.asarray(out).tolist() == ufunc(scalar, values).tolist(), (ufunc, scalar)
+
+
+def test_a_python_int_past_any_float_is_refused_where_it_would_become_infinity() -> None:
+    # numpy raises OverflowError for np.add(x, 10**400); uni refuses it up front, untouched.
+    # One that fits float64 but not float32 rounds to infinity, in numpy as in uni (IEEE).
+    out = uni.full((2,), 7.0)
+    for call in (lambda: uni.transform(out, ops.add, uni.zeros(2), 10**400),
+                 lambda: uni.transform(out, np.add, uni.zeros(2), -(10**400)),
+                 lambda: uni.transform(out, ops.subtract, 10**400, uni.zeros(2))):
+        with pytest.raises(uni.DTypeError, match=r"Python int -?10+\.\.\.\(40[12] digits\) is "
+                           r"too large for the computing dtype float64"):
+            call()
+    assert np.asarray(out).tolist() == [7.0, 7.0]  # untouched, and not poisoned
+    narrow = uni.zeros(2, np.float32)
+    uni.transform(narrow, ops.add, uni.zeros(2, np.float32), 10**39)
+    assert np.asarray(narrow).tolist() == [np.inf, np.inf]
 
 
 def test_ufunc_ops_are_checked_up_front() -> None:

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from support.strategies import mappings, reachable_offsets, shapes, strided_layouts
 
 import uni
+from uni import _mapping
 from uni._mapping import best_mapping
 
 MAPPING_CLASSES = [uni.layout_right, uni.layout_left, uni.layout_stride]
@@ -164,6 +165,13 @@ def test_interleaved_strides_that_collide_are_detected() -> None:
     # offsets 2*i + 3*j over 3x3: 0,3,6,2,5,8,4,7,10 -> unique; over 4x3: 6 = 2*3 + 0 = 0 + 3*2
     assert uni.layout_stride((3, 3), (2, 3)).is_unique()
     assert not uni.layout_stride((4, 3), (2, 3)).is_unique()
+    # Exact past a few thousand indices too (those 9 offsets repeated 11 apart, 9,000 of them).
+    assert uni.layout_stride((3, 3, 1000), (2, 3, 11)).is_unique()
+    assert not uni.layout_stride((3, 3, 1000), (2, 3, 10)).is_unique()  # 10 = 2*2 + 3*2
+    # Past 2**24 indices an interleaved layout is not enumerated: unknown, so not unique.
+    assert _mapping.reaches_each_once((3, 3, 1 << 21), (2, 3, 11)) is None
+    assert not uni.layout_stride((3, 3, 1 << 21), (2, 3, 11)).is_unique()
+    assert _mapping.reaches_each_once((3, 1 << 23), (1, 3)) is True  # nests: no enumeration
 
 
 def test_empty_mapping_spans_nothing() -> None:

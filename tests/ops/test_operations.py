@@ -448,6 +448,33 @@ def test_an_output_that_broadcasts_is_refused_before_anything_runs(
     assert np.isfinite(whole.to_numpy()).all() and whole.to_numpy().any()
 
 
+# Each operation with an output whose strides interleave onto each other, no stride 0:
+# (shape, strides) over the buffer of 4. (A vector output can reach an element twice only
+# through stride 0.)
+_TWICE_REACHING_OUTPUTS = {"copy": ((2, 2), (1, 1)), "gemm": ((2, 2), (1, 1)),
+                           "gemm batch": ((3, 1, 2), (1, 2, 1)), "transform": ((2, 2), (1, 1))}
+
+
+@pytest.mark.parametrize("backends", BACKENDS, ids=_bid)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("name", list(_TWICE_REACHING_OUTPUTS))
+def test_an_output_that_reaches_an_element_twice_is_refused_before_anything_runs(
+        name: str, asynchronous: bool, backends: list[str] | None) -> None:
+    # As a broadcast output: several results would land on one element, and the one kept
+    # would be the backend's order's (cpu_reference reads back what it wrote; blas does not).
+    shape, strides = _TWICE_REACHING_OUTPUTS[name]
+    call = _BROADCAST_OUTPUTS[name][2]
+    buffer = uni.from_numpy(np.full(4, 9.0))
+    out = uni.Tensor.from_storage(buffer.storage, uni.layout_stride(shape, strides))
+    with uni.dispatch_diagnostics() as records, pytest.raises(uni.LayoutError) as info:
+        call(_operation(name, asynchronous), out, backends)
+    assert (f"the output '{'dst' if name == 'copy' else 'c' if 'gemm' in name else 'out'}' "
+            f"(shape {shape}, strides {strides}) reaches some of its elements from more than "
+            "one index") in str(info.value)
+    assert records == []  # refused before the walk
+    assert buffer.to_numpy().tolist() == [9.0] * 4  # untouched and not poisoned
+
+
 def test_an_empty_output_that_broadcasts_succeeds_at_once() -> None:
     out = uni.Tensor.from_storage(uni.from_numpy(np.zeros(1)).storage,
                                   uni.layout_stride((0, 2), (0, 0)))
