@@ -23,6 +23,7 @@ import pytest
 from support.journal import encode_v1
 
 import uni
+from uni import cli
 from uni.storage import MappedFileStorage, _journal
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -480,7 +481,7 @@ def test_w_plus_drops_a_dead_journal_instead_of_rolling_it_back(tmp_path: pathli
 
 
 def test_a_commit_whose_undo_fails_keeps_its_journal_for_the_next_open(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "rows.f64"
     expected = _rows_file(path)
@@ -499,6 +500,21 @@ def test_a_commit_whose_undo_fails_keeps_its_journal_for_the_next_open(
     del t, lease, storage
     gone(holders)
     assert journal.exists()  # the process let go of the file, the journal stayed
+
+    def no_space(fd: int, data: Any, offset: int) -> None:  # the disk is still full
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    monkeypatch.setattr(_journal, "write_all", no_space)
+    for reopen in (lambda: MappedFileStorage(path, np.float64, 64),
+                   lambda: MappedFileStorage(path, np.float64, mode="r")):
+        with pytest.raises(uni.StorageError, match=r"could not be rolled back from .*No space "
+                           r"left on device.*the journal is kept.*uni recover") as info:
+            reopen()
+        assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+    assert cli.main(["recover", str(path)]) == 2  # refused, with that message: not a crash
+    assert "could not be rolled back" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert journal.exists()
     MappedFileStorage(path, np.float64, 64)  # the next open rolls it back
     np.testing.assert_array_equal(np.fromfile(path).reshape(8, 8), expected)
     assert not jdir_of(path).exists()

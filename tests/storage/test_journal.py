@@ -7,6 +7,7 @@ import os
 import pathlib
 import random
 import struct
+from typing import Any
 
 import attrs
 import pytest
@@ -100,6 +101,48 @@ def test_holes_are_found_and_rolled_back_as_zeros(tmp_path: pathlib.Path) -> Non
         _journal.write_all(fd, b"\x07" * (hi - lo), lo)  # the "commit"
         _journal.roll_back(fd, rec)
         assert os.pread(fd, 16 * block, 0) == before
+    finally:
+        os.close(fd)
+
+
+def test_a_rollback_writes_zeros_only_where_the_failed_commit_reached(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A commit that stopped on a full disk never reached some of the holes it would have
+    # filled: they still read as zeros, and the rollback leaves them so, writing nothing
+    # there (writing zeros into a hole would need the space that ran out).
+    path = tmp_path / "sparse"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.ftruncate(fd, 1 << 16)
+        os.pwrite(fd, b"\x01" * 100, 1000)
+        holes = ((0, 1000), (1100, 3000), (20_000, 10_000))
+        parts = complement(0, 30_000, holes)
+        rec = JournalRecord(0, 30_000, 1 << 16, holes, _journal.read_parts(fd, parts))
+        before = os.pread(fd, 1 << 16, 0)
+        writes: list[tuple[int, int]] = []
+        real = _journal.write_all
+
+        def in_a_hole(offset: int, n: int) -> bool:
+            return any(o < offset + n and offset < o + size for o, size in holes)
+
+        def full_disk(fd: int, data: Any, offset: int) -> None:
+            n = len(memoryview(data).cast("B"))
+            if in_a_hole(offset, n):  # a write into a hole: would need new space
+                raise OSError(28, "No space left on device (injected)")
+            writes.append((offset, n))
+            real(fd, data, offset)
+
+        monkeypatch.setattr(_journal, "write_all", full_disk)
+        real(fd, b"\x07" * 50, 1000)  # the commit reached the data part only
+        _journal.roll_back(fd, rec)  # holes untouched: nothing written there
+        assert os.pread(fd, 1 << 16, 0) == before
+        assert writes == parts  # the data parts only
+        real(fd, b"\x07" * 10, 1500)  # now it reached a hole too: zeros must go back there
+        with pytest.raises(OSError, match="No space left"):
+            _journal.roll_back(fd, rec)
+        monkeypatch.undo()
+        _journal.roll_back(fd, rec)
+        assert os.pread(fd, 1 << 16, 0) == before
     finally:
         os.close(fd)
 

@@ -223,7 +223,16 @@ def roll_back_dead_journals(fd: int, identity: FileIdentity, path: str, jdir: st
             try:
                 finished = holds_new_contents(fd, record)
                 if not finished:
-                    _journal.roll_back(fd, record)  # torn, or never written
+                    try:
+                        _journal.roll_back(fd, record)  # torn, or never written
+                    except OSError as err:
+                        # The journal stays (still valid): the next open retries.
+                        raise _os_error(
+                            f"bytes {record.start}..{record.start + record.length - 1} of "
+                            f"{path}, left mid-commit by a process that died, could not be "
+                            f"rolled back from {jpath} ({err.strerror}); the journal is "
+                            f"kept. Fix the cause (free space on a full disk), then open the "
+                            f"file again or run `uni recover {path}`", err) from err
                 os.unlink(jpath)
                 _journal.fsync_directory(jdir)
             finally:

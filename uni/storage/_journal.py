@@ -308,10 +308,15 @@ def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> Non
         done += os.pwrite(fd, view[done:], offset + done)
 
 
-def write_zeros(fd: int, offset: int, length: int) -> None:
+def restore_zeros(fd: int, offset: int, length: int) -> None:
+    """Zeros back over ``length`` bytes at ``offset`` (a hole the journal recorded), written
+    only in the pieces that no longer read as zeros: what the failed commit never reached is
+    still a hole, and stays one -- a rollback after a full disk (ENOSPC, the commit stopped
+    part way) needs no new space there."""
     while length > 0:
         n = min(length, len(_ZEROS))
-        write_all(fd, _ZEROS[:n], offset)
+        if os.pread(fd, n, offset) != _ZEROS[:n]:
+            write_all(fd, _ZEROS[:n], offset)
         offset += n
         length -= n
 
@@ -326,7 +331,7 @@ def roll_back(fd: int, record: JournalRecord) -> None:
         if number == 0:
             test_hook("rollback-partial")
     for offset, length in record.holes:
-        write_zeros(fd, offset, length)
+        restore_zeros(fd, offset, length)
         test_hook("rollback-partial")
     os.fdatasync(fd)
     test_hook("rollback-synced")
