@@ -49,6 +49,8 @@ from uni._errors import PoisonedError as PoisonedError
 from uni._errors import ReadOnlyOutputError as ReadOnlyOutputError
 from uni._errors import ShapeError as ShapeError
 from uni._errors import StorageError as StorageError
+from uni._errors import StorageExistsError as StorageExistsError
+from uni._errors import StorageNotFoundError as StorageNotFoundError
 from uni._errors import StorageOSError as StorageOSError
 from uni._errors import TileAccessError as TileAccessError
 from uni._errors import UniError as UniError
@@ -140,6 +142,8 @@ __all__ = [
     "ScaledAccessor",
     "ShapeError",
     "StorageError",
+    "StorageExistsError",
+    "StorageNotFoundError",
     "StorageOSError",
     "Tensor",
     "TileAccessError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno as _errno
 from typing import Any
 
 
@@ -83,6 +84,23 @@ class StorageOSError(StorageError, OSError):
 
     def __reduce__(self) -> tuple[type[StorageOSError], tuple[str, int | None]]:
         return type(self), (str(self), self.errno)
+
+
+class StorageNotFoundError(StorageOSError, FileNotFoundError):
+    """What uni was asked to open is not there (a Zarr store of ``uni.dask.open``): a
+    StorageOSError with errno ENOENT, and a ``FileNotFoundError``."""
+
+    def __init__(self, message: str, errno: int | None = _errno.ENOENT) -> None:
+        super().__init__(message, errno)
+
+
+class StorageExistsError(StorageOSError, FileExistsError):
+    """What uni was asked to create is there already and may not be replaced (a store of
+    ``uni.dask.empty`` without ``overwrite=True``): a StorageOSError with errno EEXIST, and a
+    ``FileExistsError``."""
+
+    def __init__(self, message: str, errno: int | None = _errno.EEXIST) -> None:
+        super().__init__(message, errno)
 
 
 class KernelDispatchError(UniError, LookupError):

@@ -423,6 +423,30 @@ def store_scalar(value: PythonScalar, dst_dtype: Any) -> PythonScalar:
     return min(max(int(real), int(info.min)), int(info.max))
 
 
+def fill_scalar(value: Any, dtype: Any, what: str) -> PythonScalar:
+    """``value`` as the fill of a new ``dtype`` tensor, by the store rule (a float saturates
+    into an integer dtype and NaN gives 0; a complex keeps its real part in a real dtype).
+
+    One number, Python's or numpy's (a numpy scalar or 0-d array is read as the number it
+    holds); anything else is a DTypeError, and so is an int that does not fit an integer
+    ``dtype`` (numpy 2 refuses ``np.full(2, 2**40, np.int32)`` too: a wrapped or saturated
+    literal is never what was written).
+    """
+    number = value.item() if isinstance(value, np.generic | np.ndarray) and np.ndim(value) == 0 \
+        else value
+    if not isinstance(number, bool | int | float | complex):
+        raise DTypeError(f"{what}: the fill value must be a number (bool, int, float or "
+                         f"complex), got {type(value).__name__} {value!r}")
+    dt = as_dtype(dtype)
+    if (isinstance(number, int) and not isinstance(number, bool)
+            and _CATEGORY[dt] is Category.INTEGER):
+        info = np.iinfo(dt)
+        if not info.min <= number <= info.max:
+            raise DTypeError(f"{what}: the fill value {number!r} does not fit {dt.name} "
+                             f"(range {info.min}..{info.max})")
+    return store_scalar(number, dt)
+
+
 # ---------------------------------------------------------------------------------------
 # Store rules on arrays
 

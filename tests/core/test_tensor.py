@@ -106,6 +106,36 @@ def test_full_with_an_explicit_dtype() -> None:
     np.testing.assert_array_equal(values(t), [2, 2, 2])
 
 
+@pytest.mark.parametrize(("fill", "dtype", "expected"), [
+    (1e20, np.int32, 2**31 - 1), (-1e20, np.int64, -(2**63)), (float("nan"), np.int32, 0),
+    (float("inf"), np.int32, 2**31 - 1), (2.9, np.int32, 2), (-2.9, np.int64, -2),
+    (1 + 2j, np.float64, 1.0), (np.float32(2.5), np.int64, 2), (np.array(3.5), np.int32, 3),
+    (0.5, bool, True), (2**40, np.float32, float(np.float32(2**40))),
+])
+def test_full_stores_its_fill_value_by_the_store_rule(fill: Any, dtype: Any,
+                                                       expected: Any) -> None:
+    # As a copy into the tensor would store it (SPEC: a store into an integer dtype
+    # saturates, NaN -> 0), not numpy's unsafe cast (np.full(2, 1e20, np.int32) is garbage).
+    for device in ("host", "pinned") if uni.cuda.is_available() else ("host",):
+        t = uni.full((2,), fill, dtype, device=device)
+        assert values(t).tolist() == [expected, expected]
+
+
+@pytest.mark.parametrize(("fill", "dtype", "words"), [
+    (2**40, np.int32, "the fill value 1099511627776 does not fit int32"),
+    (-1, np.int32, None), (np.int64(2**40), np.int32, "does not fit int32"),
+    ("x", np.float64, "must be a number .*, got str 'x'"),
+    (None, np.float64, "must be a number .*, got NoneType None"),
+])
+def test_full_refuses_a_fill_that_does_not_fit_or_is_no_number(fill: Any, dtype: Any,
+                                                                words: str | None) -> None:
+    if words is None:  # (in range: taken)
+        assert values(uni.full((1,), fill, dtype)).tolist() == [fill]
+        return
+    with pytest.raises(uni.DTypeError, match=f"uni.full: .*{words}"):
+        uni.full((2,), fill, dtype)
+
+
 def test_arange_counts_from_zero() -> None:
     t = uni.arange(5)
     assert t.dtype == np.int64 and t.shape == (5,)
