@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -42,6 +44,18 @@ def test_a_missing_chunk_reads_as_the_fill_value(tmp_path: Any) -> None:
     with uni.acquire_host_read_access_sync(t.tile((2, 1))) as lease:
         assert np.asarray(lease.mdspan()).tolist() == [[3.5]]   # an edge tile: 1 x 1
     assert t.tile((0, 0)).shape == (2, 2)
+
+
+def test_a_fill_value_is_stored_as_uni_full_stores_it(tmp_path: Any) -> None:
+    t = ud.full(tmp_path / "t.zarr", (4,), (2,), 1e20, "int32")  # saturates
+    assert t.compute().tolist() == [2**31 - 1] * 4
+    t = ud.full(tmp_path / "n.zarr", (4,), (2,), float("nan"), "int32")  # NaN -> 0
+    assert t.compute().tolist() == [0] * 4
+    with pytest.raises(uni.DTypeError, match="does not fit int32"):
+        ud.full(tmp_path / "big.zarr", (4,), (2,), 2**40, "int32")
+    with pytest.raises(uni.DTypeError, match="must be a number"):
+        ud.full(tmp_path / "x.zarr", (4,), (2,), "x", "float64")
+    assert not (tmp_path / "big.zarr").exists() and not (tmp_path / "x.zarr").exists()
 
 
 def test_a_write_lease_outside_a_task_commits_the_whole_chunk_at_once(tmp_path: Any) -> None:
@@ -194,6 +208,32 @@ def test_a_task_fails_loudly_and_leaves_a_poison_marker(tmp_path: Any) -> None:
     run_tile_task(_task(t, 6, _fill_seven, overwrite=True))  # a whole overwrite clears it
     assert t.poisoned() == ()
     np.testing.assert_array_equal(stored(t), [7.0] * 3)
+
+
+def test_a_failed_tile_lease_outside_a_task_leaves_a_poison_marker_too(tmp_path: Any) -> None:
+    # No task, no session: the lease itself records the failure in the store, for
+    # poisoned(), for a later reader in another process, and until a whole-chunk overwrite.
+    t = ud.zeros(tmp_path / "t.zarr", (4,), (2,))
+    with pytest.raises(ValueError, match="writer failed"):
+        with uni.acquire_host_write_access_sync(t.tile((0,))) as lease:
+            np.asarray(lease.mdspan())[...] = 5.0
+            raise ValueError("writer failed")
+    assert t.poisoned() == ((0,),)
+    np.testing.assert_array_equal(stored(t), [0.0] * 4)  # the store kept its contents
+    later = subprocess.run(
+        [sys.executable, "-c", "import sys, uni, uni.dask as ud\n"
+         "t = ud.open(sys.argv[1])\n"
+         "try:\n    t.compute()\nexcept uni.PoisonedError as err:\n"
+         "    print('poisoned:', err, '| cause:', err.__cause__)\n",
+         str(tmp_path / "t.zarr")], capture_output=True, text=True, timeout=120)
+    assert later.returncode == 0 and "poisoned: " in later.stdout, later.stderr
+    assert "ValueError: writer failed" in later.stdout
+    with uni.acquire_host_write_access_sync(t.tile((1,))) as lease:  # another chunk: fine
+        np.asarray(lease.mdspan())[...] = 2.0
+    with uni.acquire_host_write_access_sync(t.tile((0,)), overwrite=True) as lease:
+        np.asarray(lease.mdspan())[...] = 1.0  # a whole-chunk overwrite clears it
+    assert t.poisoned() == ()
+    np.testing.assert_array_equal(stored(t), [1.0, 1.0, 2.0, 2.0])
 
 
 def _fill_seven(out_tile: uni.Tensor) -> None:

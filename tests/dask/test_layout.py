@@ -66,5 +66,5 @@ def test_sweep_removes_what_killed_commits_left_and_nothing_else(tmp_path: Any) 
     assert np.fromfile(t.chunk_path((0,))).tolist() == [1.0] * 3
     assert _layout.versions(t.path, (0,)) == [1]
     assert ud.sweep(t.path) == []
-    with pytest.raises(FileNotFoundError, match=r"zarr\.json"):
+    with pytest.raises(uni.StorageNotFoundError, match=r"zarr\.json"):
         ud.sweep(tmp_path)

@@ -10,6 +10,7 @@ worker share one storage per chunk. Front-end errors are checked without a clust
 from __future__ import annotations
 
 import functools
+import pathlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -187,6 +188,10 @@ def test_from_dask_stores_each_block_through_a_write_lease(client: Client, workd
         np.testing.assert_array_equal(t.to_dask().compute(), x.compute())
         empty = ud.from_dask(da.zeros((0, 3), chunks=2), fresh(workdir, "fd"), chunks=(2, 2))
         assert empty.nchunks == 0
+        # The array's own chunking, where an empty axis has chunks of extent 0: 1 there.
+        own = ud.from_dask(da.zeros((0, 3), chunks=(1, 3)), fresh(workdir, "fd"))
+        assert (own.shape, own.chunks, own.nchunks) == ((0, 3), (1, 3), 0)
+        assert own.compute().shape == (0, 3)
 
 
 def test_threads_of_one_worker_share_one_storage_per_chunk(client: Client,
@@ -265,6 +270,13 @@ def test_gemm_refuses_what_it_cannot_run(small: dict[str, ud.TiledTensor]) -> No
         ud.gemm(a, small["gpu"], c)
     with pytest.raises(uni.LayoutError, match="alias"):
         ud.gemm(small["sq"], small["sq"], small["sq"])
+    # Another name of the same store (a symbolic link) is the same store: it aliases too.
+    link = pathlib.Path(small["sq"].path).with_name("link-to-sq.zarr")
+    link.symlink_to(small["sq"].path)
+    through_link = ud.open(link)
+    assert through_link.path == small["sq"].path
+    with pytest.raises(uni.LayoutError, match="alias"):
+        ud.gemm(through_link, small["sq"], small["sq"])
     with pytest.raises(uni.DTypeError, match="'beta' must be a number"):
         ud.gemm(a, b, c, beta="1")
     with pytest.raises(TypeError, match="TiledTensor"):

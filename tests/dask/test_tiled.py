@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 from typing import Any
@@ -47,13 +48,15 @@ def test_descriptions_are_validated(tmp_path: Any) -> None:
 
 def test_stores_are_created_once_and_replaced_only_on_request(tmp_path: Any) -> None:
     t = ud.zeros(tmp_path / "t.zarr", (4,), (2,))
-    with pytest.raises(FileExistsError, match="overwrite=True"):
+    with pytest.raises(uni.StorageExistsError, match="overwrite=True") as exists:
         ud.zeros(t.path, (4,), (2,))
+    # A uni error, and the builtin it was before (code that caught that still does).
+    assert isinstance(exists.value, FileExistsError) and exists.value.errno == errno.EEXIST
     again = ud.full(t.path, (6,), (3,), fill_value=2, overwrite=True)
     assert again.store_id != t.store_id
     assert np.asarray(zarr.open_array(t.path, mode="r")[...]).tolist() == [2.0] * 6
     os.makedirs(tmp_path / "precious")
-    with pytest.raises(FileExistsError, match="not a Zarr array"):
+    with pytest.raises(uni.StorageExistsError, match="not a Zarr array"):
         ud.zeros(tmp_path / "precious", (4,), (2,), overwrite=True)
     assert os.path.isdir(tmp_path / "precious")
 
@@ -61,8 +64,10 @@ def test_stores_are_created_once_and_replaced_only_on_request(tmp_path: Any) -> 
 def test_open_takes_any_codecs_and_zarr_v2(tmp_path: Any) -> None:
     zarr.create_array(store=str(tmp_path / "z.zarr"), shape=(4,), chunks=(2,), dtype="f8")
     assert ud.open(tmp_path / "z.zarr").encoded       # zarr's default compresses (zstd)
-    with pytest.raises(FileNotFoundError, match=r"no zarr\.json, and no \.zarray"):
+    with pytest.raises(uni.StorageNotFoundError,
+                       match=r"no zarr\.json, and no \.zarray") as missing:
         ud.open(tmp_path / "nothing")
+    assert isinstance(missing.value, FileNotFoundError) and isinstance(missing.value, uni.UniError)
     zarr.create_array(store=str(tmp_path / "v2.zarr"), shape=(4,), chunks=(2,), dtype="f8",
                       zarr_format=2, compressors=None)
     assert ud.open(tmp_path / "v2.zarr").zarr_format == 2   # v2 keeps .zarray

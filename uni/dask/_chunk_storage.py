@@ -280,7 +280,14 @@ class ChunkStorage(StorageBase):
         ctx = _CONTEXT.get()
         if error is not None:
             if ctx is not None:
-                ctx.failed.add(self.key)
+                ctx.failed.add(self.key)  # the task's failure writes the marker
+            else:
+                # Outside a task no sequencer reports the failure: the marker is written
+                # here (after the newest committed version), so that poisoned() and every
+                # later reader -- another process, a later session -- see the poison too.
+                store = self.tiled.path
+                _layout.write_marker(store, self.index,
+                                     _layout.latest_version(store, self.index) + 1, error)
             return  # the failed writer's buffer is dropped: the store keeps its contents
         if region.empty:
             return

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from uni._errors import TileAccessError
+from uni._errors import StorageNotFoundError, TileAccessError
 from uni.dask._grid import Index, chunk_name
 
 UNI_DIR = ".uni"
@@ -312,9 +312,10 @@ def sweep(store: str) -> list[str]:
     than the newest of each chunk, and poison markers that a later commit made stale.
     Run it while nothing writes to the store: a commit in flight owns its temporary.
     """
-    store = os.path.abspath(os.fspath(store))
+    store = os.path.realpath(os.path.abspath(os.fspath(store)))
     if not has_array(store):
-        raise FileNotFoundError(f"{store} is not a Zarr array (no zarr.json or .zarray)")
+        raise StorageNotFoundError(
+            f"{store} is not a Zarr array (no zarr.json or .zarray)")
     removed: list[str] = []
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(tmp_dir(store)):

@@ -220,7 +220,7 @@ def rechunk(t: TiledTensor, chunks: Any, path: Any, *, overwrite: bool = False,
     """
     what = "uni.dask.rechunk"
     t = _tiled_arg(what, "t", t)
-    if os.path.abspath(os.fspath(path)) == t.path:
+    if os.path.realpath(os.path.abspath(os.fspath(path))) == t.path:
         raise uni.LayoutError(f"{what}: the new store is t's own ({t.path}); rechunk into "
                               "another path")
     current_session(what)  # refused before the new store exists when there is no sequencer
@@ -318,7 +318,9 @@ def from_dask(array: Any, path: Any, chunks: Any = None, *, dtype: Any = None,
         raise uni.ShapeError(f"{what}: the array's chunk sizes are unknown; call "
                              "compute_chunk_sizes() first")
     if chunks is None:
-        chunks = x.chunksize
+        # The array's own chunking; an empty axis (a chunk extent 0, which a store cannot
+        # have) takes chunks of 1, as an explicit chunks= of 1 would.
+        chunks = tuple(max(int(c), 1) for c in x.chunksize)
     target_dtype = np.dtype(x.dtype if dtype is None else dtype)
     ones = (1,) * x.ndim
     _dry_run(lambda: uni.copy(_ones(ones, x.dtype), _ones(ones, target_dtype)))

@@ -31,8 +31,10 @@ from uni.dask._chunk_storage import chunk_storage
 from uni.dask._grid import Index, chunk_name, grid_shape, tile_extent, tile_indices, tile_slices
 
 
-def _abspath(path: Any) -> str:
-    return str(os.path.abspath(os.fspath(path)))
+def _realpath(path: Any) -> str:
+    # Symbolic links resolved: two names of one store are one store, to the alias checks and
+    # to the sequencer, which orders chunks by their store's path.
+    return str(os.path.realpath(os.path.abspath(os.fspath(path))))
 
 
 def _ints(value: Any) -> tuple[int, ...]:
@@ -83,7 +85,7 @@ class TiledTensor:
     Build one with ``uni.dask.open``, ``empty``, ``zeros``, ``full`` or ``from_dask``.
     """
 
-    path: str = attrs.field(converter=_abspath)
+    path: str = attrs.field(converter=_realpath)
     shape: tuple[int, ...] = attrs.field(converter=_ints, validator=_check_shape)
     chunks: tuple[int, ...] = attrs.field(converter=_ints, validator=_check_chunks)
     dtype: np.dtype[Any] = attrs.field(converter=_dtype)
@@ -462,8 +464,8 @@ def _mismatch(t: TiledTensor) -> str | None:
 
 # -- stores ------------------------------------------------------------------------------------
 def _fill(dtype: np.dtype[Any], value: Any) -> Any:
-    scalar = np.array(value).astype(dtype)
-    return scalar.item()
+    # As uni.full fills (the store rule; an int that does not fit, or a non-number, refused).
+    return uni.full((), value, dtype).to_numpy().item()
 
 
 def _create(path: Any, shape: Any, chunks: Any, dtype: Any, fill_value: Any, domain: Any,
@@ -475,9 +477,9 @@ def _create(path: Any, shape: Any, chunks: Any, dtype: Any, fill_value: Any, dom
     target = probe.path
     if os.path.exists(target):
         if not overwrite:
-            raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
+            raise uni.StorageExistsError(f"{target} exists; pass overwrite=True to replace it")
         if os.path.isdir(target) and not os.path.exists(os.path.join(target, "zarr.json")):
-            raise FileExistsError(
+            raise uni.StorageExistsError(
                 f"{target} exists and is not a Zarr array: uni.dask will not delete it")
         _current.forget_store(target)
         _codec.forget(target)
@@ -540,9 +542,9 @@ def open(path: Any, *, domain: uni.Domain | None = None, durable: bool = False) 
     Zarr's own codecs. A sharded array's tiles are its shards. ``domain`` defaults to the one
     uni.dask recorded in the store (else ``uni.HOST``).
     """
-    target = _abspath(path)
+    target = _realpath(path)
     if not _layout.has_array(target):
-        raise FileNotFoundError(
+        raise uni.StorageNotFoundError(
             f"{target} is not a Zarr array (no zarr.json, and no .zarray of Zarr v2)")
     array = zarr.open_array(target, mode="r")
     meta = array.metadata
