@@ -269,8 +269,13 @@ def test_stream_arguments_are_checked_before_anything_runs() -> None:
     a, out = fake_cuda((4,)), fake_cuda((4,))
     with pytest.raises(TypeError, match=r"expects a uni\.cuda\.Stream"):
         uni.transform_async(out, uni.ops.negate, a, stream=42)
-    with pytest.raises(ValueError, match="the stream is on cuda:1 but the data is on cuda:0"):
+    with pytest.raises(uni.DomainError, match="the stream is on cuda:1 but the data is on cuda:0"):
         uni.transform_async(out, uni.ops.negate, a, stream=RecordingStream(device=1))
+    closed = RecordingStream()
+    closed.closed = True  # type: ignore[attr-defined]
+    with pytest.raises(uni.CudaError, match=r"uni\.transform_async: the stream is closed") as info:
+        uni.transform_async(out, uni.ops.negate, a, stream=closed)
+    assert info.value.call == "uni.transform_async"
     assert requests(out) == [] and requests(a) == []
     host = uni.zeros(4)
     with pytest.raises(uni.DomainError, match="leave stream=None for host tensors"):

@@ -139,3 +139,21 @@ def test_cupy_round_trips_through_dlpack_and_cai() -> None:
     gc.collect()
     time.sleep(0.01)
     assert (_host(t) == np.arange(24).reshape(4, 6)).all()
+
+
+@pytest.mark.cuda
+def test_an_export_that_would_block_a_trio_task_names_the_awaited_lease() -> None:
+    import trio
+
+    x = uni.zeros((4,), device="cuda")
+
+    async def main() -> None:
+        async with uni.acquire_cuda_write_access_async(x):
+            for export in (lambda: x.__cuda_array_interface__, lambda: x.__dlpack__()):
+                with pytest.raises(uni.WouldBlockError) as info:
+                    export()
+                assert "`await acquire_cuda_read_access_async(...)`" in str(info.value)
+        async with uni.acquire_cuda_read_access_async(x) as lease:  # the awaited way
+            assert lease.__cuda_array_interface__["shape"] == (4,)
+
+    trio.run(main)

@@ -73,6 +73,34 @@ def test_disabling_cuda_wins_over_the_simulator() -> None:
     assert found["available"] is False and "UNI_DISABLE_CUDA" in str(found["reason"])
 
 
+@pytest.mark.parametrize(("switch", "value", "words"), [
+    ("UNI_CUDA_SIMULATOR_JITTER", "abc", "UNI_CUDA_SIMULATOR_JITTER must be a number of "
+                                         "seconds >= 0, got 'abc'"),
+    ("UNI_CUDA_SIMULATOR_JITTER", "-1", "got '-1'"),
+    ("UNI_CUDA_SIMULATOR_SEED", "x", "UNI_CUDA_SIMULATOR_SEED must be an integer, got 'x'"),
+])
+def test_a_malformed_simulator_setting_is_an_answer_not_a_crash(switch: str, value: str,
+                                                                 words: str) -> None:
+    # Every question answers (SPEC: "whatever the machine"), with the bad setting named; a
+    # CUDA tensor is a DomainError with the same reason; `uni info` reports it and exits 0.
+    found = _answer(_REPORT.format(before=""), UNI_CUDA_SIMULATOR="1", **{switch: value})
+    assert found["available"] is False and found["names"] == []
+    assert str(found["reason"]).startswith("the simulated device cannot start: ")
+    assert words in str(found["reason"])
+    done = _run("""
+        import uni
+        assert uni.cuda.device_count() == 0
+        try:
+            uni.zeros(3, device="cuda")
+        except uni.DomainError as err:
+            print(err)
+    """, UNI_CUDA_SIMULATOR="1", **{switch: value})
+    assert done.returncode == 0 and words in done.stdout, done.stderr
+    info = _run("import sys, uni.cli; sys.exit(uni.cli.main(['info']))",
+                UNI_CUDA_SIMULATOR="1", **{switch: value})
+    assert info.returncode == 0 and words in info.stdout, info.stderr
+
+
 def test_simulate_after_the_first_cuda_use_is_refused() -> None:
     done = _run("""
         import uni, uni.cuda

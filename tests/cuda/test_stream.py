@@ -291,3 +291,44 @@ def test_a_closed_event_counts_as_done(fake_event: tuple[uni.cuda.Event, _FakeCu
     event, _ = fake_event
     event.close()
     assert event.done() and event.wait() is True
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_in_a_task_a_stream_ordered_after_an_async_operation_covers_it(loop: str) -> None:
+    # Inside an event loop an _async operation is issued from uni's launcher thread (its
+    # issue may block: a first compile, a staging copy), a little after the call returns.
+    # s2.wait(s1) (and s1.record(), s1.synchronize()) still covers what was called on s1
+    # before it, as outside a loop: the second copy reads dst through another storage of the
+    # same memory (so no lease orders the two), ordered by the stream wait alone. On the
+    # simulated device a missing wait is a HazardError.
+    import asyncio
+
+    import numpy as np
+
+    from uni.cuda._launch import launcher_thread
+
+    n = 1 << 14
+    dst = uni.zeros((n,), device="cuda")
+    address = dst.__cuda_array_interface__["data"][0]
+    alias = uni.Tensor.from_storage(
+        uni.cuda.CudaStorage.wrap(address, n, np.float64, device=0, owner=dst),
+        uni.layout_right((n,)))
+
+    async def main() -> None:
+        with uni.cuda.Stream() as s1, uni.cuda.Stream() as s2:
+            for i in range(8):
+                src_i = uni.full((n,), float(i), device="cuda")
+                first = uni.copy_async(src_i, dst, stream=s1)
+                s2.wait(s1)
+                back = uni.empty((n,), device="pinned")
+                await uni.copy_async(alias, back, stream=s2)
+                await first
+                with uni.acquire_host_read_access_sync(back) as lease:
+                    assert (np.asarray(lease.mdspan()) == float(i)).all()
+        assert launcher_thread() is not None  # the launches went through it
+
+    if loop == "trio":
+        trio.run(main)
+    else:
+        asyncio.run(main())

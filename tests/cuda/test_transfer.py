@@ -3,6 +3,7 @@ recorded), and round trips of every layout through ``uni.copy`` (GPU)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -221,6 +222,25 @@ def test_pageable_copies_through_the_ring_in_chunks(nbytes: int) -> None:
     back = uni.zeros(values.shape)
     uni.copy(dev, back)
     np.testing.assert_array_equal(back.to_numpy(), values)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(), (1,), (2, 3)])
+@pytest.mark.parametrize("source", ["host", "pinned"])
+def test_host_values_seen_through_an_accessor_copy_to_cuda_in_their_shape(
+        shape: tuple[int, ...], source: str) -> None:
+    # conj() and scaled() views are evaluated on the host first; a 0-d one stays 0-d.
+    values = (np.arange(math.prod(shape)) + 1 + 2j).reshape(shape)
+    held = uni.empty(shape, np.complex128, device="pinned") if source == "pinned" else None
+    if held is not None:
+        uni.copy(uni.from_numpy(values), held)
+    src = held if held is not None else uni.from_numpy(values)
+    for view, want in ((src.conj(), np.conj(values)), (src.scaled(2), values * 2)):
+        dst = uni.empty(shape, np.complex128, device="cuda")
+        uni.copy(view, dst)
+        back = uni.zeros(shape, np.complex128)
+        uni.copy(dst, back)
+        np.testing.assert_array_equal(back.to_numpy(), want)
 
 
 @pytest.mark.cuda

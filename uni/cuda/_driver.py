@@ -286,7 +286,12 @@ def _detect() -> Detection:
         return Detection(False, f"CUDA is disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]!r}")
     if is_simulated():
         # The simulated device needs no driver, no probe and no driver call of cuda-python.
-        chosen = seam()
+        try:
+            chosen = seam()
+        except (ValueError, TypeError) as bad:
+            # Its settings are wrong (UNI_CUDA_SIMULATOR_JITTER=abc): an answer, not a crash
+            # of every question (is_available(), uni info).
+            return Detection(False, f"the simulated device cannot start: {bad}")
         return Detection(True, None, chosen.device_count(),
                          chosen.device_facts(0).driver_version)
     # From here on the answer is the real driver's: UNI_CUDA_SIMULATOR set later must not

@@ -120,7 +120,8 @@ def cuda_array_interface_of(spec: AccessSpec, span: MdSpan, stream: Any) -> dict
 
 def _grant_now(spec: AccessSpec, what: str) -> Access:
     access = register_access(spec)
-    access.wait_grant_sync(async_hint="an async CUDA lease (then export the lease)")
+    # (The awaited way: a read lease, then its export; the hint names the function.)
+    access.wait_grant_sync(async_hint="acquire_cuda_read_access_async")
     access.check_poison(spec.what)
     return access
 

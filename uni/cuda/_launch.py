@@ -31,8 +31,9 @@ from typing import Any
 
 import trio
 
+from uni._errors import CudaError, DomainError
 from uni.cuda._poller import in_poll_thread
-from uni.cuda._stream import Stream, default_stream
+from uni.cuda._stream import Stream, _before_ordering, default_stream
 
 
 class Launch:
@@ -97,10 +98,12 @@ def check_stream(stream: Any, device: int, what: str) -> Any:
         raise TypeError(f"{what}: stream= expects a uni.cuda.Stream (or None for uni's stream "
                         f"of the device), got {type(stream).__name__}")
     if stream_device(stream) != device:
-        raise ValueError(f"{what}: the stream is on cuda:{stream_device(stream)} but the data "
-                         f"is on cuda:{device}; use a stream of that device")
+        raise DomainError(f"{what}: the stream is on cuda:{stream_device(stream)} but the data "
+                          f"is on cuda:{device}; use a stream of that device")
     if getattr(stream, "closed", False):
-        raise ValueError(f"{what}: the stream is closed")
+        # As the stream's own calls say it (Stream._live): a CudaError naming the call.
+        raise CudaError(f"{what}: the stream is closed; pass an open stream (or None for "
+                        "uni's stream of the device)", call=what)
     return stream
 
 
@@ -129,6 +132,7 @@ class _Launcher:
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._unfinished = 0  # handed over and not yet run (with what they made runnable)
 
     def put(self, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -136,6 +140,7 @@ class _Launcher:
                 self._thread = threading.Thread(target=self._run, name="uni-cuda-launch",
                                                 daemon=True)
                 self._thread.start()
+            self._unfinished += 1
         self._queue.put(fn)
 
     @property
@@ -144,11 +149,39 @@ class _Launcher:
 
     def _run(self) -> None:
         while True:
-            _drain(deque([self._queue.get()]))
+            try:
+                _drain(deque([self._queue.get()]))
+            finally:
+                with self._lock:
+                    self._unfinished -= 1
+
+    def barrier(self) -> None:
+        """Return once everything handed over before this call has run: FIFO, so a marker
+        put now runs after it (and after what it made runnable, drained first)."""
+        if not self._unfinished or threading.current_thread() is self._thread:
+            return
+        done = threading.Event()
+        self.put(done.set)
+        done.wait()
 
 
 _launcher = _Launcher()
 _local = threading.local()
+
+
+def issued_so_far() -> None:
+    """On an event loop's thread, return once the work this process handed to the launcher
+    before the call is queued on its streams: what a stream asks before it orders or waits
+    for its work so far (``Stream.record``, ``wait``, ``synchronize``), so that
+    ``s2.wait(s1)`` right after ``uni.copy_async(..., stream=s1)`` in a task covers the copy,
+    as it does outside a loop. (The loop thread waits as long as issuing that work takes: a
+    first compile, a staging copy. Elsewhere it returns at once: a thread that issues
+    inline has issued already, and the launcher's own work must not wait for itself.)"""
+    if _launcher._unfinished and not in_poll_thread() and on_loop_thread():
+        _launcher.barrier()
+
+
+_before_ordering.append(issued_so_far)
 
 
 def launcher_thread() -> threading.Thread | None:
@@ -231,6 +264,7 @@ __all__ = [
     "check_stream",
     "current_launch",
     "current_stream",
+    "issued_so_far",
     "launcher_thread",
     "launching",
     "on_loop_thread",

@@ -220,6 +220,18 @@ class _DoneSource:
         return self.event.done()
 
 
+#: What a stream asks before it orders or waits for "the work queued so far" (record, wait on
+#: a stream, synchronize): uni.cuda._launch's barrier, registered there (it lies a layer
+#: above), which on an event loop's thread returns once the work handed to the launcher
+#: thread before the call is queued on its stream.
+_before_ordering: list[Callable[[], None]] = []
+
+
+def _issued_so_far() -> None:
+    for barrier in _before_ordering:
+        barrier()
+
+
 class Stream:
     """A non-blocking CUDA stream on ``device`` (an index).
 
@@ -292,6 +304,7 @@ class Stream:
     def record(self, *, timing: bool = False) -> Event:
         """A new event marking the work queued on this stream so far."""
         cu = self._live("cuEventRecord")
+        _issued_so_far()
         use_device(self._device)
         driver = seam()
         event = driver.event_create(timing=bool(timing))
@@ -310,6 +323,7 @@ class Stream:
             other = event._live("cuStreamWaitEvent")
         elif isinstance(event, Stream):
             other = event._live("cuStreamWaitEvent")
+            _issued_so_far()
         else:
             raise TypeError(f"expected a uni.cuda.Event or uni.cuda.Stream, got {event!r}")
         use_device(self._device)
@@ -329,6 +343,7 @@ class Stream:
     def synchronize(self) -> None:
         """Block this thread until all work queued so far has completed."""
         cu = self._live("cuStreamSynchronize")
+        _issued_so_far()
         if trio.lowlevel.in_trio_run():
             with self.record() as marker:
                 if not marker.is_done:

@@ -160,7 +160,9 @@ def _host_array(span: MdSpan) -> tuple[np.ndarray[Any, Any], bool]:
     if _plain_host(span.accessor) and isinstance(handle, HostHandle):
         view = host_view(handle, span.mapping, writeable=False)
         return view, isinstance(handle.owner, PinnedStorage)
-    return np.ascontiguousarray(np.asarray(span)), False
+    values = np.asarray(span)
+    # (Reshaped back: ascontiguousarray makes a 0-d array 1-d, a shape the plan refuses.)
+    return np.ascontiguousarray(values).reshape(values.shape), False
 
 
 def _host_side(array: np.ndarray[Any, Any], pinned: bool) -> tuple[Side, int]:
