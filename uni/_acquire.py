@@ -194,7 +194,7 @@ def _check_layout(mapping: Any, accessor: Any, offset: Any, storage: Any, fn: st
         raise DTypeError(
             f"{fn}: the accessor ({type(accessor).__name__}) reads {np.dtype(stored)} "
             f"elements but the storage ({type(storage).__name__}) holds {storage.dtype}: "
-            "build the mdspec with an accessor of the storage's dtype"
+            "give it an accessor that stores the storage's dtype"
         )
 
 

@@ -62,8 +62,10 @@ class PendingAcquisition(Generic[L]):
     granted at call time (a cancel point, as trio's own waits are).
     """
 
-    __slots__ = ("__weakref__", "_access", "_allow_poisoned", "_driver", "_entering",
-                 "_is_tensor", "_kind", "_lease", "_state")
+    # (No __weakref__: nothing refers to an acquisition weakly, and compiled, a weak
+    # reference called after the object died crashed the interpreter.)
+    __slots__ = ("_access", "_allow_poisoned", "_driver", "_entering", "_is_tensor", "_kind",
+                 "_lease", "_state")
 
     _access: Access
     _allow_poisoned: bool

@@ -355,9 +355,12 @@ def python_scalar_to(value: PythonScalar, dtype: Any) -> PythonScalar:
                 raise DTypeError(f"the Python scalar {value!r} does not fit the computing dtype "
                                  f"{dt.name} (range {info.min}..{info.max})")
         elif category is not Category.BOOL and abs(value) > _LARGEST_FLOAT_INT:
-            raise DTypeError(f"the Python int {_short(value)} is too large for the computing "
-                             f"dtype {dt.name} (for any float: past float64's largest, "
-                             f"about 1.8e308)")
+            try:
+                float(value)  # (one that still rounds to float64's largest is taken)
+            except OverflowError:
+                raise DTypeError(f"the Python int {_short(value)} is too large for the "
+                                 f"computing dtype {dt.name} (for any float: past float64's "
+                                 f"largest, about 1.8e308)") from None
     elif category is Category.BOOL and isinstance(value, float | complex):
         return bool(value != 0)
     return cast_value(value, dt)

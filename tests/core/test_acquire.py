@@ -5,6 +5,7 @@ under asyncio (``support.loops.each_loop``); awaiting outside both is refused.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import itertools
@@ -182,8 +183,9 @@ def test_sync_timeout_names_the_holder() -> None:
 
 def test_a_timeout_behind_an_operation_names_the_holder_the_operation_waits_for() -> None:
     # The read waits for the gemm that will write c; the gemm waits for another thread's
-    # writer of a. The message goes on past the gemm to that writer and its thread.
-    a, c = uni.zeros((3, 3)), uni.zeros((3, 3))
+    # writer of a (and holds b already: a granted request of the gemm, not a holder it waits
+    # for). The message goes on past the gemm to that writer and its thread, once.
+    a, b, c = uni.zeros((3, 3)), uni.zeros((3, 3)), uni.zeros((3, 3))
     holding, done = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -193,16 +195,47 @@ def test_a_timeout_behind_an_operation_names_the_holder_the_operation_waits_for(
 
     holder = InThread(hold, name="holder-of-a")
     holding.wait(10)
-    future = uni.gemm_async(a, a, c)
+    future = uni.gemm_async(b, a, c)
     with pytest.raises(uni.LeaseTimeoutError) as info:
         read_sync(c, timeout=0.02)
     message = str(info.value)
     assert "it waits for what is held by gemm write of shape (3, 3)" in message
-    assert ("which in turn waits for what is held by write lease on Tensor(shape=(3, 3), "
-            "dtype=float64) from thread 'holder-of-a'") in message
+    assert message.endswith(
+        ", which in turn waits for what is held by write lease on Tensor(shape=(3, 3), "
+        "dtype=float64) from thread 'holder-of-a'")
+    assert message.count("gemm") == 1
     with pytest.raises(uni.LeaseTimeoutError) as direct:  # no operation in between
         read_sync(a, timeout=0)
     assert "in turn" not in str(direct.value) and "holder-of-a" in str(direct.value)
+    done.set()
+    holder.join()
+    future.result()
+    for t in (a, b, c):
+        assert_idle(t)
+
+
+def test_a_timeout_names_at_most_three_holders_in_turn() -> None:
+    # The writer of c waits for a copy that reads c and will write a; five readers of a
+    # (another thread's) hold it up. Three are named, and how many more there are.
+    a, c = uni.zeros((5,)), uni.zeros((5,))
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        leases = [read_sync(a[i:i + 1]) for i in range(5)]
+        holding.set()
+        done.wait(10)
+        for lease in leases:
+            lease.release()
+
+    holder = InThread(hold, name="reader-of-a")
+    holding.wait(10)
+    future = uni.copy_async(c, a)
+    with pytest.raises(uni.LeaseTimeoutError) as info:
+        write_sync(c, timeout=0.02)
+    message = str(info.value)
+    assert "it waits for what is held by copy read" in message
+    turn = message.split("which in turn waits for what is held by ")[1]
+    assert turn.count("read lease on Tensor(shape=(1,)") == 3 and turn.endswith(" and 2 more")
     done.set()
     holder.join()
     future.result()
@@ -516,6 +549,36 @@ def test_an_asyncio_task_of_an_acquisition_cancelled_before_it_ran_withdraws_it(
         lease = await asyncio.wait_for(asyncio.ensure_future(read_async(t)), 5)
         assert type(lease).__name__ == "ReadTensorLease"
         lease.release()
+        assert_idle(t)
+
+    aio_run(main)
+
+
+@pytest.mark.parametrize("how", ["task cancelled while it waits", "closed while it waits"])
+def test_an_acquisition_stopped_while_it_waits_as_a_task_withdraws_its_request(
+        how: str) -> None:
+    # Started (its first step ran, and it waits behind a writer), then cancelled or closed
+    # as a coroutine: the request goes, and nothing is left in the queue.
+    t = uni.zeros((3,))
+
+    async def main() -> None:
+        held = write_sync(t).transfer()
+        pending = read_async(t)
+        task = asyncio.ensure_future(pending)
+        await asyncio.sleep(0)  # the task's first step: it waits now
+        assert not task.done() and queue_of(t).pending_count() == 1
+        if how == "task cancelled while it waits":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            pending.close()  # (what closing a coroutine another task runs would do)
+            assert queue_of(t).pending_count() == 0
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopIteration, RuntimeError):
+                await task
+        assert queue_of(t).pending_count() == 0
+        held.release()
         assert_idle(t)
 
     aio_run(main)
@@ -1068,6 +1131,13 @@ def test_an_mdspec_whose_accessor_reads_another_dtype_is_refused_before_anything
         assert storage.access_queue.snapshot() == []
         with uni.acquire_host_read_access_sync(t) as lease:  # not poisoned, untouched
             assert np.asarray(lease.mdspan()).tolist() == [2.5] * 10
+        # What is checked is what the accessor stores, not what it shows: a scaled accessor
+        # of float64 elements (showing complex128 for a complex factor) is taken.
+        scaled = uni.MdSpec(uni.DataDescriptor(storage), uni.layout_right((10,)),
+                            uni.ScaledAccessor(uni.DefaultAccessor(np.float64), 2j))
+        assert scaled.accessor.element_type != np.float64
+        with uni.acquire_host_read_access_sync(scaled) as lease:
+            assert np.asarray(lease.mdspan()).tolist() == [5j] * 10
 
 
 def test_duck_typed_views_are_checked_against_their_storage() -> None:

@@ -172,6 +172,9 @@ def test_interleaved_strides_that_collide_are_detected() -> None:
     assert _mapping.reaches_each_once((3, 3, 1 << 21), (2, 3, 11)) is None
     assert not uni.layout_stride((3, 3, 1 << 21), (2, 3, 11)).is_unique()
     assert _mapping.reaches_each_once((3, 1 << 23), (1, 3)) is True  # nests: no enumeration
+    # More indices than elements in reach: two share one, whatever the size (no enumeration).
+    assert _mapping.reaches_each_once((5000, 5000), (1, 1)) is False
+    assert not uni.layout_stride((5000, 5000), (1, 1)).is_unique()
 
 
 def test_empty_mapping_spans_nothing() -> None:

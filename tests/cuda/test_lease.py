@@ -48,6 +48,20 @@ def test_a_stream_that_is_not_a_stream_is_refused_before_registering() -> None:
     assert requests(t) == []
 
 
+@pytest.mark.parametrize("acquire", [uni.acquire_cuda_read_access_sync,
+                                     uni.acquire_cuda_write_access_sync,
+                                     uni.acquire_cuda_read_access_async,
+                                     uni.acquire_cuda_write_access_async])
+def test_an_mdspec_whose_accessor_reads_another_dtype_is_refused(acquire: Any) -> None:
+    t = fake_cuda((4,))
+    spec = t.mdspec()
+    bad = uni.MdSpec(spec.data_descriptor, spec.mapping, type(spec.accessor)(np.int32))
+    with pytest.raises(uni.DTypeError, match="reads int32 elements but the storage "
+                       r"\(CudaStorage\) holds float64"):
+        acquire(bad)
+    assert requests(t) == []
+
+
 def test_a_write_of_read_only_cuda_data_is_refused() -> None:
     storage = uni.cuda.CudaStorage.wrap(FAKE_PTR, 4, np.float32, readonly=True)
     t = uni.Tensor.from_storage(storage, uni.layout_right((4,)))

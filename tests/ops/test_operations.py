@@ -20,6 +20,7 @@ from support.loops import Loop, each_loop
 from support.operations import Array, Gate, read
 
 import uni
+from uni import _mapping
 from uni.storage._base import StorageBase
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
@@ -449,8 +450,8 @@ def test_an_output_that_broadcasts_is_refused_before_anything_runs(
 
 
 # Each operation with an output whose strides interleave onto each other, no stride 0:
-# (shape, strides) over the buffer of 4. (A vector output can reach an element twice only
-# through stride 0.)
+# (shape, strides) over the buffer of 4. (gemv's y here is a vector, which can reach an
+# element twice only through stride 0; a batched gemv's y is a matrix, checked as gemm's c.)
 _TWICE_REACHING_OUTPUTS = {"copy": ((2, 2), (1, 1)), "gemm": ((2, 2), (1, 1)),
                            "gemm batch": ((3, 1, 2), (1, 2, 1)), "transform": ((2, 2), (1, 1))}
 
@@ -473,6 +474,21 @@ def test_an_output_that_reaches_an_element_twice_is_refused_before_anything_runs
             "one index") in str(info.value)
     assert records == []  # refused before the walk
     assert buffer.to_numpy().tolist() == [9.0] * 4  # untouched and not poisoned
+
+
+def test_an_interleaved_output_past_the_enumeration_limit_is_taken_as_it_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past the limit an interleaved layout is not enumerated: unique or not, the front end
+    # takes it (the numpy backend declines it, and another backend runs it); one with more
+    # indices than elements in reach is refused whatever its size.
+    monkeypatch.setattr(_mapping, "_EXACT_UNIQUE_LIMIT", 8)
+    buffer = uni.from_numpy(np.full(11, -1.0))
+    unique = uni.Tensor.from_storage(buffer.storage, uni.layout_stride((3, 3), (2, 3)))
+    uni.copy(uni.from_numpy(np.arange(9.0).reshape(3, 3)), unique)  # 9 indices > 8: taken
+    assert buffer.to_numpy().tolist() == [0, -1, 3, 1, 6, 4, 2, 7, 5, -1, 8]
+    crowded = uni.Tensor.from_storage(buffer.storage, uni.layout_stride((3, 4), (1, 2)))
+    with pytest.raises(uni.LayoutError, match="from more than one index"):
+        uni.copy(uni.zeros((3, 4)), crowded)  # 12 indices onto 9 elements
 
 
 def test_an_empty_output_that_broadcasts_succeeds_at_once() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import pathlib
@@ -107,42 +108,55 @@ def test_holes_are_found_and_rolled_back_as_zeros(tmp_path: pathlib.Path) -> Non
 
 def test_a_rollback_writes_zeros_only_where_the_failed_commit_reached(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A commit that stopped on a full disk never reached some of the holes it would have
-    # filled: they still read as zeros, and the rollback leaves them so, writing nothing
-    # there (writing zeros into a hole would need the space that ran out).
+    # A disk with room for `room` more bytes (a model: each byte of a hole written takes
+    # space, once). A commit stops part way into a hole (ENOSPC); the rollback writes zeros
+    # only over what the commit wrote -- space it already has -- and leaves the rest of the
+    # hole a hole: it needs no new space. Holes the commit never reached get no write.
     path = tmp_path / "sparse"
+    size = 1 << 16
     fd = os.open(path, os.O_RDWR | os.O_CREAT)
     try:
-        os.ftruncate(fd, 1 << 16)
+        os.ftruncate(fd, size)
         os.pwrite(fd, b"\x01" * 100, 1000)
         holes = ((0, 1000), (1100, 3000), (20_000, 10_000))
         parts = complement(0, 30_000, holes)
-        rec = JournalRecord(0, 30_000, 1 << 16, holes, _journal.read_parts(fd, parts))
-        before = os.pread(fd, 1 << 16, 0)
-        writes: list[tuple[int, int]] = []
+        rec = JournalRecord(0, 30_000, size, holes, _journal.read_parts(fd, parts))
+        before = os.pread(fd, size, 0)
+        allocated = bytearray(size)  # 1 where a write gave the byte space
+        for offset, n in holes:
+            allocated[offset:offset + n] = bytes(n)
+        for offset, n in parts:
+            allocated[offset:offset + n] = b"\x01" * n
+        room = [0]
         real = _journal.write_all
+        hole_writes: list[tuple[int, int]] = []
 
-        def in_a_hole(offset: int, n: int) -> bool:
-            return any(o < offset + n and offset < o + size for o, size in holes)
-
-        def full_disk(fd: int, data: Any, offset: int) -> None:
-            n = len(memoryview(data).cast("B"))
-            if in_a_hole(offset, n):  # a write into a hole: would need new space
-                raise OSError(28, "No space left on device (injected)")
-            writes.append((offset, n))
+        def disk(fd: int, data: Any, offset: int) -> None:
+            data = bytes(memoryview(data).cast("B"))
+            needed = [i for i in range(offset, offset + len(data)) if not allocated[i]]
+            if needed:
+                hole_writes.append((offset, len(data)))
+            if len(needed) > room[0]:  # writes up to the first byte it has no room for
+                stop = needed[room[0]] - offset
+                real(fd, data[:stop], offset)
+                allocated[offset:offset + stop] = b"\x01" * stop
+                room[0] = 0
+                raise OSError(errno.ENOSPC, "No space left on device (modelled)")
+            room[0] -= len(needed)
             real(fd, data, offset)
+            allocated[offset:offset + len(data)] = b"\x01" * len(data)
 
-        monkeypatch.setattr(_journal, "write_all", full_disk)
-        real(fd, b"\x07" * 50, 1000)  # the commit reached the data part only
-        _journal.roll_back(fd, rec)  # holes untouched: nothing written there
-        assert os.pread(fd, 1 << 16, 0) == before
-        assert writes == parts  # the data parts only
-        real(fd, b"\x07" * 10, 1500)  # now it reached a hole too: zeros must go back there
+        monkeypatch.setattr(_journal, "write_all", disk)
+        room[0] = 2500  # the first hole, then 1,500 bytes into the second, no further
         with pytest.raises(OSError, match="No space left"):
-            _journal.roll_back(fd, rec)
-        monkeypatch.undo()
-        _journal.roll_back(fd, rec)
-        assert os.pread(fd, 1 << 16, 0) == before
+            _journal.write_all(fd, b"\x07" * 30_000, 0)  # the commit, in one write
+        assert os.pread(fd, 10, 2500) == b"\x07" * 10  # it got there ...
+        assert os.pread(fd, 10, 3000) == bytes(10)  # ... and no further
+        hole_writes.clear()
+        _journal.roll_back(fd, rec)  # no room at all: and none needed
+        assert os.pread(fd, size, 0) == before
+        assert all(allocated[o:o + n] == b"\x01" * n for o, n in hole_writes)
+        assert not any(o >= 20_000 for o, _ in hole_writes)  # the hole it never reached
     finally:
         os.close(fd)
 

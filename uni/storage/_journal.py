@@ -310,13 +310,23 @@ def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> Non
 
 def restore_zeros(fd: int, offset: int, length: int) -> None:
     """Zeros back over ``length`` bytes at ``offset`` (a hole the journal recorded), written
-    only in the pieces that no longer read as zeros: what the failed commit never reached is
+    only over the bytes that no longer read as zero: what the failed commit never reached is
     still a hole, and stays one -- a rollback after a full disk (ENOSPC, the commit stopped
-    part way) needs no new space there."""
+    part way into the hole) needs no new space there (on a file system that overwrites in
+    place; a copy-on-write one, btrfs or ZFS, may need space for any write)."""
     while length > 0:
         n = min(length, len(_ZEROS))
-        if os.pread(fd, n, offset) != _ZEROS[:n]:
-            write_all(fd, _ZEROS[:n], offset)
+        found = os.pread(fd, n, offset)
+        if found != _ZEROS[:n]:
+            # Only from the first non-zero byte to the last: the commit wrote them, so their
+            # blocks are allocated; a hole past where it stopped stays unwritten (zeroing the
+            # whole piece would need the space that ran out).
+            lo = len(found) - len(found.lstrip(b"\0"))
+            hi = len(found.rstrip(b"\0"))
+            if hi > lo:
+                write_all(fd, _ZEROS[: hi - lo], offset + lo)
+            if len(found) < n:  # past the end of the file (cut short): zeros to its length
+                write_all(fd, _ZEROS[: n - len(found)], offset + len(found))
         offset += n
         length -= n
 
