@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-from support.acquire import Boom, InThread, assert_nothing_grantable_is_pending, overlaps, queue_of
+from support.acquire import (
+    Boom,
+    InThread,
+    assert_nothing_grantable_is_pending,
+    held_in_thread,
+    overlaps,
+    queue_of,
+)
 from support.aio import drive_by_hand
 from support.aio import run as aio_run
 from support.loops import Loop, each_loop
@@ -155,29 +162,18 @@ async def test_disjoint_async_requests_are_granted_at_call_time(loop: Loop) -> N
 # -- sync ----------------------------------------------------------------------------------
 def test_sync_timeout_names_the_holder() -> None:
     t = uni.zeros((3,))
-    holding = threading.Event()
-    done = threading.Event()
-
-    def hold() -> None:
-        with write_sync(t):
-            holding.set()
-            done.wait(10)
-
-    holder = InThread(hold, name="holder-thread")
-    holding.wait(10)
-    start = time.monotonic()
-    with pytest.raises(uni.LeaseTimeoutError) as info:
-        read_sync(t, timeout=0.05)
-    assert time.monotonic() - start >= 0.045
-    message = str(info.value)
-    assert "write lease on Tensor(shape=(3,), dtype=float64)" in message
-    assert "holder-thread" in message
-    assert isinstance(info.value, TimeoutError)
-    with pytest.raises(uni.LeaseTimeoutError, match="holder-thread"):
-        write_sync(t[1:], timeout=0)
-    assert queue_of(t).pending_count() == 0  # the timed-out requests were withdrawn
-    done.set()
-    holder.join()
+    with held_in_thread(lambda: [write_sync(t)], "holder-thread"):
+        start = time.monotonic()
+        with pytest.raises(uni.LeaseTimeoutError) as info:
+            read_sync(t, timeout=0.05)
+        assert time.monotonic() - start >= 0.045
+        message = str(info.value)
+        assert "write lease on Tensor(shape=(3,), dtype=float64)" in message
+        assert "holder-thread" in message
+        assert isinstance(info.value, TimeoutError)
+        with pytest.raises(uni.LeaseTimeoutError, match="holder-thread"):
+            write_sync(t[1:], timeout=0)
+        assert queue_of(t).pending_count() == 0  # the timed-out requests were withdrawn
     assert_idle(t)
 
 
@@ -186,29 +182,19 @@ def test_a_timeout_behind_an_operation_names_the_holder_the_operation_waits_for(
     # writer of a (and holds b already: a granted request of the gemm, not a holder it waits
     # for). The message goes on past the gemm to that writer and its thread, once.
     a, b, c = uni.zeros((3, 3)), uni.zeros((3, 3)), uni.zeros((3, 3))
-    holding, done = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with write_sync(a):
-            holding.set()
-            done.wait(10)
-
-    holder = InThread(hold, name="holder-of-a")
-    holding.wait(10)
-    future = uni.gemm_async(b, a, c)
-    with pytest.raises(uni.LeaseTimeoutError) as info:
-        read_sync(c, timeout=0.02)
-    message = str(info.value)
-    assert "it waits for what is held by gemm write of shape (3, 3)" in message
-    assert message.endswith(
-        ", which in turn waits for what is held by write lease on Tensor(shape=(3, 3), "
-        "dtype=float64) from thread 'holder-of-a'")
-    assert message.count("gemm") == 1
-    with pytest.raises(uni.LeaseTimeoutError) as direct:  # no operation in between
-        read_sync(a, timeout=0)
-    assert "in turn" not in str(direct.value) and "holder-of-a" in str(direct.value)
-    done.set()
-    holder.join()
+    with held_in_thread(lambda: [write_sync(a)], "holder-of-a"):
+        future = uni.gemm_async(b, a, c)
+        with pytest.raises(uni.LeaseTimeoutError) as info:
+            read_sync(c, timeout=0.02)
+        message = str(info.value)
+        assert "it waits for what is held by gemm write of shape (3, 3)" in message
+        assert message.endswith(
+            ", which in turn waits for what is held by write lease on Tensor(shape=(3, 3), "
+            "dtype=float64) from thread 'holder-of-a'")
+        assert message.count("gemm") == 1
+        with pytest.raises(uni.LeaseTimeoutError) as direct:  # no operation in between
+            read_sync(a, timeout=0)
+        assert "in turn" not in str(direct.value) and "holder-of-a" in str(direct.value)
     future.result()
     for t in (a, b, c):
         assert_idle(t)
@@ -218,26 +204,15 @@ def test_a_timeout_names_at_most_three_holders_in_turn() -> None:
     # The writer of c waits for a copy that reads c and will write a; five readers of a
     # (another thread's) hold it up. Three are named, and how many more there are.
     a, c = uni.zeros((5,)), uni.zeros((5,))
-    holding, done = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        leases = [read_sync(a[i:i + 1]) for i in range(5)]
-        holding.set()
-        done.wait(10)
-        for lease in leases:
-            lease.release()
-
-    holder = InThread(hold, name="reader-of-a")
-    holding.wait(10)
-    future = uni.copy_async(c, a)
-    with pytest.raises(uni.LeaseTimeoutError) as info:
-        write_sync(c, timeout=0.02)
-    message = str(info.value)
-    assert "it waits for what is held by copy read" in message
-    turn = message.split("which in turn waits for what is held by ")[1]
-    assert turn.count("read lease on Tensor(shape=(1,)") == 3 and turn.endswith(" and 2 more")
-    done.set()
-    holder.join()
+    with held_in_thread(lambda: [read_sync(a[i:i + 1]) for i in range(5)], "reader-of-a"):
+        future = uni.copy_async(c, a)
+        with pytest.raises(uni.LeaseTimeoutError) as info:
+            write_sync(c, timeout=0.02)
+        message = str(info.value)
+        assert "it waits for what is held by copy read" in message
+        turn = message.split("which in turn waits for what is held by ")[1]
+        assert turn.count("read lease on Tensor(shape=(1,)") == 3
+        assert turn.endswith(" and 2 more")
     future.result()
     assert_idle(a)
     assert_idle(c)

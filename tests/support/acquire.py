@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uni
@@ -40,6 +41,28 @@ class InThread:
         if self._error is not None:
             raise self._error
         return self._result
+
+
+@contextlib.contextmanager
+def held_in_thread(take: Callable[[], list[Any]], name: str) -> Iterator[None]:
+    """The leases ``take()`` acquires, held by a thread of their own named ``name`` for the
+    block (released, and the thread joined, after it)."""
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        leases = take()
+        holding.set()
+        done.wait(10)
+        for lease in leases:
+            lease.release()
+
+    holder = InThread(hold, name=name)
+    assert holding.wait(10), "the holder never took its leases"
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join()
 
 
 # -- cancellation --------------------------------------------------------------------------
