@@ -27,7 +27,7 @@ from uni._errors import DomainError
 from uni._extents import Extents
 from uni._mapping import _NUMPY as _NUMPY_MAPPINGS
 from uni._mapping import best_mapping, c_strides, f_strides, numpy_mapping
-from uni._promotion import fill_scalar
+from uni._promotion import fill_scalar, store_cast
 from uni._tensor import Tensor
 from uni.storage._numpy import storage_for_array
 from uni.storage.host import HostStorage
@@ -88,14 +88,18 @@ def zeros(shape: Any, dtype: Any = "float64", *, order: Any = "C", device: Any =
 def full(
     shape: Any, fill_value: Any, dtype: Any = None, *, order: Any = "C", device: Any = "host"
 ) -> Tensor:
-    """A tensor filled with ``fill_value`` (dtype inferred from it unless given), a number
-    stored by the store rule (``1e20`` saturates into int32, NaN gives 0); an int that does
-    not fit an integer dtype, or anything but a number, is a DTypeError."""
+    """A tensor filled with ``fill_value`` (dtype inferred from it unless given): a number,
+    stored by the store rule (``1e20`` saturates into int32, NaN gives 0), or an array of the
+    tensor's elements in order, stored by the same rule; an int that does not fit an integer
+    dtype, or text, is a DTypeError."""
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
         if dtype == np.int64 and isinstance(fill_value, bool):
             dtype = np.bool_
     dt = as_dtype(dtype)
+    if np.ndim(fill_value) > 0:  # the elements themselves (as before: not a broadcast)
+        fill = store_cast(np.asarray(fill_value), dt)
+        return _allocate(shape, dt, order, device, fill)
     return _allocate(shape, dt, order, device, fill_scalar(fill_value, dt, "uni.full"))
 
 

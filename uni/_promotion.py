@@ -23,9 +23,11 @@ complex into a real dtype they keep the real part -- never with a warning.
 
 from __future__ import annotations
 
+import decimal
 import enum
 import functools
 import math
+import numbers
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias, TypeGuard
@@ -435,9 +437,18 @@ def fill_scalar(value: Any, dtype: Any, what: str) -> PythonScalar:
     ``dtype`` (numpy 2 refuses ``np.full(2, 2**40, np.int32)`` too: a wrapped or saturated
     literal is never what was written).
     """
-    number = value.item() if isinstance(value, np.generic | np.ndarray) and np.ndim(value) == 0 \
-        else value
-    if not isinstance(number, bool | int | float | complex):
+    number = value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+    # Any number (numbers' ABCs: numpy's scalars, Fraction, Decimal, a long double) as the
+    # Python number of its kind; text, sequences and arrays are no number.
+    if isinstance(number, bool | np.bool_):
+        number = bool(number)
+    elif isinstance(number, numbers.Integral):
+        number = int(number)
+    elif isinstance(number, numbers.Real | decimal.Decimal):
+        number = float(number)
+    elif isinstance(number, numbers.Complex):
+        number = complex(number)
+    else:
         raise DTypeError(f"{what}: the fill value must be a number (bool, int, float or "
                          f"complex), got {type(value).__name__} {value!r}")
     dt = as_dtype(dtype)

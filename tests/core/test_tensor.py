@@ -6,6 +6,8 @@ and no view ever reaches outside its buffer.
 
 from __future__ import annotations
 
+import decimal
+import fractions
 import math
 import operator
 from typing import Any
@@ -111,6 +113,8 @@ def test_full_with_an_explicit_dtype() -> None:
     (float("inf"), np.int32, 2**31 - 1), (2.9, np.int32, 2), (-2.9, np.int64, -2),
     (1 + 2j, np.float64, 1.0), (np.float32(2.5), np.int64, 2), (np.array(3.5), np.int32, 3),
     (0.5, bool, True), (2**40, np.float32, float(np.float32(2**40))),
+    (fractions.Fraction(1, 2), np.float64, 0.5), (decimal.Decimal("1.5"), np.float64, 1.5),
+    (np.longdouble(1.5), np.float64, 1.5), (np.int8(-3), np.int32, -3),
 ])
 def test_full_stores_its_fill_value_by_the_store_rule(fill: Any, dtype: Any,
                                                        expected: Any) -> None:
@@ -121,10 +125,16 @@ def test_full_stores_its_fill_value_by_the_store_rule(fill: Any, dtype: Any,
         assert values(t).tolist() == [expected, expected]
 
 
+def test_full_takes_the_elements_of_an_array_fill_by_the_store_rule() -> None:
+    t = uni.full((2, 2), [1e20, float("nan"), -2.5, 3.0], np.int32)
+    assert values(t).tolist() == [[2**31 - 1, 0], [-2, 3]]
+
+
 @pytest.mark.parametrize(("fill", "dtype", "words"), [
     (2**40, np.int32, "the fill value 1099511627776 does not fit int32"),
     (-1, np.int32, None), (np.int64(2**40), np.int32, "does not fit int32"),
     ("x", np.float64, "must be a number .*, got str 'x'"),
+    ("1.5", np.float64, "must be a number .*, got str '1.5'"),
     (None, np.float64, "must be a number .*, got NoneType None"),
 ])
 def test_full_refuses_a_fill_that_does_not_fit_or_is_no_number(fill: Any, dtype: Any,

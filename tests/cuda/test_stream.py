@@ -294,14 +294,17 @@ def test_a_closed_event_counts_as_done(fake_event: tuple[uni.cuda.Event, _FakeCu
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("how", ["s2.wait(s1)", "await s1.synchronize_async()"])
 @pytest.mark.parametrize("loop", ["trio", "asyncio"])
-def test_in_a_task_a_stream_ordered_after_an_async_operation_covers_it(loop: str) -> None:
+def test_in_a_task_a_stream_ordered_after_an_async_operation_covers_it(loop: str,
+                                                                        how: str) -> None:
     # Inside an event loop an _async operation is issued from uni's launcher thread (its
     # issue may block: a first compile, a staging copy), a little after the call returns.
-    # s2.wait(s1) (and s1.record(), s1.synchronize()) still covers what was called on s1
-    # before it, as outside a loop: the second copy reads dst through another storage of the
-    # same memory (so no lease orders the two), ordered by the stream wait alone. On the
-    # simulated device a missing wait is a HazardError.
+    # s2.wait(s1) (joining the launcher's queue behind it) and s1.synchronize_async()
+    # (waiting for that queue on a worker thread) still cover what was called on s1 before
+    # them, as outside a loop: the second copy reads dst through another storage of the same
+    # memory (so no lease orders the two), ordered by the stream alone. On the simulated
+    # device a missing wait is a HazardError.
     import asyncio
 
     import numpy as np
@@ -320,7 +323,10 @@ def test_in_a_task_a_stream_ordered_after_an_async_operation_covers_it(loop: str
             for i in range(8):
                 src_i = uni.full((n,), float(i), device="cuda")
                 first = uni.copy_async(src_i, dst, stream=s1)
-                s2.wait(s1)
+                if how == "s2.wait(s1)":
+                    s2.wait(s1)
+                else:
+                    await s1.synchronize_async()
                 back = uni.empty((n,), device="pinned")
                 await uni.copy_async(alias, back, stream=s2)
                 await first

@@ -214,6 +214,10 @@ def test_a_failed_tile_lease_outside_a_task_leaves_a_poison_marker_too(tmp_path:
     # No task, no session: the lease itself records the failure in the store, for
     # poisoned(), for a later reader in another process, and until a whole-chunk overwrite.
     t = ud.zeros(tmp_path / "t.zarr", (4,), (2,))
+    with pytest.raises(ValueError, match="nothing written"):  # a view of no element
+        with uni.acquire_host_write_access_sync(t.tile((1,))[0:0]):
+            raise ValueError("nothing written")
+    assert t.poisoned() == ()  # poisons nothing
     with pytest.raises(ValueError, match="writer failed"):
         with uni.acquire_host_write_access_sync(t.tile((0,))) as lease:
             np.asarray(lease.mdspan())[...] = 5.0

@@ -277,6 +277,8 @@ def test_gemm_refuses_what_it_cannot_run(small: dict[str, ud.TiledTensor]) -> No
     assert through_link.path == small["sq"].path
     with pytest.raises(uni.LayoutError, match="alias"):
         ud.gemm(through_link, small["sq"], small["sq"])
+    with pytest.raises(uni.LayoutError, match="the new store is t's own"):
+        ud.rechunk(small["sq"], (4, 4), link, overwrite=True)  # would replace its own store
     with pytest.raises(uni.DTypeError, match="'beta' must be a number"):
         ud.gemm(a, b, c, beta="1")
     with pytest.raises(TypeError, match="TiledTensor"):

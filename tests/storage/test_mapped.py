@@ -319,8 +319,11 @@ def test_bad_input_is_refused_before_the_file_is_touched(
 
 
 def test_missing_file_and_non_file_paths(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        MappedFileStorage(tmp_path / "absent.bin", np.float64)
+    for mode in ("r+", "r"):  # a uni error, and the FileNotFoundError it was before
+        with pytest.raises(uni.StorageNotFoundError, match="does not exist: mode"):
+            MappedFileStorage(tmp_path / "absent.bin", np.float64, mode=mode)
+    with pytest.raises(FileNotFoundError, match="its directory does not exist"):
+        MappedFileStorage(tmp_path / "no" / "such.bin", np.float64, 4, mode="w+")
     with pytest.raises((uni.StorageError, IsADirectoryError)):
         MappedFileStorage(tmp_path, np.float64)
 

@@ -33,7 +33,8 @@ import trio
 
 from uni._errors import CudaError, DomainError
 from uni.cuda._poller import in_poll_thread
-from uni.cuda._stream import Stream, _before_ordering, default_stream
+from uni.cuda._stream import Stream, default_stream
+from uni.cuda._stream import _launcher as _stream_launcher
 
 
 class Launch:
@@ -157,7 +158,8 @@ class _Launcher:
 
     def barrier(self) -> None:
         """Return once everything handed over before this call has run: FIFO, so a marker
-        put now runs after it (and after what it made runnable, drained first)."""
+        put now runs after it (and after what it made runnable, drained first). Blocks: for
+        a worker thread (``_Ordering.issued_async``), never a loop's."""
         if not self._unfinished or threading.current_thread() is self._thread:
             return
         done = threading.Event()
@@ -169,19 +171,31 @@ _launcher = _Launcher()
 _local = threading.local()
 
 
-def issued_so_far() -> None:
-    """On an event loop's thread, return once the work this process handed to the launcher
-    before the call is queued on its streams: what a stream asks before it orders or waits
-    for its work so far (``Stream.record``, ``wait``, ``synchronize``), so that
-    ``s2.wait(s1)`` right after ``uni.copy_async(..., stream=s1)`` in a task covers the copy,
-    as it does outside a loop. (The loop thread waits as long as issuing that work takes: a
-    first compile, a staging copy. Elsewhere it returns at once: a thread that issues
-    inline has issued already, and the launcher's own work must not wait for itself.)"""
-    if _launcher._unfinished and not in_poll_thread() and on_loop_thread():
-        _launcher.barrier()
+class _Ordering:
+    """What a stream asks of the launcher (``uni.cuda._stream._launcher``): on an event loop's
+    thread uni's _async work is issued from the launcher thread, a little after the call, so
+    ``s2.wait(s1)`` right after ``uni.copy_async(..., stream=s1)`` in a task joins the
+    launcher's queue behind the copy (FIFO: in order with it, and with every later _async
+    operation, as outside a loop) and ``synchronize_async()`` waits for the queue to drain on
+    a worker thread. Neither blocks the loop."""
+
+    @staticmethod
+    def busy_here() -> bool:
+        return bool(_launcher._unfinished) and not in_poll_thread() and on_loop_thread()
+
+    @staticmethod
+    def defer(fn: Callable[[], None]) -> None:
+        _launcher.put(fn)
+
+    @staticmethod
+    async def issued_async() -> None:
+        if trio.lowlevel.in_trio_run():
+            await trio.to_thread.run_sync(_launcher.barrier, abandon_on_cancel=True)
+        else:
+            await asyncio.get_running_loop().run_in_executor(None, _launcher.barrier)
 
 
-_before_ordering.append(issued_so_far)
+_stream_launcher.append(_Ordering())
 
 
 def launcher_thread() -> threading.Thread | None:
@@ -264,7 +278,6 @@ __all__ = [
     "check_stream",
     "current_launch",
     "current_stream",
-    "issued_so_far",
     "launcher_thread",
     "launching",
     "on_loop_thread",

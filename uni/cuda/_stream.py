@@ -17,6 +17,7 @@ it recorded; the next conflicting access waits on it: a stream on the device
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -220,16 +221,36 @@ class _DoneSource:
         return self.event.done()
 
 
-#: What a stream asks before it orders or waits for "the work queued so far" (record, wait on
-#: a stream, synchronize): uni.cuda._launch's barrier, registered there (it lies a layer
-#: above), which on an event loop's thread returns once the work handed to the launcher
-#: thread before the call is queued on its stream.
-_before_ordering: list[Callable[[], None]] = []
+#: uni.cuda._launch's launcher, registered there (it lies a layer above). On an event loop's
+#: thread uni's _async work is issued from the launcher thread, a little after the call that
+#: made it: while the launcher has work queued (``busy_here()``), a stream's ``wait(stream)``
+#: and ``close()`` join that queue behind it (``defer``) instead of running ahead of it, and
+#: ``synchronize_async()`` first waits for it to drain (``issued_async``) without blocking
+#: the loop.
+_launcher: list[Any] = []
 
 
-def _issued_so_far() -> None:
-    for barrier in _before_ordering:
-        barrier()
+def _launcher_busy() -> bool:
+    return bool(_launcher) and bool(_launcher[0].busy_here())
+
+
+def _wait_for_stream(device: int, cu: Any, other: Any) -> None:
+    """Stream ``cu`` waits for an event recorded on ``other`` now (what cuda.core's
+    Stream.wait does); destroying the event at once is allowed, the wait keeps what it
+    waits for."""
+    use_device(device)
+    driver = seam()
+    marker = driver.event_create(timing=False)
+    try:
+        driver.event_record(marker, other)
+        driver.stream_wait_event(cu, marker)
+    finally:
+        driver.event_destroy(marker)
+
+
+def _destroy(device: int, cu: Any) -> None:
+    use_device(device)
+    seam().stream_destroy(cu)
 
 
 class Stream:
@@ -304,7 +325,6 @@ class Stream:
     def record(self, *, timing: bool = False) -> Event:
         """A new event marking the work queued on this stream so far."""
         cu = self._live("cuEventRecord")
-        _issued_so_far()
         use_device(self._device)
         driver = seam()
         event = driver.event_create(timing=bool(timing))
@@ -323,27 +343,22 @@ class Stream:
             other = event._live("cuStreamWaitEvent")
         elif isinstance(event, Stream):
             other = event._live("cuStreamWaitEvent")
-            _issued_so_far()
+            if _launcher_busy():
+                # In a task, behind the _async work the launcher still has to issue (on
+                # ``event`` among others): in order with it, as outside a loop.
+                _launcher[0].defer(functools.partial(_wait_for_stream, self._device, cu, other))
+                return
         else:
             raise TypeError(f"expected a uni.cuda.Event or uni.cuda.Stream, got {event!r}")
-        use_device(self._device)
-        driver = seam()
         if isinstance(event, Event):
-            driver.stream_wait_event(cu, other)
+            use_device(self._device)
+            seam().stream_wait_event(cu, other)
             return
-        # A stream: wait for an event recorded on it now (what cuda.core's Stream.wait does);
-        # destroying the event at once is allowed, the wait keeps what it waits for.
-        marker = driver.event_create(timing=False)
-        try:
-            driver.event_record(marker, other)
-            driver.stream_wait_event(cu, marker)
-        finally:
-            driver.event_destroy(marker)
+        _wait_for_stream(self._device, cu, other)
 
     def synchronize(self) -> None:
         """Block this thread until all work queued so far has completed."""
         cu = self._live("cuStreamSynchronize")
-        _issued_so_far()
         if trio.lowlevel.in_trio_run():
             with self.record() as marker:
                 if not marker.is_done:
@@ -356,8 +371,12 @@ class Stream:
     async def synchronize_async(self) -> None:
         """Wait (in trio, without blocking the loop) for the work queued so far.
 
-        Cancelling the awaiting task stops the waiting, not the device work.
+        Cancelling the awaiting task stops the waiting, not the device work. In a task, the
+        _async work called on this stream before (issued from uni's launcher thread) counts.
         """
+        self._live("cuStreamSynchronize")
+        if _launcher_busy():
+            await _launcher[0].issued_async()
         marker = self.record()
         try:
             await marker
@@ -382,8 +401,10 @@ class Stream:
         handle = int(self._cu)
         for hook in _close_hooks:
             hook(self._device, handle)
-        use_device(self._device)
-        seam().stream_destroy(self._cu)
+        if _launcher_busy():  # after the waits deferred on it (wait(stream), above)
+            _launcher[0].defer(functools.partial(_destroy, self._device, self._cu))
+            return
+        _destroy(self._device, self._cu)
 
     def __enter__(self) -> Stream:
         return self

@@ -281,7 +281,7 @@ class ChunkStorage(StorageBase):
         if error is not None:
             if ctx is not None:
                 ctx.failed.add(self.key)  # the task's failure writes the marker
-            else:
+            elif not region.empty:  # (a view of no element poisons nothing)
                 # Outside a task no sequencer reports the failure: the marker is written
                 # here (after the newest committed version), so that poisoned() and every
                 # later reader -- another process, a later session -- see the poison too.

@@ -31,9 +31,14 @@ from uni.dask._chunk_storage import chunk_storage
 from uni.dask._grid import Index, chunk_name, grid_shape, tile_extent, tile_indices, tile_slices
 
 
+def _abspath(path: Any) -> str:
+    return str(os.path.abspath(os.fspath(path)))
+
+
 def _realpath(path: Any) -> str:
-    # Symbolic links resolved: two names of one store are one store, to the alias checks and
-    # to the sequencer, which orders chunks by their store's path.
+    # Symbolic links resolved, once, where a path comes in (open, and the creators; not in
+    # the converter, which every view's evolve runs, on workers too): two names of one store
+    # are one store, to the alias checks and to the sequencer, which orders chunks by path.
     return str(os.path.realpath(os.path.abspath(os.fspath(path))))
 
 
@@ -85,7 +90,7 @@ class TiledTensor:
     Build one with ``uni.dask.open``, ``empty``, ``zeros``, ``full`` or ``from_dask``.
     """
 
-    path: str = attrs.field(converter=_realpath)
+    path: str = attrs.field(converter=_abspath)
     shape: tuple[int, ...] = attrs.field(converter=_ints, validator=_check_shape)
     chunks: tuple[int, ...] = attrs.field(converter=_ints, validator=_check_chunks)
     dtype: np.dtype[Any] = attrs.field(converter=_dtype)
@@ -471,7 +476,8 @@ def _fill(dtype: np.dtype[Any], value: Any) -> Any:
 def _create(path: Any, shape: Any, chunks: Any, dtype: Any, fill_value: Any, domain: Any,
             overwrite: bool, durable: bool, compressors: Any = None) -> TiledTensor:
     store_id = uuid.uuid4().hex
-    probe = TiledTensor(path, shape, chunks, dtype, domain, 0, store_id, durable=durable)
+    probe = TiledTensor(_realpath(path), shape, chunks, dtype, domain, 0, store_id,
+                        durable=durable)
     dt = probe.dtype
     fill = _fill(dt, fill_value)
     target = probe.path

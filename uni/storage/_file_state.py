@@ -50,7 +50,7 @@ from typing import Final
 import attrs
 
 from uni._core import AccessQueue
-from uni._errors import StorageError, StorageOSError
+from uni._errors import StorageError, StorageNotFoundError, StorageOSError
 from uni.storage import _filelock, _journal
 from uni.storage._journal import FileIdentity, JournalRecord, test_hook
 
@@ -748,6 +748,11 @@ def open_state(path: str, *, writable: bool, create_bytes: int | None = None) ->
         else:
             fd = os.open(path, os.O_RDWR | flags, 0o666)
         can_write = True
+    except FileNotFoundError as err:
+        raise StorageNotFoundError(
+            f"cannot create {path}: its directory does not exist" if create_bytes is not None
+            else f"{path} does not exist: mode {mode!r} opens an existing file; pass "
+                 "mode='w+' (with a size) to create one") from err
     except OSError as err:
         if not _write_refused(err):
             raise
