@@ -293,23 +293,16 @@ def test_a_closed_event_counts_as_done(fake_event: tuple[uni.cuda.Event, _FakeCu
     assert event.done() and event.wait() is True
 
 
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("how", ["s2.wait(s1)", "await s1.synchronize_async()"])
-@pytest.mark.parametrize("loop", ["trio", "asyncio"])
-def test_in_a_task_a_stream_ordered_after_an_async_operation_covers_it(loop: str,
-                                                                        how: str) -> None:
-    # Inside an event loop an _async operation is issued from uni's launcher thread (its
-    # issue may block: a first compile, a staging copy), a little after the call returns.
-    # s2.wait(s1) (joining the launcher's queue behind it) and s1.synchronize_async()
-    # (waiting for that queue on a worker thread) still cover what was called on s1 before
-    # them, as outside a loop: the second copy reads dst through another storage of the same
-    # memory (so no lease orders the two), ordered by the stream alone. On the simulated
-    # device a missing wait is a HazardError.
-    import asyncio
-
+@pytest.mark.parametrize("where", ["outside a loop", "trio task, after awaiting it"])
+def test_a_stream_ordered_after_an_async_operation_covers_it(where: str) -> None:
+    # docs/cuda.md: outside an event loop an _async operation granted at call time is on its
+    # stream when the call returns, so s2.wait(s1) covers it; in a task (issued from the
+    # launcher thread a little later) await it first. The second copy reads dst through
+    # another storage of the same memory (no lease orders the two): the stream wait alone
+    # does. On the simulated device a missing wait is a HazardError.
     import numpy as np
-
-    from uni.cuda._launch import launcher_thread
 
     n = 1 << 14
     dst = uni.zeros((n,), device="cuda")
@@ -318,23 +311,27 @@ def test_in_a_task_a_stream_ordered_after_an_async_operation_covers_it(loop: str
         uni.cuda.CudaStorage.wrap(address, n, np.float64, device=0, owner=dst),
         uni.layout_right((n,)))
 
-    async def main() -> None:
-        with uni.cuda.Stream() as s1, uni.cuda.Stream() as s2:
-            for i in range(8):
-                src_i = uni.full((n,), float(i), device="cuda")
-                first = uni.copy_async(src_i, dst, stream=s1)
-                if how == "s2.wait(s1)":
-                    s2.wait(s1)
-                else:
-                    await s1.synchronize_async()
+    def check(back: uni.Tensor, value: float) -> None:
+        with uni.acquire_host_read_access_sync(back) as lease:
+            assert (np.asarray(lease.mdspan()) == value).all()
+
+    with uni.cuda.Stream() as s1, uni.cuda.Stream() as s2:
+        if where == "outside a loop":
+            for i in range(6):
+                first = uni.copy_async(uni.full((n,), float(i), device="cuda"), dst, stream=s1)
+                s2.wait(s1)
+                back = uni.empty((n,), device="pinned")
+                uni.copy_async(alias, back, stream=s2).result(timeout=30)
+                first.result(timeout=30)
+                check(back, float(i))
+            return
+
+        async def main() -> None:
+            for i in range(6):
+                await uni.copy_async(uni.full((n,), float(i), device="cuda"), dst, stream=s1)
+                s2.wait(s1)
                 back = uni.empty((n,), device="pinned")
                 await uni.copy_async(alias, back, stream=s2)
-                await first
-                with uni.acquire_host_read_access_sync(back) as lease:
-                    assert (np.asarray(lease.mdspan()) == float(i)).all()
-        assert launcher_thread() is not None  # the launches went through it
+                check(back, float(i))
 
-    if loop == "trio":
         trio.run(main)
-    else:
-        asyncio.run(main())

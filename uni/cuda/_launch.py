@@ -34,7 +34,6 @@ import trio
 from uni._errors import CudaError, DomainError
 from uni.cuda._poller import in_poll_thread
 from uni.cuda._stream import Stream, default_stream
-from uni.cuda._stream import _launcher as _stream_launcher
 
 
 class Launch:
@@ -133,7 +132,6 @@ class _Launcher:
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._unfinished = 0  # handed over and not yet run (with what they made runnable)
 
     def put(self, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -141,7 +139,6 @@ class _Launcher:
                 self._thread = threading.Thread(target=self._run, name="uni-cuda-launch",
                                                 daemon=True)
                 self._thread.start()
-            self._unfinished += 1
         self._queue.put(fn)
 
     @property
@@ -150,52 +147,11 @@ class _Launcher:
 
     def _run(self) -> None:
         while True:
-            try:
-                _drain(deque([self._queue.get()]))
-            finally:
-                with self._lock:
-                    self._unfinished -= 1
-
-    def barrier(self) -> None:
-        """Return once everything handed over before this call has run: FIFO, so a marker
-        put now runs after it (and after what it made runnable, drained first). Blocks: for
-        a worker thread (``_Ordering.issued_async``), never a loop's."""
-        if not self._unfinished or threading.current_thread() is self._thread:
-            return
-        done = threading.Event()
-        self.put(done.set)
-        done.wait()
+            _drain(deque([self._queue.get()]))
 
 
 _launcher = _Launcher()
 _local = threading.local()
-
-
-class _Ordering:
-    """What a stream asks of the launcher (``uni.cuda._stream._launcher``): on an event loop's
-    thread uni's _async work is issued from the launcher thread, a little after the call, so
-    ``s2.wait(s1)`` right after ``uni.copy_async(..., stream=s1)`` in a task joins the
-    launcher's queue behind the copy (FIFO: in order with it, and with every later _async
-    operation, as outside a loop) and ``synchronize_async()`` waits for the queue to drain on
-    a worker thread. Neither blocks the loop."""
-
-    @staticmethod
-    def busy_here() -> bool:
-        return bool(_launcher._unfinished) and not in_poll_thread() and on_loop_thread()
-
-    @staticmethod
-    def defer(fn: Callable[[], None]) -> None:
-        _launcher.put(fn)
-
-    @staticmethod
-    async def issued_async() -> None:
-        if trio.lowlevel.in_trio_run():
-            await trio.to_thread.run_sync(_launcher.barrier, abandon_on_cancel=True)
-        else:
-            await asyncio.get_running_loop().run_in_executor(None, _launcher.barrier)
-
-
-_stream_launcher.append(_Ordering())
 
 
 def launcher_thread() -> threading.Thread | None:

@@ -17,7 +17,6 @@ it recorded; the next conflicting access waits on it: a stream on the device
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import threading
@@ -221,38 +220,6 @@ class _DoneSource:
         return self.event.done()
 
 
-#: uni.cuda._launch's launcher, registered there (it lies a layer above). On an event loop's
-#: thread uni's _async work is issued from the launcher thread, a little after the call that
-#: made it: while the launcher has work queued (``busy_here()``), a stream's ``wait(stream)``
-#: and ``close()`` join that queue behind it (``defer``) instead of running ahead of it, and
-#: ``synchronize_async()`` first waits for it to drain (``issued_async``) without blocking
-#: the loop.
-_launcher: list[Any] = []
-
-
-def _launcher_busy() -> bool:
-    return bool(_launcher) and bool(_launcher[0].busy_here())
-
-
-def _wait_for_stream(device: int, cu: Any, other: Any) -> None:
-    """Stream ``cu`` waits for an event recorded on ``other`` now (what cuda.core's
-    Stream.wait does); destroying the event at once is allowed, the wait keeps what it
-    waits for."""
-    use_device(device)
-    driver = seam()
-    marker = driver.event_create(timing=False)
-    try:
-        driver.event_record(marker, other)
-        driver.stream_wait_event(cu, marker)
-    finally:
-        driver.event_destroy(marker)
-
-
-def _destroy(device: int, cu: Any) -> None:
-    use_device(device)
-    seam().stream_destroy(cu)
-
-
 class Stream:
     """A non-blocking CUDA stream on ``device`` (an index).
 
@@ -343,18 +310,21 @@ class Stream:
             other = event._live("cuStreamWaitEvent")
         elif isinstance(event, Stream):
             other = event._live("cuStreamWaitEvent")
-            if _launcher_busy():
-                # In a task, behind the _async work the launcher still has to issue (on
-                # ``event`` among others): in order with it, as outside a loop.
-                _launcher[0].defer(functools.partial(_wait_for_stream, self._device, cu, other))
-                return
         else:
             raise TypeError(f"expected a uni.cuda.Event or uni.cuda.Stream, got {event!r}")
+        use_device(self._device)
+        driver = seam()
         if isinstance(event, Event):
-            use_device(self._device)
-            seam().stream_wait_event(cu, other)
+            driver.stream_wait_event(cu, other)
             return
-        _wait_for_stream(self._device, cu, other)
+        # A stream: wait for an event recorded on it now (what cuda.core's Stream.wait does);
+        # destroying the event at once is allowed, the wait keeps what it waits for.
+        marker = driver.event_create(timing=False)
+        try:
+            driver.event_record(marker, other)
+            driver.stream_wait_event(cu, marker)
+        finally:
+            driver.event_destroy(marker)
 
     def synchronize(self) -> None:
         """Block this thread until all work queued so far has completed."""
@@ -371,12 +341,8 @@ class Stream:
     async def synchronize_async(self) -> None:
         """Wait (in trio, without blocking the loop) for the work queued so far.
 
-        Cancelling the awaiting task stops the waiting, not the device work. In a task, the
-        _async work called on this stream before (issued from uni's launcher thread) counts.
+        Cancelling the awaiting task stops the waiting, not the device work.
         """
-        self._live("cuStreamSynchronize")
-        if _launcher_busy():
-            await _launcher[0].issued_async()
         marker = self.record()
         try:
             await marker
@@ -401,10 +367,8 @@ class Stream:
         handle = int(self._cu)
         for hook in _close_hooks:
             hook(self._device, handle)
-        if _launcher_busy():  # after the waits deferred on it (wait(stream), above)
-            _launcher[0].defer(functools.partial(_destroy, self._device, self._cu))
-            return
-        _destroy(self._device, self._cu)
+        use_device(self._device)
+        seam().stream_destroy(self._cu)
 
     def __enter__(self) -> Stream:
         return self
