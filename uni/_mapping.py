@@ -14,9 +14,10 @@ from uni._extents import Extents
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
-# Exact uniqueness of an arbitrary strided mapping is expensive in general; below this many
-# elements we simply enumerate, above it we use the sufficient nested-strides test.
-_EXACT_UNIQUE_LIMIT = 1 << 24  # offsets of 128 MiB (and a temporary), for interleaved layouts only
+# Exact uniqueness of an interleaved strided mapping (one the nested-strides test and the
+# pigeonhole count cannot decide) costs a sorted offset per index: enumerated up to this many
+# indices (128 MiB of offsets and a temporary), unknown past it (reaches_each_once).
+_EXACT_UNIQUE_LIMIT = 1 << 24
 
 
 def _as_extents(value: Any) -> Extents:
