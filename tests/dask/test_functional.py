@@ -79,6 +79,15 @@ def test_misaligned_blocks_still_reach_blas(shift: int) -> None:
     assert {r.selected for r in records} == {"blas"}
 
 
+def test_elementwise_refuses_what_uni_transform_refuses_when_built() -> None:
+    x = da.ones((4, 3), chunks=2)
+    with pytest.raises(TypeError, match="takes 2 inputs, got 1"):
+        ud.elementwise(uni.ops.add, x)  # before: a graph, and the error at compute time
+    with pytest.raises(uni.DTypeError):
+        ud.elementwise(uni.ops.negate, da.ones(3, dtype=np.uint8, chunks=2))
+    assert ud.elementwise(uni.ops.add, x, x).shape == (4, 3)  # (the valid call builds)
+
+
 def test_elementwise_broadcasts_through_uni_transform() -> None:
     x = da.arange(12.0, chunks=5).reshape(3, 4)
     row = da.from_array(np.array([1.0, 2.0, 3.0, 4.0]), chunks=3)

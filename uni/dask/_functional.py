@@ -109,9 +109,14 @@ def _transform_blocks(*blocks: Any, op: Any, out_dtype: np.dtype[Any]) -> np.nda
 
 def elementwise(op: Any, *arrays: Any, dtype: Any = None) -> Any:
     """``op(*arrays)`` blockwise (numpy broadcasting) for dask arrays, each block through
-    ``uni.transform``; the result dtype is numpy's ``result_type`` unless ``dtype`` is given."""
+    ``uni.transform``; the result dtype is numpy's ``result_type`` unless ``dtype`` is given.
+
+    What ``uni.transform`` refuses for these operands (an op of another arity, a dtype it
+    has no loop for, a dtype outside uni's) is refused here, on the client, by running the
+    op once on one-element arrays of the operands' dtypes, before any graph exists."""
     xs = [da.asarray(a) for a in arrays]
     out = np.dtype(dtype) if dtype is not None else np.result_type(*(x.dtype for x in xs))
+    _transform_blocks(*(np.ones(1, x.dtype) for x in xs), op=op, out_dtype=out)
     ndim = max(x.ndim for x in xs)
     index = tuple(range(ndim))
     pairs: list[Any] = []
