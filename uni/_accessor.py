@@ -45,6 +45,19 @@ class _AccessorBase:
         return stored
 
 
+
+def check_stores(accessor: Any, storage: Any, what: str = "") -> None:
+    """Refuse ``accessor`` over ``storage`` unless it stores the storage's dtype (what it
+    shows may differ: a scaled view of float64 elements shows complex ones): the one rule
+    for a tensor when it is built and for an mdspec or duck-typed view when it is acquired."""
+    stored = getattr(accessor, "stored_type", None) or accessor.element_type
+    if stored != storage.dtype:
+        raise DTypeError(
+            f"{what}{': ' if what else ''}the accessor ({type(accessor).__name__}) reads "
+            f"{np.dtype(stored)} elements but the storage ({type(storage).__name__}) holds "
+            f"{storage.dtype}: give it an accessor that stores the storage's dtype"
+        )
+
 @attrs.frozen
 class DefaultAccessor(_AccessorBase):
     """Plain element access: the stored value, read and write, on the host."""
@@ -358,5 +371,6 @@ __all__ = [
     "HostHandle",
     "ScaledAccessor",
     "TransformAccessor",
+    "check_stores",
     "unwrap_const",
 ]

@@ -16,8 +16,9 @@ from typing import Any, overload
 import numpy as np
 
 from uni._access import register_access
+from uni._accessor import check_stores
 from uni._core import normalize_timeout
-from uni._errors import DomainError, DTypeError, LeaseError
+from uni._errors import DomainError, LeaseError
 from uni._handle import HOST, Domain, HostHandle
 from uni._lease import (
     ReadMdspanLease,
@@ -189,13 +190,7 @@ def _check_layout(mapping: Any, accessor: Any, offset: Any, storage: Any, fn: st
     # else is checked here, before a storage is ever asked for (or writes back) elements
     # outside its buffer, or elements of another type than it holds.
     check_fits(mapping, offset, storage.size, what=f"storage ({type(storage).__name__})")
-    stored = getattr(accessor, "stored_type", None) or accessor.element_type
-    if stored != storage.dtype:
-        raise DTypeError(
-            f"{fn}: the accessor ({type(accessor).__name__}) reads {np.dtype(stored)} "
-            f"elements but the storage ({type(storage).__name__}) holds {storage.dtype}: "
-            "give it an accessor that stores the storage's dtype"
-        )
+    check_stores(accessor, storage, fn)
 
 
 def _mdspec_spec(x: Any, mode: Mode, overwrite: bool, fn: str) -> AccessSpec:

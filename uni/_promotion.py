@@ -352,10 +352,7 @@ def python_scalar_to(value: PythonScalar, dtype: Any) -> PythonScalar:
     category = _CATEGORY[dt]
     if isinstance(value, int) and not isinstance(value, bool):
         if category is Category.INTEGER:
-            info = np.iinfo(dt)
-            if not info.min <= value <= info.max:
-                raise DTypeError(f"the Python scalar {value!r} does not fit the computing dtype "
-                                 f"{dt.name} (range {info.min}..{info.max})")
+            _check_fits(value, dt, "the Python scalar", "the computing dtype ")
         elif category is not Category.BOOL and abs(value) > _LARGEST_FLOAT_INT:
             try:
                 float(value)  # (one that still rounds to float64's largest is taken)
@@ -454,11 +451,17 @@ def fill_scalar(value: Any, dtype: Any, what: str) -> PythonScalar:
     dt = as_dtype(dtype)
     if (isinstance(number, int) and not isinstance(number, bool)
             and _CATEGORY[dt] is Category.INTEGER):
-        info = np.iinfo(dt)
-        if not info.min <= number <= info.max:
-            raise DTypeError(f"{what}: the fill value {number!r} does not fit {dt.name} "
-                             f"(range {info.min}..{info.max})")
+        _check_fits(number, dt, f"{what}: the fill value")
     return store_scalar(number, dt)
+
+
+def _check_fits(value: int, dt: DType, what: str, into: str = "") -> None:
+    """Refuse an int that an integer ``dt`` cannot hold (it would wrap or saturate): the one
+    rule for an operation's Python scalar and a fill value."""
+    info = np.iinfo(dt)
+    if not info.min <= value <= info.max:
+        raise DTypeError(f"{what} {value!r} does not fit {into}{dt.name} "
+                         f"(range {info.min}..{info.max})")
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from uni import _registry as backends
-from uni._accessor import ConjugateAccessor, ConstAccessor, ScaledAccessor
+from uni._accessor import ConjugateAccessor, ConstAccessor, ScaledAccessor, check_stores
 from uni._acquire import acquire_host_read_access_sync, try_read_values
-from uni._errors import DomainError, DTypeError, LayoutError, ShapeError
+from uni._errors import DomainError, LayoutError, ShapeError
 from uni._export import check_request, check_shareable, dlpack_device_of, domain_exporter
 from uni._extents import Extents
 from uni._handle import HOST
@@ -62,11 +62,7 @@ class Tensor(StorageView):
             accessor = default_accessor_of(storage)
         if not hasattr(mapping, "strides") or not hasattr(mapping, "extents"):
             raise LayoutError(f"expected a strided mapping (layout_right/left/stride), got {mapping!r}")
-        stored = getattr(accessor, "stored_type", accessor.element_type)
-        if stored != storage.dtype:
-            raise DTypeError(
-                f"the accessor reads {stored} elements but the storage holds {storage.dtype}"
-            )
+        check_stores(accessor, storage)
         if storage.domain not in accessor.domains:
             raise DomainError(
                 f"the accessor works in {sorted(d.value for d in accessor.domains)} but the "
